@@ -1,0 +1,1 @@
+"""Throughput benchmarks; each writes its results with the machine and command to benchmarks/results/."""

@@ -1,0 +1,83 @@
+"""The ``roll-async`` command line: the composition root that wires configs to pipelines.
+
+Subcommands import their pipeline lazily so that ``roll-async --help`` stays fast
+and a command never pays for vLLM or Ray unless it uses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from roll_async.model.tiny import build_tiny_model
+
+    path = build_tiny_model(args.out, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.generate_demo import run_generate_demo
+    from roll_async.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    run_generate_demo(config, num_prompts=args.num_prompts, max_tokens=args.max_tokens)
+    return 0
+
+
+def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
+    from roll_async.envs import dataset
+
+    return dataset.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="roll-async",
+        description="Asynchronous per-environment rollout engine for multi-turn LLM agent RL.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("make-tiny-model", help="build the offline tiny model (idempotent) and print its path")
+    p.add_argument("--out", default=None, help="directory (default: ~/.cache/roll_async/<build id>)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the directory is up to date")
+    p.set_defaults(func=_cmd_make_tiny_model)
+
+    p = sub.add_parser(
+        "demo", help="start the engine on the configured model and generate for a batch of env chat prompts"
+    )
+    p.add_argument("config", nargs="?", default="configs/default.yaml", help="YAML config (default: configs/default.yaml)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("make-env-dataset", help="write an env-config parquet (one row per env instance)")
+    from roll_async.envs import dataset
+
+    dataset.add_arguments(p)
+    p.set_defaults(func=_cmd_make_env_dataset)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from roll_async.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"roll-async: config error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"roll-async: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""The one config schema: dataclasses loaded from YAML with OmegaConf, plus the rules between fields.
+
+Loading order: the YAML's ``defaults`` list (paths relative to the YAML, merged
+first to last), then the YAML itself, then ``key=value`` overrides. Unknown
+keys fail with a did-you-mean suggestion, and every cross-field rule is checked
+by :func:`validate_config` before any actor starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config mistake; the message names the key and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    #: Local HF model directory or hub id; None means the offline tiny model (built on first use).
+    path: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class EngineConfig:
+    num_replicas: int = 1
+    dtype: str = "auto"
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    #: GPU: fraction of GPU memory for weights + KV cache. Ignored on CPU (see cpu_kv_cache_space_gib).
+    gpu_memory_utilization: float = 0.85
+    #: CPU only: GiB of host memory reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).
+    cpu_kv_cache_space_gib: float = 1.0
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    #: Seconds to wait for an engine replica to come up before failing with its log tail.
+    startup_timeout_s: float = 600.0
+    #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    #: Retries of a failed engine request before the error surfaces (naming env, turn, request).
+    max_retries: int = 2
+    retry_backoff_s: float = 0.5
+    request_timeout_s: float = 600.0
+
+
+@dataclass
+class CustomEnvConfig:
+    """One ``custom_envs.<Tag>`` entry: which env to build and how it talks to the model."""
+
+    env_type: str = MISSING
+    env_config: dict[str, Any] = field(default_factory=dict)
+    max_steps: int = 10
+    max_tokens_per_step: int = 64
+    system_prompt: str = "You are an agent solving a task step by step. Reply with your action inside <answer></answer>."
+    #: First user message; fields: {instruction}, {observation}.
+    instruction_template: str = "{instruction}\n{observation}"
+    #: Later user messages; fields: {observation}, {reward}, {turn}.
+    observation_template: str = "{observation}"
+    #: Stop strings for this env's turns (NeMo-RL style per-env stops); kept in the output.
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+
+
+@dataclass
+class EnvManagerConfig:
+    num_env_groups: int = 4
+    group_size: int = 4
+    group_size_redundancy: int = 0
+    tags: list[str] = field(default_factory=list)
+    #: Groups per tag, same length as ``tags``; empty means split num_env_groups evenly.
+    num_groups_partition: list[int] = field(default_factory=list)
+    max_env_num_per_worker: int = 16
+    env_step_timeout_s: float = 60.0
+    #: Threads per worker for synchronous env reset/step calls.
+    env_threads_per_worker: int = 8
+    #: Ray CPUs reserved by each EnvManagerWorker actor.
+    num_cpus_per_worker: float = 0.0
+    #: Name of a group filter (see roll_async.scheduler.filters): none | zero_variance.
+    group_filter: str = "none"
+    #: An env that makes no progress for this long is reported by the watchdog.
+    watchdog_timeout_s: float = 300.0
+    #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
+    dataset: str | None = None
+
+
+@dataclass
+class LoggingConfig:
+    console: bool = True
+    progress_bar: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "roll-async"
+    #: Write trajectories.jsonl (with decoded text) in the run directory.
+    save_trajectories: bool = True
+    level: str = "INFO"
+
+
+@dataclass
+class PipelineConfig:
+    mode: str = "sync"
+    #: Async only: how many steps a group may lag the consuming step. None means 1 in async mode.
+    max_staleness: int | None = None
+    rollout_batch_size: int = 16
+    sequence_length: int = 1024
+    max_steps: int = 10
+    #: Rollout pipeline: how many batches to collect.
+    num_batches: int = 2
+    #: Run validation every this many steps (0: never).
+    eval_steps: int = 0
+    seed: int = 42
+    output_dir: str | None = None
+    ray_address: str | None = None
+    ray_num_cpus: int | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    train_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    val_env_manager: EnvManagerConfig = field(
+        default_factory=lambda: EnvManagerConfig(num_env_groups=0, group_size=1)
+    )
+    custom_envs: dict[str, CustomEnvConfig] = field(default_factory=dict)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def staleness_bound(self) -> int:
+        """Steps a group may lag; 0 in sync mode (every group is for the step it serves)."""
+        if self.mode == "sync":
+            return 0
+        return 1 if self.max_staleness is None else self.max_staleness
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def _schema_keys(node: Any) -> list[str]:
+    if dataclasses.is_dataclass(node):
+        return [f.name for f in dataclasses.fields(node)]
+    return []
+
+
+def _suggest(key: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; pass a path to a YAML file, e.g. configs/sokoban.yaml")
+    if path in seen:
+        raise ConfigError(f"config 'defaults' form a cycle through {str(path)!r}; remove one of the includes")
+    raw = OmegaConf.load(path)
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    defaults = raw.pop("defaults", [])
+    merged = OmegaConf.create({})
+    for entry in defaults:
+        if entry == "_self_":
+            continue
+        base = (path.parent / str(entry))
+        if base.suffix not in (".yaml", ".yml"):
+            base = base.with_suffix(".yaml")
+        merged = OmegaConf.merge(merged, _load_yaml_with_defaults(base, seen + (path,)))
+    return OmegaConf.merge(merged, raw)
+
+
+def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
+    full_key = getattr(exc, "full_key", None) or ""
+    parts = full_key.split(".")
+    node: Any = PipelineConfig()
+    for part in parts[:-1]:
+        if isinstance(node, dict):
+            node = CustomEnvConfig()
+            continue
+        node = getattr(node, part, None)
+    choices = _schema_keys(node)
+    leaf = parts[-1]
+    return ConfigError(
+        f"unknown config key '{full_key}'.{_suggest(leaf, choices)} "
+        f"Valid keys here: {', '.join(choices) if choices else '(none)'}"
+    )
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load YAML (with ``defaults``) and ``key=value`` overrides into a validated PipelineConfig."""
+    schema = OmegaConf.structured(PipelineConfig)
+    try:
+        cfg = schema
+        if path is not None:
+            cfg = OmegaConf.merge(cfg, _load_yaml_with_defaults(Path(path)))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"override {bad[0]!r} is not key=value; write it like mode=async")
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        config: PipelineConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except ConfigKeyError as exc:
+        raise _explain_unknown_key(exc) from None
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"config key '{key}': {msg}" if key else f"config error: {msg}") from None
+    validate_config(config)
+    return config
+
+
+def config_to_yaml(config: PipelineConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+# ---------------------------------------------------------------------------
+# Cross-field rules
+
+
+def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfig, *, train: bool) -> None:
+    if em.num_env_groups == 0 and not train:
+        return
+    if em.num_env_groups < 1:
+        raise ConfigError(f"{name}.num_env_groups={em.num_env_groups}: needs at least 1 group")
+    if em.group_size < 1:
+        raise ConfigError(f"{name}.group_size={em.group_size}: needs at least 1 env per group")
+    if em.group_size_redundancy < 0:
+        raise ConfigError(f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0")
+    if em.max_env_num_per_worker < 1:
+        raise ConfigError(f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1")
+    if em.env_step_timeout_s <= 0:
+        raise ConfigError(f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds")
+    if not em.tags:
+        raise ConfigError(
+            f"{name}.tags is empty; name at least one env tag from custom_envs "
+            f"({', '.join(sorted(config.custom_envs)) or 'none defined'})"
+        )
+    for tag in em.tags:
+        if tag not in config.custom_envs:
+            raise ConfigError(
+                f"{name}.tags names '{tag}', which is not defined under custom_envs.{_suggest(tag, list(config.custom_envs))} "
+                f"Defined tags: {', '.join(sorted(config.custom_envs)) or '(none)'}; add custom_envs.{tag} or fix the tag"
+            )
+    if em.num_groups_partition:
+        if len(em.num_groups_partition) != len(em.tags):
+            raise ConfigError(
+                f"{name}.num_groups_partition has {len(em.num_groups_partition)} entries but {name}.tags has "
+                f"{len(em.tags)}; give one group count per tag"
+            )
+        if sum(em.num_groups_partition) != em.num_env_groups:
+            raise ConfigError(
+                f"{name}.num_groups_partition={list(em.num_groups_partition)} sums to {sum(em.num_groups_partition)}, "
+                f"not {name}.num_env_groups={em.num_env_groups}; make them agree"
+            )
+        if any(n < 0 for n in em.num_groups_partition):
+            raise ConfigError(f"{name}.num_groups_partition={list(em.num_groups_partition)}: counts must be >= 0")
+    elif em.num_env_groups < len(em.tags):
+        raise ConfigError(
+            f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
+            f"raise num_env_groups or set num_groups_partition"
+        )
+    from roll_async.scheduler.filters import GROUP_FILTERS  # local: filters import only protocol
+
+    if em.group_filter not in GROUP_FILTERS:
+        raise ConfigError(
+            f"{name}.group_filter='{em.group_filter}' is unknown.{_suggest(em.group_filter, list(GROUP_FILTERS))} "
+            f"Choose one of: {', '.join(GROUP_FILTERS)}"
+        )
+
+
+def validate_config(config: PipelineConfig) -> None:
+    """Check every rule between fields; raise ConfigError naming the key and the fix."""
+    if config.mode not in ("sync", "async"):
+        raise ConfigError(f"mode='{config.mode}' is unknown; use mode=sync or mode=async")
+    if config.mode == "sync" and config.max_staleness is not None:
+        raise ConfigError(
+            f"max_staleness={config.max_staleness} only applies to mode=async; remove it or set mode=async"
+        )
+    if config.mode == "async" and config.max_staleness is not None and config.max_staleness < 1:
+        raise ConfigError(
+            f"max_staleness={config.max_staleness} with mode=async allows no overlap between rollout and training; "
+            "use mode=sync for on-policy training, or max_staleness>=1"
+        )
+    if config.sequence_length < 2:
+        raise ConfigError(f"sequence_length={config.sequence_length}: must be at least 2 tokens")
+    if config.sequence_length > config.engine.max_model_len:
+        raise ConfigError(
+            f"sequence_length={config.sequence_length} exceeds engine.max_model_len={config.engine.max_model_len}; "
+            "lower sequence_length or raise engine.max_model_len"
+        )
+    if config.engine.num_replicas < 1:
+        raise ConfigError(f"engine.num_replicas={config.engine.num_replicas}: must be >= 1")
+    if config.generation.max_retries < 0:
+        raise ConfigError(f"generation.max_retries={config.generation.max_retries}: must be >= 0")
+    for tag, env in config.custom_envs.items():
+        if env.max_steps < 1:
+            raise ConfigError(f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1")
+        if env.max_tokens_per_step < 1:
+            raise ConfigError(f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step}: must be >= 1")
+        if env.max_tokens_per_step >= config.sequence_length:
+            raise ConfigError(
+                f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step} must be below "
+                f"sequence_length={config.sequence_length}; lower it or raise sequence_length"
+            )
+    _validate_env_manager("train_env_manager", config.train_env_manager, config, train=True)
+    _validate_env_manager("val_env_manager", config.val_env_manager, config, train=False)
+    gs = config.train_env_manager.group_size
+    if config.rollout_batch_size < 1 or config.rollout_batch_size % gs != 0:
+        raise ConfigError(
+            f"rollout_batch_size={config.rollout_batch_size} is not a positive multiple of "
+            f"train_env_manager.group_size={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
+        )
+    if config.num_batches < 1:
+        raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")

@@ -1,0 +1,85 @@
+"""Ray hosting for VLLMEngine: launch replicas with a startup deadline, shut them down cleanly.
+
+The actor is an async Ray actor with a high ``max_concurrency`` so that hundreds
+of EnvManagers can await ``generate`` at once; vLLM batches them continuously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from roll_async.config import EngineConfig
+from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
+
+logger = logging.getLogger(__name__)
+
+#: Concurrent calls one engine actor accepts; far above any realistic env count per replica.
+ACTOR_MAX_CONCURRENCY = 100_000
+
+
+def _gpus_per_replica(config: EngineConfig) -> float:
+    has_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    return float(config.tensor_parallel_size) if has_gpu else 0.0
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """Ray wraps actor exceptions; surface the original (e.g. EngineStartupError) when it has one."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+async def launch_engines(
+    model_path: str, config: EngineConfig, *, name_prefix: str = "roll_async_engine"
+) -> list[Any]:
+    """Start ``config.num_replicas`` engine actors and wait until each has loaded the model.
+
+    Raises EngineStartupError (naming the option, path or timeout) and kills every
+    replica it started if any fails, so a bad config never leaves processes behind.
+    """
+    actor_cls = ray.remote(VLLMEngine)
+    num_gpus = _gpus_per_replica(config)
+    actors = [
+        actor_cls.options(
+            name=f"{name_prefix}_{index}",
+            num_cpus=0,
+            num_gpus=num_gpus,
+            max_concurrency=ACTOR_MAX_CONCURRENCY,
+            max_restarts=0,
+        ).remote(model_path, config)
+        for index in range(config.num_replicas)
+    ]
+    starts = [actor.start.remote() for actor in actors]
+    try:
+        infos = await asyncio.wait_for(asyncio.gather(*starts), timeout=config.startup_timeout_s)
+    except asyncio.TimeoutError:
+        await shutdown_engines(actors)
+        raise EngineStartupError(
+            f"engine did not start within engine.startup_timeout_s={config.startup_timeout_s}s "
+            f"(model {model_path!r}); raise the timeout or check the engine log above"
+        ) from None
+    except Exception as exc:
+        await shutdown_engines(actors)
+        original = _unwrap(exc)
+        if isinstance(original, EngineStartupError):
+            raise EngineStartupError(str(original)) from None
+        raise EngineStartupError(f"engine failed to start: {type(original).__name__}: {original}") from None
+    for index, info in enumerate(infos):
+        logger.info("engine replica %d ready: %s", index, info)
+    return actors
+
+
+async def shutdown_engines(actors: list[Any], timeout_s: float = 60.0) -> None:
+    """Shut each replica's vLLM down, then kill the actor; never raises."""
+    for actor in actors:
+        try:
+            await asyncio.wait_for(actor.shutdown.remote(), timeout=timeout_s)
+        except Exception as exc:  # a dead or stuck actor is killed below all the same
+            logger.warning("engine shutdown did not complete cleanly: %s", exc)
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass

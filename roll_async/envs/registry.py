@@ -1,0 +1,107 @@
+"""Build envs by name: the registry of env classes and ``make_env``.
+
+``env_type`` is a registered name (``sokoban``, ``frozen_lake``,
+``sliding_puzzle``, ``countdown``, ``retrieval_qa`` or one added with
+:func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
+that lives outside the project. An env class with a dataclass ``config_cls``
+(every :class:`~roll_async.envs.base.BaseEnv`) gets its ``env_config`` checked
+against that dataclass; any other class is called with ``**env_config``, its
+keys checked against the constructor's signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from roll_async.envs.base import build_config
+from roll_async.envs.countdown import CountdownEnv
+from roll_async.envs.frozen_lake import FrozenLakeEnv
+from roll_async.envs.retrieval_qa import RetrievalQAEnv
+from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
+from roll_async.envs.sokoban import SokobanEnv
+
+#: The one piece of module state: registered name -> env class.
+_REGISTRY: dict[str, type] = {
+    "sokoban": SokobanEnv,
+    "frozen_lake": FrozenLakeEnv,
+    "sliding_puzzle": SlidingPuzzleEnv,
+    "countdown": CountdownEnv,
+    "retrieval_qa": RetrievalQAEnv,
+}
+
+
+def register_env(name: str, cls: type | None = None, *, overwrite: bool = False) -> Any:
+    """Register ``cls`` under ``name``; without ``cls`` it returns a class decorator.
+
+    Re-registering a name with a different class needs ``overwrite=True``, so two
+    plugins cannot silently shadow each other.
+    """
+    if cls is None:
+        return lambda c: register_env(name, c, overwrite=overwrite)
+    if not name or ":" in name:
+        raise ValueError(f"env name {name!r} must be non-empty and contain no ':' (that marks a dotted path)")
+    missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TypeError(f"{cls!r} cannot be registered as env {name!r}: it has no {', '.join(missing)} method")
+    old = _REGISTRY.get(name)
+    if old is not None and old is not cls and not overwrite:
+        raise ValueError(
+            f"env name {name!r} is already registered to {old.__module__}.{old.__qualname__}; pass overwrite=True"
+        )
+    _REGISTRY[name] = cls
+    return cls
+
+
+def registered_envs() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve_env_class(env_type: str) -> type:
+    """The class for a registered name or a ``package.module:ClassName`` path."""
+    if env_type in _REGISTRY:
+        return _REGISTRY[env_type]
+    if ":" in env_type:
+        module_name, _, attr = env_type.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise ValueError(f"env_type {env_type!r}: cannot import module {module_name!r}: {e}") from e
+        obj: Any = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ValueError(f"env_type {env_type!r}: module {module_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        if not isinstance(obj, type):
+            raise ValueError(f"env_type {env_type!r} names {obj!r}, which is not a class")
+        return obj
+    raise ValueError(
+        f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
+        "or give a dotted path 'package.module:ClassName'"
+    )
+
+
+def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
+    """Build an env instance; bad names and unknown config keys raise ``ValueError`` saying what is accepted."""
+    cls = resolve_env_class(env_type)
+    config_cls = getattr(cls, "config_cls", None)
+    if config_cls is not None and dataclasses.is_dataclass(config_cls):
+        return cls(build_config(config_cls, env_config, env_type))
+    kwargs = dict(env_config or {})
+    _check_kwargs(cls.__init__, kwargs, env_type)
+    return cls(**kwargs)
+
+
+def _check_kwargs(init: Callable[..., Any], kwargs: dict[str, Any], env_type: str) -> None:
+    params = list(inspect.signature(init).parameters.values())[1:]  # drop self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in accepted:
+            raise ValueError(
+                f"env_config key {key!r} is not accepted by {env_type}; accepted keys: {', '.join(accepted) or '(none)'}"
+            )

@@ -1,0 +1,144 @@
+"""Data types that cross component boundaries: engine requests/results and trajectories.
+
+Everything here is plain dataclasses (picklable for Ray, JSON-able for the run
+directory). One trajectory type for the whole project: EnvManagers build it,
+the scheduler groups it, the collator turns a batch of it into tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+#: Why an episode ended. ``aborted`` is used when a sync-mode pause or a
+#: shutdown cancels an episode that had not finished; such trajectories are
+#: never handed to the trainer.
+StopReason = Literal["terminated", "max_steps", "max_length", "env_error", "engine_error", "aborted"]
+
+
+@dataclass
+class GenerationRequest:
+    """One generate call: token ids in, sampling settings per request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = True
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationResult:
+    """Output of one generate call; ``weight_version`` is the version that produced it."""
+
+    request_id: str
+    output_token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: int
+    text: str = ""
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class TurnRecord:
+    """One model turn followed by one env step."""
+
+    turn: int
+    action_text: str
+    observation: str
+    reward: float
+    generated_tokens: int
+    weight_version: int
+    generate_s: float
+    env_step_s: float
+    finish_reason: str = "stop"
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: Times this turn's generation was aborted (engine pause/abort) and continued from its partial output.
+    resumed_generations: int = 0
+
+
+@dataclass
+class Trajectory:
+    """One episode of one env instance, token-exact.
+
+    ``token_ids`` is the whole conversation exactly as the engine saw it;
+    ``response_mask`` is 1 on tokens the model generated, ``logprobs`` holds the
+    engine's behaviour logprobs there (0.0 elsewhere). ``prompt_length`` is the
+    length of the first-turn prompt (system + instruction + first observation).
+    """
+
+    tag: str
+    group_id: int
+    episode_id: int
+    env_id: int
+    seed: int
+    traj_id: str
+    created_step: int
+    token_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    turns: list[TurnRecord] = field(default_factory=list)
+    episode_reward: float = 0.0
+    stop_reason: str = "terminated"
+    error: str | None = None
+    oldest_weight_version: int | None = None
+    newest_weight_version: int | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def response_length(self) -> int:
+        return int(sum(self.response_mask))
+
+    def to_record(self, decoded_text: str | None = None) -> dict[str, Any]:
+        """The JSON line written to ``trajectories.jsonl`` (no token arrays)."""
+        record = {
+            "traj_id": self.traj_id,
+            "tag": self.tag,
+            "group_id": self.group_id,
+            "episode_id": self.episode_id,
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "episode_reward": self.episode_reward,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "created_step": self.created_step,
+            "oldest_weight_version": self.oldest_weight_version,
+            "newest_weight_version": self.newest_weight_version,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "num_tokens": len(self.token_ids),
+            "response_length": self.response_length,
+            "metrics": self.metrics,
+            "turns": [dataclasses.asdict(t) for t in self.turns],
+        }
+        if decoded_text is not None:
+            record["text"] = decoded_text
+        return record
+
+
+@dataclass
+class EpisodeSpec:
+    """What the scheduler hands an EnvManager: which episode to play and for which step."""
+
+    tag: str
+    group_id: int
+    episode_id: int
+    seed: int
+    created_step: int
+    env_config_override: dict[str, Any] | None = None

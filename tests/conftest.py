@@ -1,0 +1,58 @@
+"""Shared fixtures: one tiny model, one Ray instance and one real vLLM engine per test session.
+
+Starting vLLM costs ~25 s on CPU, so every integration test shares ``engine``;
+tests that need their own engine (shutdown, bad options) start one explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    from roll_async.model.tiny import build_tiny_model
+
+    return build_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole session (2 logical CPUs, no dashboard)."""
+    import ray
+
+    from roll_async.ray_utils import init_ray
+
+    init_ray(num_cpus=4)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_config():
+    from roll_async.config import EngineConfig
+
+    return EngineConfig(max_model_len=1024, max_num_seqs=64, cpu_kv_cache_space_gib=1.0)
+
+
+@pytest.fixture(scope="session")
+async def engine(ray_session, tiny_model_path, engine_config):
+    """The session's real engine: a Ray actor owning vLLM AsyncLLM on the tiny model."""
+    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+
+    (actor,) = await launch_engines(str(tiny_model_path), engine_config, name_prefix="test_engine")
+    yield actor
+    await shutdown_engines([actor])
