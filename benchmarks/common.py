@@ -54,7 +54,13 @@ def _cpu_model() -> str:
 
 
 def command_line() -> str:
-    return " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
+    """The command as a user would type it from the repo root."""
+    script = Path(sys.argv[0])
+    if script.parent.name == "benchmarks" and script.suffix == ".py":
+        head = ["python", "-m", f"benchmarks.{script.stem}"]
+    else:
+        head = [script.name]
+    return " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
 
 
 def write_json(name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:

@@ -28,6 +28,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from pipelines.rollout_pipeline import run_rollout
+    from roll_async.config import load_config
+
+    run_rollout(load_config(args.config, args.overrides))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pipelines.agentic_pipeline import run_train
+    from roll_async.config import load_config
+
+    run_train(load_config(args.config, args.overrides))
+    return 0
+
+
 def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
     from roll_async.envs import dataset
 
@@ -54,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("rollout", help="collect num_batches batches of trajectories and write the run directory")
+    p.add_argument("config", help="YAML config, e.g. configs/sokoban.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. num_batches=4 output_dir=runs/x")
+    p.set_defaults(func=_cmd_rollout)
+
+    p = sub.add_parser("train", help="the agentic training pipeline (rollout, GRPO step, weight sync; sync or async)")
+    p.add_argument("config", help="YAML config, e.g. configs/sokoban.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. mode=async max_staleness=2")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("make-env-dataset", help="write an env-config parquet (one row per env instance)")
     from roll_async.envs import dataset

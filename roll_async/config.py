@@ -102,6 +102,66 @@ class EnvManagerConfig:
 
 
 @dataclass
+class TrainerConfig:
+    """GRPO-style policy-gradient training of the same HF model the engine serves."""
+
+    #: Dotted path ``package.module:Class`` of a custom Trainer; empty means the built-in GRPO trainer.
+    trainer_cls: str = ""
+    device: str = "auto"
+    dtype: str = "float32"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    #: Optimizer passes over each rollout batch (PPO epochs).
+    ppo_epochs: int = 1
+    #: grpo: (r - mean) / std within a group; rloo: leave-one-out baseline.
+    advantage_estimator: str = "grpo"
+    normalize_advantage_std: bool = True
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    #: Truncated importance sampling cap on pi_train/pi_behaviour (off-policy correction); 0 disables.
+    tis_cap: float = 2.0
+    #: KL penalty to the initial (reference) policy; 0 disables and loads no reference model.
+    kl_coef: float = 0.0
+    #: token_mean: mean over all response tokens of the batch; seq_mean: mean of per-sequence means.
+    loss_agg: str = "token_mean"
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class WeightSyncConfig:
+    #: Push trainer weights to the engine every this many steps.
+    interval: int = 1
+    #: Async mode, what happens to turns in flight during an update: abort (and regenerate), wait, keep.
+    in_flight: str = "abort"
+
+
+@dataclass
+class SFTWarmupConfig:
+    """Brief supervised warm start on env-solver demonstrations (the offline learning demo)."""
+
+    enabled: bool = False
+    num_demos: int = 64
+    #: Fraction of each demo's turns that are kept (partial demos keep initial success low).
+    demo_fraction: float = 0.5
+    steps: int = 50
+    lr: float = 1e-3
+    batch_size: int = 8
+
+
+@dataclass
+class CheckpointConfig:
+    #: Save every this many steps (0: only at the end).
+    save_interval: int = 0
+    #: Keep this many most recent checkpoints.
+    keep_last: int = 2
+    #: A run directory (or its checkpoints/step_N) to continue from.
+    resume_from: str | None = None
+
+
+@dataclass
 class LoggingConfig:
     console: bool = True
     progress_bar: bool = True
@@ -137,6 +197,10 @@ class PipelineConfig:
         default_factory=lambda: EnvManagerConfig(num_env_groups=0, group_size=1)
     )
     custom_envs: dict[str, CustomEnvConfig] = field(default_factory=dict)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
@@ -324,5 +388,32 @@ def validate_config(config: PipelineConfig) -> None:
             f"rollout_batch_size={config.rollout_batch_size} is not a positive multiple of "
             f"train_env_manager.group_size={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
         )
+    _validate_training(config)
     if config.num_batches < 1:
         raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
+
+
+def _validate_training(config: PipelineConfig) -> None:
+    trainer = config.trainer
+    if trainer.advantage_estimator not in ("grpo", "rloo"):
+        raise ConfigError(
+            f"trainer.advantage_estimator='{trainer.advantage_estimator}' is unknown; use grpo or rloo"
+        )
+    if trainer.loss_agg not in ("token_mean", "seq_mean"):
+        raise ConfigError(f"trainer.loss_agg='{trainer.loss_agg}' is unknown; use token_mean or seq_mean")
+    if trainer.micro_batch_size < 1:
+        raise ConfigError(f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
+    if trainer.lr <= 0:
+        raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
+    if len(trainer.adam_betas) != 2:
+        raise ConfigError(f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]")
+    if trainer.tis_cap < 0 or trainer.kl_coef < 0:
+        raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
+    if config.weight_sync.in_flight not in ("abort", "wait", "keep"):
+        raise ConfigError(
+            f"weight_sync.in_flight='{config.weight_sync.in_flight}' is unknown; use abort, wait or keep"
+        )
+    if config.weight_sync.interval < 1:
+        raise ConfigError(f"weight_sync.interval={config.weight_sync.interval}: must be >= 1")
+    if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
+        raise ConfigError(f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]")

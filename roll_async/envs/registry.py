@@ -1,7 +1,8 @@
 """Build envs by name: the registry of env classes and ``make_env``.
 
 ``env_type`` is a registered name (``sokoban``, ``frozen_lake``,
-``sliding_puzzle``, ``countdown``, ``retrieval_qa`` or one added with
+``sliding_puzzle``, ``countdown``, ``retrieval_qa``, ``delayed`` (any of them
+with added latency) or one added with
 :func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
 that lives outside the project. An env class with a dataclass ``config_cls``
 (every :class:`~roll_async.envs.base.BaseEnv`) gets its ``env_config`` checked
@@ -19,6 +20,7 @@ from typing import Any
 
 from roll_async.envs.base import build_config
 from roll_async.envs.countdown import CountdownEnv
+from roll_async.envs.delayed import DelayedEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
@@ -31,6 +33,7 @@ _REGISTRY: dict[str, type] = {
     "sliding_puzzle": SlidingPuzzleEnv,
     "countdown": CountdownEnv,
     "retrieval_qa": RetrievalQAEnv,
+    "delayed": DelayedEnv,
 }
 
 

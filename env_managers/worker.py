@@ -1,0 +1,280 @@
+"""Hosting EnvManagers: an in-process host with a watchdog, and the Ray actor that wraps it.
+
+``EnvManagerHost`` runs up to ``max_env_num_per_worker`` EnvManagers as asyncio
+tasks in one event loop, shares one thread pool for sync env calls, runs the
+watchdog and turns a dying loop into a reported root cause. It has no Ray in
+it, so the in-process LocalRolloutScheduler and unit tests use it directly.
+``EnvManagerWorker`` is the Ray actor: it loads the tokenizer, builds a Router
+over the engine replicas' handles and a client for the GroupQueueManager actor,
+and delegates to a host. Ray places workers (``num_cpus_per_worker``), so with a
+cluster address they spread over nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
+from roll_async.config import CustomEnvConfig, PipelineConfig
+from roll_async.engine.router import EngineClient, RayEngineClient, Router
+from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+#: (tag, env_config) -> env. The default builds registered envs with roll_async.envs.make_env.
+EnvFactory = Callable[[str, dict[str, Any]], Any]
+
+
+class RegisteredEnvFactory:
+    """Builds the env of a tag from ``custom_envs[tag].env_type`` (picklable, imports envs lazily)."""
+
+    def __init__(self, custom_envs: dict[str, CustomEnvConfig]) -> None:
+        self.env_types = {tag: env.env_type for tag, env in custom_envs.items()}
+
+    def __call__(self, tag: str, env_config: dict[str, Any]) -> Any:
+        from roll_async.envs import make_env
+
+        return make_env(self.env_types[tag], env_config)
+
+
+def _bind_tag(factory: EnvFactory, tag: str) -> Callable[[dict[str, Any]], Any]:
+    def make(env_config: dict[str, Any]) -> Any:
+        return factory(tag, env_config)
+
+    return make
+
+
+def env_manager_config(config: PipelineConfig, which: str):
+    return config.train_env_manager if which == "train" else config.val_env_manager
+
+
+def build_env_managers(
+    config: PipelineConfig,
+    which: str,
+    env_specs: Sequence[tuple[int, str]],
+    *,
+    scheduler: EpisodeScheduler,
+    engine_for: Callable[[int], EngineClient],
+    tokenizer: Any,
+    env_factory: EnvFactory | None = None,
+    executor: Executor | None = None,
+) -> list[EnvManager]:
+    """One EnvManager per (env_id, tag); validation ('val') envs decode greedily."""
+    em = env_manager_config(config, which)
+    factory = env_factory or RegisteredEnvFactory(config.custom_envs)
+    request_prefix = f"{which}-{uuid.uuid4().hex[:6]}-"
+    builders: dict[str, ChatPromptBuilder] = {}
+    managers = []
+    for env_id, tag in env_specs:
+        custom_env = config.custom_envs[tag]
+        if tag not in builders:
+            builders[tag] = ChatPromptBuilder(tokenizer, custom_env.system_prompt)
+        settings = EnvManagerSettings(
+            tag=tag,
+            custom_env=custom_env,
+            sequence_length=config.sequence_length,
+            generation=config.generation,
+            env_step_timeout_s=em.env_step_timeout_s,
+            greedy=which == "val",
+        )
+        managers.append(
+            EnvManager(
+                env_id,
+                settings,
+                make_env=_bind_tag(factory, tag),
+                scheduler=scheduler,
+                engine=engine_for(env_id),
+                prompt_builder=builders[tag],
+                executor=executor,
+                request_prefix=request_prefix,
+            )
+        )
+    return managers
+
+
+def find_stalled(managers: Sequence[EnvManager], now: float, timeout_s: float) -> dict[int, str]:
+    """Envs busy in one phase for longer than ``timeout_s`` (waiting for the scheduler does not count)."""
+    stalled = {}
+    for manager in managers:
+        progress = manager.progress
+        idle_for = now - progress.last_progress_at
+        if progress.busy and idle_for > timeout_s:
+            stalled[manager.env_id] = (
+                f"env {manager.env_id} (tag {manager.settings.tag}) stuck in {progress.phase} for {idle_for:.0f}s "
+                f"(group {progress.group_id}, episode {progress.episode_id}, turn {progress.turn})"
+            )
+    return stalled
+
+
+class EnvManagerHost:
+    """Runs EnvManagers as tasks; reports stalls and the first loop that dies.
+
+    Callbacks may be plain functions or coroutine functions (the Ray worker's
+    forward to the GroupQueueManager actor).
+    """
+
+    def __init__(
+        self,
+        managers: Sequence[EnvManager],
+        *,
+        watchdog_timeout_s: float = 300.0,
+        on_stall: Callable[[int, str], Any] | None = None,
+        on_recover: Callable[[int], Any] | None = None,
+        on_fatal: Callable[[str], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.managers = {m.env_id: m for m in managers}
+        self.watchdog_timeout_s = watchdog_timeout_s
+        self._on_stall = on_stall
+        self._on_recover = on_recover
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._reported_stalls: set[int] = set()
+
+    async def run(self) -> None:
+        """Run every loop until all end; if one raises, stop the others and re-raise with the env named."""
+        self._tasks = {
+            env_id: asyncio.create_task(m.run_rollout_loop(), name=f"env-loop-{env_id}") for env_id, m in self.managers.items()
+        }
+        watchdog = asyncio.create_task(self._watchdog(), name="env-watchdog")
+        try:
+            pending = set(self._tasks.values())
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.cancelled() or task.exception() is None:
+                        continue
+                    env_id = next(i for i, t in self._tasks.items() if t is task)
+                    exc = task.exception()
+                    message = f"rollout loop of env {env_id} died: {type(exc).__name__}: {exc}"
+                    logger.error(message, exc_info=exc)
+                    await self._call(self._on_fatal, message)
+                    await self.stop()
+                    raise RuntimeError(message) from exc
+        finally:
+            watchdog.cancel()
+
+    def cancel_episode(self, env_id: int, group_id: int, episode_id: int) -> bool:
+        manager = self.managers.get(env_id)
+        return manager.cancel_episode(group_id, episode_id) if manager else False
+
+    async def stop(self) -> None:
+        """Cancel every loop and wait for them (env cleanup runs in their finally blocks)."""
+        for manager in self.managers.values():
+            manager.stop()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks.values() if t is not current and not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def check_watchdog(self) -> tuple[dict[int, str], list[int]]:
+        """(newly stalled envs with a description, envs that recovered since they were reported)."""
+        stalled = find_stalled(list(self.managers.values()), self._clock(), self.watchdog_timeout_s)
+        new = {env_id: text for env_id, text in stalled.items() if env_id not in self._reported_stalls}
+        recovered = [env_id for env_id in self._reported_stalls if env_id not in stalled]
+        self._reported_stalls = set(stalled)
+        return new, recovered
+
+    async def _watchdog(self) -> None:
+        interval = max(0.05, min(30.0, self.watchdog_timeout_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                new, recovered = self.check_watchdog()
+                for env_id, text in new.items():
+                    logger.warning("watchdog: %s", text)
+                    await self._call(self._on_stall, env_id, text)
+                for env_id in recovered:
+                    await self._call(self._on_recover, env_id)
+            except Exception:
+                logger.exception("watchdog check failed")
+
+    @staticmethod
+    async def _call(callback: Callable[..., Any] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        result = callback(*args)
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            await result
+
+
+class RaySchedulerClient:
+    """The GroupQueueManager actor seen as an EpisodeScheduler."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def next_episode(self, env_id: int) -> EpisodeSpec | None:
+        return await self.handle.next_episode.remote(env_id)
+
+    async def put_trajectory(self, trajectory: Trajectory) -> None:
+        await self.handle.put_trajectory.remote(trajectory)
+
+
+class EnvManagerWorker:
+    """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``."""
+
+    def __init__(
+        self,
+        worker_index: int,
+        config: PipelineConfig,
+        which: str,
+        env_specs: list[tuple[int, str]],
+        scheduler_handle: Any,
+        engine_handles: list[Any],
+        tokenizer_path: str,
+        env_factory: EnvFactory | None = None,
+    ) -> None:
+        em = env_manager_config(config, which)
+        self.worker_index = worker_index
+        self._scheduler_handle = scheduler_handle
+        tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
+        self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
+        self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
+        managers = build_env_managers(
+            config,
+            which,
+            env_specs,
+            scheduler=RaySchedulerClient(scheduler_handle),
+            engine_for=self._router.client_for,
+            tokenizer=tokenizer,
+            env_factory=env_factory,
+            executor=self._executor,
+        )
+        self._host = EnvManagerHost(
+            managers,
+            watchdog_timeout_s=em.watchdog_timeout_s,
+            on_stall=lambda env_id, text: scheduler_handle.report_stalled.remote(env_id, text),
+            on_recover=lambda env_id: scheduler_handle.clear_stalled.remote(env_id),
+            on_fatal=lambda message: scheduler_handle.report_fatal.remote(f"worker {worker_index}: {message}"),
+        )
+
+    async def run(self) -> None:
+        """Returns when every loop ended (scheduler shut down); raises when one died."""
+        await self._host.run()
+
+    async def cancel_episode(self, env_id: int, group_id: int, episode_id: int) -> bool:
+        return self._host.cancel_episode(env_id, group_id, episode_id)
+
+    async def stop(self) -> None:
+        await self._host.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def describe(self) -> dict[str, Any]:
+        return {
+            "worker_index": self.worker_index,
+            "router_load": self._router.load(),
+            "envs": {
+                env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
+            },
+        }

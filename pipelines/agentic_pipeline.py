@@ -1,0 +1,257 @@
+"""AgenticPipeline: rollout → train → weight sync, one loop for sync and async mode.
+
+    for step in steps:
+        batch = train_scheduler.get_batch(rollout_batch_size, step)   # blocks
+        sync : the scheduler suspended the env loops when get_batch returned
+        async: env loops keep generating with version `step`; groups older than
+               max_staleness steps are dropped by the scheduler
+        metrics = trainer.train_step(batch, step)
+        engine.update_weights(trainer weights, version = step + 1)
+
+The mode flag changes only scheduler behaviour (inside RolloutScheduler) and the
+weight-sync policy (``_sync_weights``); everything else is the same code.
+Weight version v means "the policy after v optimizer steps"; the engine starts
+at the start step's version, so versions rise by one each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from roll_async import metrics as m
+from roll_async.batching import collate_trajectories
+from roll_async.config import ConfigError, PipelineConfig
+from roll_async.preflight import preflight
+from roll_async.ray_utils import init_ray
+from roll_async.run_dir import RunDirectory
+from roll_async.tracking import MetricsTracker
+
+logger = logging.getLogger(__name__)
+
+
+def format_train_line(step: int, metrics: dict[str, float]) -> str:
+    """One console line per step: reward, success, throughput, staleness, time split."""
+
+    def get(key: str) -> float:
+        return float(metrics.get(key, float("nan")))
+
+    success = [v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")]
+    success_text = f"{sum(success) / len(success):.2f}" if success else "n/a"
+    return (
+        f"step {step}: reward {get(m.EPISODE_REWARD_MEAN):.3f} | success {success_text}"
+        f" | loss {get('train/loss'):.4f} | traj/s {get(m.TRAJECTORIES_PER_S):.2f}"
+        f" | staleness max {get(m.STALENESS_MAX):.0f}"
+        f" | time rollout {get(m.TIME_STEP_ROLLOUT):.1f}s train {get(m.TIME_STEP_TRAIN):.1f}s"
+        f" sync {get(m.TIME_STEP_WEIGHT_SYNC):.2f}s total {get(m.TIME_STEP_TOTAL):.1f}s"
+    )
+
+
+class AgenticPipeline:
+    """Owns the engines, schedulers and trainer of one training run."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.engines: list[Any] = []
+        self.train_scheduler: Any = None
+        self.val_scheduler: Any = None
+        self.trainer: Any = None
+        self.tokenizer: Any = None
+        self.model_path = ""
+        self.start_step = 0
+        self.resumed_seed_state: dict[str, Any] | None = None
+        self.run_dir: RunDirectory | None = None
+        self.tracker: MetricsTracker | None = None
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def _prepare_trainer(self) -> dict[str, float]:
+        """Build the trainer, resume or warm start it; all before any actor exists."""
+        from roll_async.trainer import build_trainer, build_sft_examples, run_sft
+
+        config = self.config
+        self.model_path, self.tokenizer = preflight(config)
+        try:
+            self.trainer = build_trainer(config.trainer, self.model_path)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"model.path={config.model.path!r}: the trainer cannot load {self.model_path!r} as a causal LM: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if config.checkpoint.resume_from:
+            extra = self.trainer.load_checkpoint(config.checkpoint.resume_from)
+            self.start_step = int(extra["step"]) + 1
+            self.resumed_seed_state = extra.get("scheduler_seed_state")
+            logger.info("resumed from %s at step %d", config.checkpoint.resume_from, self.start_step)
+            return {}
+        if not config.sft_warmup.enabled:
+            return {}
+        warm = config.sft_warmup
+        tag = config.train_env_manager.tags[0]
+        spec = config.custom_envs[tag]
+        examples = build_sft_examples(
+            spec.env_type,
+            dict(spec.env_config),
+            seeds=[config.seed * 1000 + 7919 + i for i in range(warm.num_demos)],  # disjoint from rollout seeds
+            tokenizer=self.tokenizer,
+            system_prompt=spec.system_prompt,
+            instruction_template=spec.instruction_template,
+            observation_template=spec.observation_template,
+            demo_fraction=warm.demo_fraction,
+            max_length=config.sequence_length,
+        )
+        if not examples:
+            raise ConfigError(f"sft_warmup: the expert of custom_envs.{tag} solved none of {warm.num_demos} seeds")
+        sft_metrics = run_sft(
+            self.trainer, examples, steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size,
+            pad_token_id=self.tokenizer.pad_token_id, seed=config.seed,
+        )
+        logger.info("SFT warm start: %s", sft_metrics)
+        return sft_metrics
+
+    async def _start_actors(self) -> None:
+        from roll_async.engine.engine_actor import launch_engines
+        from roll_async.scheduler import RolloutScheduler, ValidationScheduler
+
+        config = self.config
+        init_ray(config.ray_address, config.ray_num_cpus)
+        self.engines = await launch_engines(self.model_path, config.engine)
+        if config.checkpoint.resume_from or config.sft_warmup.enabled:
+            # The engine loaded the base model; give it the trainer's weights before the first rollout.
+            await self._push_weights(version=self.start_step, in_flight="wait")
+        self.train_scheduler = RolloutScheduler(
+            config, engine_handles=self.engines, tokenizer_path=self.model_path, which="train",
+            start_step=self.start_step, seed_state=self.resumed_seed_state,
+        )
+        if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
+            self.val_scheduler = ValidationScheduler.create(
+                config, engine_handles=self.engines, tokenizer_path=self.model_path
+            )
+
+    # -- weight sync -------------------------------------------------------------------
+
+    async def _push_weights(self, version: int, in_flight: str) -> float:
+        """Pause every replica (``in_flight`` decides what happens to running turns), load, resume."""
+        start = time.perf_counter()
+        weights = await asyncio.to_thread(self.trainer.state_dict_for_engine)
+        await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
+        try:
+            await asyncio.gather(*(e.update_weights.remote(weights, version) for e in self.engines))
+        finally:
+            await asyncio.gather(*(e.resume.remote() for e in self.engines))
+        return time.perf_counter() - start
+
+    async def _sync_weights(self, step: int) -> float:
+        """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""
+        if (step + 1) % self.config.weight_sync.interval != 0:
+            return 0.0
+        # Sync mode: the loops are suspended and nothing is in flight, so "wait" returns at once.
+        # Async mode: the configured policy; aborted turns are continued by the EnvManagers.
+        in_flight = "wait" if self.config.mode == "sync" else self.config.weight_sync.in_flight
+        return await self._push_weights(step + 1, in_flight)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _checkpoint(self, step: int) -> None:
+        from roll_async.trainer import checkpoint_dir, prune_checkpoints
+
+        assert self.run_dir is not None
+        extra_state = {"step": step, "scheduler_seed_state": await self.train_scheduler.seed_state()}
+        path = checkpoint_dir(self.run_dir.checkpoints, step)
+        await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)
+        prune_checkpoints(self.run_dir.checkpoints, self.config.checkpoint.keep_last)
+
+    async def _validate(self, step: int) -> dict[str, float]:
+        if self.val_scheduler is None:
+            return {}
+        _, val_metrics = await self.val_scheduler.evaluate(step)
+        return val_metrics
+
+    async def run(self) -> Path:
+        from roll_async.trainer import NonFiniteLossError
+
+        config = self.config
+        sft_metrics = await asyncio.to_thread(self._prepare_trainer)
+        self.run_dir = RunDirectory.create(config.output_dir, f"train-{config.mode}")
+        self.run_dir.write_config(config)
+        self.tracker = MetricsTracker(config.logging, self.run_dir, dataclasses.asdict(config))
+        if sft_metrics:
+            self.tracker.log(self.start_step - 1, sft_metrics)
+        progress = _progress_bar(config, self.start_step)
+        try:
+            await self._start_actors()
+            last_saved = self.start_step - 1
+            for step in range(self.start_step, config.max_steps):
+                step_start = time.perf_counter()
+                trajectories, step_metrics = await self.train_scheduler.get_batch_with_metrics(
+                    config.rollout_batch_size, step
+                )
+                step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
+                batch = collate_trajectories(trajectories, pad_token_id=self.tokenizer.pad_token_id)
+                train_start = time.perf_counter()
+                try:
+                    step_metrics.update(await asyncio.to_thread(self.trainer.train_step, batch, step))
+                except NonFiniteLossError as exc:
+                    kept = f"last good checkpoint: step {last_saved}" if last_saved >= self.start_step else "no checkpoint yet"
+                    raise NonFiniteLossError(exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}") from exc
+                step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
+                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self._sync_weights(step)
+                if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
+                    step_metrics.update(await self._validate(step + 1))
+                save_every = config.checkpoint.save_interval
+                if (save_every > 0 and (step + 1) % save_every == 0) or step == config.max_steps - 1:
+                    await self._checkpoint(step)
+                    last_saved = step
+                step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
+                step_metrics["weight_version"] = float(await self.engines[0].get_weight_version.remote())
+                self.tracker.log(step, step_metrics)
+                if config.logging.save_trajectories:
+                    self.run_dir.append_trajectories(trajectories, self.tokenizer)
+                if config.logging.console:
+                    line = format_train_line(step, step_metrics)
+                    if progress is not None:
+                        progress.write(line)
+                    else:
+                        print(line, flush=True)
+                if progress is not None:
+                    progress.update(1)
+        finally:
+            if progress is not None:
+                progress.close()
+            await self.shutdown()
+        print(f"run directory: {self.run_dir.root}")
+        return self.run_dir.root
+
+    async def shutdown(self) -> None:
+        import ray
+
+        from roll_async.engine.engine_actor import shutdown_engines
+
+        for scheduler in (self.train_scheduler, self.val_scheduler):
+            if scheduler is not None:
+                await scheduler.shutdown()
+        self.train_scheduler = self.val_scheduler = None
+        await shutdown_engines(self.engines)
+        self.engines = []
+        if self.tracker is not None:
+            self.tracker.close()
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _progress_bar(config: PipelineConfig, start_step: int) -> Any:
+    if not config.logging.progress_bar:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.max_steps, initial=start_step, desc=f"train ({config.mode})", unit="step")
+
+
+def run_train(config: PipelineConfig) -> Path:
+    return asyncio.run(AgenticPipeline(config).run())

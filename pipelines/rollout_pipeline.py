@@ -1,0 +1,76 @@
+"""RolloutPipeline: collect ``num_batches`` batches with the real engine and write the run directory.
+
+The data-collection use case (no training): the same engines, scheduler and env
+managers as the agentic pipeline, so what it records is what training would see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from roll_async.config import PipelineConfig
+from roll_async.metrics import TIME_STEP_ROLLOUT
+from roll_async.preflight import preflight
+from roll_async.ray_utils import init_ray
+from roll_async.run_dir import RunDirectory
+
+logger = logging.getLogger(__name__)
+
+
+def format_step_line(step: int, metrics: dict[str, float]) -> str:
+    """The one console line per batch."""
+    from roll_async import metrics as m
+
+    def get(key: str) -> float:
+        return float(metrics.get(key, float("nan")))
+
+    success = [v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")]
+    success_text = f"{sum(success) / len(success):.2f}" if success else "n/a"
+    return (
+        f"step {step}: trajectories/s {get(m.TRAJECTORIES_PER_S):.2f} | tokens/s {get(m.TOKENS_PER_S):.0f}"
+        f" | reward {get(m.EPISODE_REWARD_MEAN):.3f} | success {success_text}"
+        f" | turns {get(m.TURNS_MEAN):.1f} | wait {get(m.GET_BATCH_WAIT_S):.2f}s"
+        f" | staleness max {get(m.STALENESS_MAX):.0f} | env errors {get(m.ENV_ERRORS):.0f}"
+    )
+
+
+async def run_rollout_async(config: PipelineConfig) -> Path:
+    import ray
+
+    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
+
+    model_path, tokenizer = preflight(config)  # every config/env/model mistake fails here, before any actor
+    run_dir = RunDirectory.create(config.output_dir, "rollout")
+    run_dir.write_config(config)
+    init_ray(config.ray_address, config.ray_num_cpus)
+    engines: list = []
+    scheduler = None
+    try:
+        engines = await launch_engines(model_path, config.engine)
+        scheduler = RolloutScheduler(config, engine_handles=engines, tokenizer_path=model_path, which="train")
+        for step in range(config.num_batches):
+            started = time.perf_counter()
+            batch, metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+            metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
+            run_dir.append_metrics(step, metrics)
+            if config.logging.save_trajectories:
+                run_dir.append_trajectories(batch, tokenizer)
+            if config.logging.console:
+                print(format_step_line(step, metrics), flush=True)
+            if config.mode == "sync":
+                await scheduler.resume()  # sync: loops paused at get_batch; nothing to train, so go on
+    finally:
+        if scheduler is not None:
+            await scheduler.shutdown()
+        await shutdown_engines(engines)
+        ray.shutdown()
+    print(f"run directory: {run_dir.root}")
+    return run_dir.root
+
+
+def run_rollout(config: PipelineConfig) -> Path:
+    return asyncio.run(run_rollout_async(config))

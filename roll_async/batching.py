@@ -1,0 +1,132 @@
+"""Trajectories to training tensors: right-padded token tensors plus identifier lists.
+
+For a trajectory of L tokens, row i holds ``input_ids[i, :L]`` (then
+``pad_token_id``), ``attention_mask`` 1 on those L tokens, ``position_ids``
+0..L-1 (0 on padding), ``response_mask`` 1 on tokens the model generated,
+``old_logprobs`` the engine's behaviour logprobs there (0 elsewhere), and
+``rewards[i]`` the episode reward. ``group_index`` maps each row to a
+contiguous group number (0..num_groups-1, first appearance order) for
+group-relative advantages; identifiers come along as plain lists. Right
+padding, because training computes per-token losses over whole sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from roll_async.protocol import Trajectory
+
+
+@dataclass
+class TrajectoryBatch:
+    """A padded batch. Tensors are [batch, seq] except ``rewards``/``group_index`` ([batch])."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    group_index: torch.Tensor
+    tags: list[str] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
+    episode_ids: list[int] = field(default_factory=list)
+    env_ids: list[int] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    traj_ids: list[str] = field(default_factory=list)
+    created_steps: list[int] = field(default_factory=list)
+    stop_reasons: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "response_mask": self.response_mask,
+            "old_logprobs": self.old_logprobs,
+            "rewards": self.rewards,
+            "group_index": self.group_index,
+        }
+
+    def to(self, device: Any) -> TrajectoryBatch:
+        moved = {name: t.to(device) for name, t in self.tensors().items()}
+        return TrajectoryBatch(
+            **moved,
+            tags=self.tags,
+            group_ids=self.group_ids,
+            episode_ids=self.episode_ids,
+            env_ids=self.env_ids,
+            seeds=self.seeds,
+            traj_ids=self.traj_ids,
+            created_steps=self.created_steps,
+            stop_reasons=self.stop_reasons,
+        )
+
+
+def collate_trajectories(
+    trajectories: list[Trajectory],
+    *,
+    pad_token_id: int,
+    pad_to: int | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> TrajectoryBatch:
+    """Right-pad a batch; ``pad_to`` fixes the width (e.g. sequence_length) and must fit every trajectory."""
+    if not trajectories:
+        raise ValueError("cannot collate an empty batch")
+    for t in trajectories:
+        if not (len(t.token_ids) == len(t.response_mask) == len(t.logprobs)):
+            raise ValueError(
+                f"trajectory {t.traj_id}: token_ids ({len(t.token_ids)}), response_mask ({len(t.response_mask)}) "
+                f"and logprobs ({len(t.logprobs)}) differ in length"
+            )
+    longest = max(len(t.token_ids) for t in trajectories)
+    width = longest if pad_to is None else pad_to
+    if width < longest:
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest trajectory ({longest} tokens)")
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    width = max(width, 1)
+
+    size = len(trajectories)
+    input_ids = torch.full((size, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((size, width), dtype=torch.long)
+    response_mask = torch.zeros((size, width), dtype=torch.long)
+    old_logprobs = torch.zeros((size, width), dtype=torch.float32)
+    for row, t in enumerate(trajectories):
+        n = len(t.token_ids)
+        if n == 0:
+            continue
+        input_ids[row, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        response_mask[row, :n] = torch.tensor(t.response_mask, dtype=torch.long)
+        old_logprobs[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0) * attention_mask
+    old_logprobs = old_logprobs * response_mask
+
+    group_numbers: dict[tuple[str, int], int] = {}
+    group_index = torch.tensor(
+        [group_numbers.setdefault((t.tag, t.group_id), len(group_numbers)) for t in trajectories], dtype=torch.long
+    )
+    return TrajectoryBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_mask=response_mask,
+        old_logprobs=old_logprobs,
+        rewards=torch.tensor([t.episode_reward for t in trajectories], dtype=torch.float32),
+        group_index=group_index,
+        tags=[t.tag for t in trajectories],
+        group_ids=[t.group_id for t in trajectories],
+        episode_ids=[t.episode_id for t in trajectories],
+        env_ids=[t.env_id for t in trajectories],
+        seeds=[t.seed for t in trajectories],
+        traj_ids=[t.traj_id for t in trajectories],
+        created_steps=[t.created_step for t in trajectories],
+        stop_reasons=[t.stop_reason for t in trajectories],
+    )

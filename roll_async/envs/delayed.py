@@ -1,0 +1,86 @@
+"""DelayedEnv: any registered env with added reset/step latency, to model slow simulators and tools.
+
+Real agent envs (web pages, code sandboxes, game engines) take from milliseconds
+to seconds per step, with a long tail. This wrapper lets tests and benchmarks
+reproduce that with the built-in envs: a fixed latency, or a lognormal one
+whose draws are seeded by the episode seed, so runs are repeatable.
+
+    custom_envs:
+      SlowSokoban:
+        env_type: delayed
+        env_config:
+          inner_env_type: sokoban
+          inner_env_config: {dim_room: [6, 6]}
+          step_latency_s: 0.2          # median step latency
+          step_latency_sigma: 1.0      # 0: fixed; >0: lognormal long tail
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class DelayedEnvConfig:
+    inner_env_type: str = "sokoban"
+    inner_env_config: dict[str, Any] = field(default_factory=dict)
+    step_latency_s: float = 0.0
+    reset_latency_s: float = 0.0
+    #: Lognormal sigma of the step latency (median stays step_latency_s); 0 means fixed.
+    step_latency_sigma: float = 0.0
+    #: Upper bound of one step's latency, so a draw from the tail cannot stall a test.
+    max_step_latency_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("step_latency_s", "reset_latency_s", "step_latency_sigma", "max_step_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"delayed env: {name}={getattr(self, name)} must be >= 0")
+
+
+class DelayedEnv:
+    """Sleeps (blocking, like a real simulator would compute) before delegating to the inner env."""
+
+    config_cls = DelayedEnvConfig
+
+    def __init__(self, config: DelayedEnvConfig | None = None) -> None:
+        from roll_async.envs.registry import make_env
+
+        self.config = config or DelayedEnvConfig()
+        self.inner = make_env(self.config.inner_env_type, dict(self.config.inner_env_config))
+        self._rng = np.random.default_rng(0)
+
+    def _step_delay(self) -> float:
+        median, sigma = self.config.step_latency_s, self.config.step_latency_sigma
+        if median <= 0:
+            return 0.0
+        if sigma <= 0:
+            return median
+        return min(self.config.max_step_latency_s, float(median * math.exp(sigma * self._rng.standard_normal())))
+
+    def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
+        self._rng = np.random.default_rng(seed)
+        if self.config.reset_latency_s > 0:
+            time.sleep(self.config.reset_latency_s)
+        return self.inner.reset(seed=seed)
+
+    def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        delay = self._step_delay()
+        if delay > 0:
+            time.sleep(delay)
+        return self.inner.step(action_text)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Solvers, action words and renders of the inner env stay reachable.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

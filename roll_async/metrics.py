@@ -1,0 +1,202 @@
+"""The one metrics registry: metric names (DESIGN "Metric names") and the functions that compute them.
+
+Every metric the project logs is named here, so dashboards, ``metrics.jsonl``
+and tests agree. ``rollout_metrics`` is computed for every ``get_batch``;
+``validation_metrics`` for every evaluation; trainers use the ``TRAIN_*`` names
+and ``summarize``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from roll_async.protocol import Trajectory
+
+# -- rollout ---------------------------------------------------------------------------
+TRAJECTORIES_PER_S = "rollout/trajectories_per_s"
+TOKENS_PER_S = "rollout/tokens_per_s"
+GET_BATCH_WAIT_S = "rollout/get_batch_wait_s"
+TURNS_MEAN = "rollout/turns/mean"
+TURNS_MAX = "rollout/turns/max"
+RESPONSE_LENGTH_MEAN = "rollout/response_length/mean"
+RESPONSE_LENGTH_MAX = "rollout/response_length/max"
+NATURAL_TERMINATION_RATE = "rollout/natural_termination_rate"
+TRUNCATION_RATE = "rollout/truncation_rate"
+MAX_STEPS_RATE = "rollout/max_steps_rate"
+STALENESS_MEAN = "rollout/staleness/mean"
+STALENESS_MAX = "rollout/staleness/max"
+#: step minus the oldest weight version a trajectory used (meaningful when version == trained steps).
+WEIGHT_LAG_MEAN = "rollout/weight_version_lag/mean"
+WEIGHT_LAG_MAX = "rollout/weight_version_lag/max"
+DROPPED_STALE_GROUPS = "rollout/dropped_stale_groups"
+FILTERED_GROUPS = "rollout/filtered_groups"
+FILTER_BYPASSED_GROUPS = "rollout/filter_bypassed_groups"
+ENV_ERRORS = "rollout/env_errors"
+DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
+CANCELLED_EPISODES = "rollout/cancelled_episodes"
+STALLED_ENVS = "rollout/stalled_envs"
+RESUMED_GENERATIONS = "rollout/resumed_generations"
+EPISODE_REWARD_MEAN = "rollout/episode_reward/mean"
+EPISODE_REWARD_STD = "rollout/episode_reward/std"
+ENGINE_RUNNING = "engine/running"
+ENGINE_WAITING = "engine/waiting"
+ENGINE_KV_CACHE_USAGE = "engine/kv_cache_usage"
+TIME_GENERATE_MEAN = "time/generate/mean"
+TIME_GENERATE_P99 = "time/generate/p99"
+TIME_ENV_STEP_MEAN = "time/env_step/mean"
+TIME_ENV_STEP_P99 = "time/env_step/p99"
+
+# -- train -----------------------------------------------------------------------------
+TRAIN_LOSS = "train/loss"
+TRAIN_REWARD_MEAN = "train/reward/mean"
+TRAIN_REWARD_STD = "train/reward/std"
+TRAIN_IMPORTANCE_RATIO_MEAN = "train/importance_ratio/mean"
+TRAIN_IMPORTANCE_RATIO_MAX = "train/importance_ratio/max"
+TIME_STEP_ROLLOUT = "time/step_rollout"
+TIME_STEP_TRAIN = "time/step_train"
+TIME_STEP_WEIGHT_SYNC = "time/step_weight_sync"
+TIME_STEP_TOTAL = "time/step_total"
+
+
+def env_metric(tag: str, name: str) -> str:
+    """Per-tag env metric, e.g. ``env/sokoban/success``."""
+    return f"env/{tag}/{name}"
+
+
+#: Scheduler counter fields (group_queue.SchedulerCounters) -> metric names.
+COUNTER_METRICS: dict[str, str] = {
+    "dropped_stale_groups": DROPPED_STALE_GROUPS,
+    "filtered_groups": FILTERED_GROUPS,
+    "filter_bypassed_groups": FILTER_BYPASSED_GROUPS,
+    "env_errors": ENV_ERRORS,
+    "dropped_error_groups": DROPPED_ERROR_GROUPS,
+    "cancelled_episodes": CANCELLED_EPISODES,
+}
+
+
+def mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    m = mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[min(rank, len(ordered)) - 1])
+
+
+def summarize(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """``{prefix}/mean``, ``/max``, ``/min``, ``/std``, ``/p99`` of ``values``."""
+    return {
+        f"{prefix}/mean": mean(values),
+        f"{prefix}/max": float(max(values)) if values else 0.0,
+        f"{prefix}/min": float(min(values)) if values else 0.0,
+        f"{prefix}/std": std(values),
+        f"{prefix}/p99": percentile(values, 99),
+    }
+
+
+def _rate(trajectories: Sequence[Trajectory], *reasons: str) -> float:
+    if not trajectories:
+        return 0.0
+    return sum(t.stop_reason in reasons for t in trajectories) / len(trajectories)
+
+
+def _env_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    by_tag: dict[str, dict[str, list[float]]] = {}
+    for t in trajectories:
+        values = by_tag.setdefault(t.tag, {})
+        values.setdefault("episode_reward", []).append(t.episode_reward)
+        values.setdefault("num_turns", []).append(float(t.num_turns))
+        for key, value in t.metrics.items():
+            values.setdefault(key, []).append(float(value))
+    return {env_metric(tag, key): mean(vals) for tag, metrics in by_tag.items() for key, vals in metrics.items()}
+
+
+def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Sum of running/waiting over replicas, mean KV-cache usage."""
+    if not stats:
+        return {}
+    return {
+        ENGINE_RUNNING: float(sum(s.get("running", 0) for s in stats)),
+        ENGINE_WAITING: float(sum(s.get("waiting", 0) for s in stats)),
+        ENGINE_KV_CACHE_USAGE: mean([float(s.get("kv_cache_usage", 0.0)) for s in stats]),
+    }
+
+
+def rollout_metrics(
+    batch: Sequence[Trajectory],
+    *,
+    step: int,
+    wait_s: float = 0.0,
+    window_s: float = 0.0,
+    counters: Mapping[str, float] | None = None,
+    gauges: Mapping[str, float] | None = None,
+    engine_stats: Sequence[Mapping[str, float]] | None = None,
+) -> dict[str, float]:
+    """Metrics of one ``get_batch``: throughput over ``window_s``, batch shape, staleness, scheduler events."""
+    turns = [float(t.num_turns) for t in batch]
+    lengths = [float(t.response_length) for t in batch]
+    generated = sum(t.response_length for t in batch)
+    staleness = [float(step - t.created_step) for t in batch]
+    lags = [float(step - t.oldest_weight_version) for t in batch if t.oldest_weight_version is not None]
+    generate_s = [turn.generate_s for t in batch for turn in t.turns]
+    env_step_s = [turn.env_step_s for t in batch for turn in t.turns]
+    rewards = [t.episode_reward for t in batch]
+    out: dict[str, float] = {
+        TRAJECTORIES_PER_S: len(batch) / window_s if window_s > 0 else 0.0,
+        TOKENS_PER_S: generated / window_s if window_s > 0 else 0.0,
+        GET_BATCH_WAIT_S: float(wait_s),
+        TURNS_MEAN: mean(turns),
+        TURNS_MAX: max(turns, default=0.0),
+        RESPONSE_LENGTH_MEAN: mean(lengths),
+        RESPONSE_LENGTH_MAX: max(lengths, default=0.0),
+        NATURAL_TERMINATION_RATE: _rate(batch, "terminated"),
+        TRUNCATION_RATE: _rate(batch, "max_length"),
+        MAX_STEPS_RATE: _rate(batch, "max_steps"),
+        STALENESS_MEAN: mean(staleness),
+        STALENESS_MAX: max(staleness, default=0.0),
+        WEIGHT_LAG_MEAN: mean(lags),
+        WEIGHT_LAG_MAX: max(lags, default=0.0),
+        EPISODE_REWARD_MEAN: mean(rewards),
+        EPISODE_REWARD_STD: std(rewards),
+        RESUMED_GENERATIONS: float(sum(turn.resumed_generations for t in batch for turn in t.turns)),
+        TIME_GENERATE_MEAN: mean(generate_s),
+        TIME_GENERATE_P99: percentile(generate_s, 99),
+        TIME_ENV_STEP_MEAN: mean(env_step_s),
+        TIME_ENV_STEP_P99: percentile(env_step_s, 99),
+    }
+    for field_name, metric_name in COUNTER_METRICS.items():
+        out[metric_name] = float((counters or {}).get(field_name, 0))
+    out[STALLED_ENVS] = float((gauges or {}).get("stalled_envs", 0))
+    out.update(_env_metrics(batch))
+    out.update(engine_metrics(engine_stats or []))
+    return out
+
+
+def validation_metrics(trajectories: Sequence[Trajectory], prefix: str = "val") -> dict[str, float]:
+    """Per-tag and overall metrics of one evaluation round: ``val/<tag>/<metric>`` and ``val/<metric>``."""
+    out: dict[str, float] = {
+        f"{prefix}/episode_reward/mean": mean([t.episode_reward for t in trajectories]),
+        f"{prefix}/num_episodes": float(len(trajectories)),
+        f"{prefix}/env_errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
+        f"{prefix}/natural_termination_rate": _rate(trajectories, "terminated"),
+        f"{prefix}/truncation_rate": _rate(trajectories, "max_length"),
+        f"{prefix}/max_steps_rate": _rate(trajectories, "max_steps"),
+    }
+    successes = [t.metrics["success"] for t in trajectories if "success" in t.metrics]
+    if successes:
+        out[f"{prefix}/success"] = mean(successes)
+    for name, value in _env_metrics(trajectories).items():
+        out[prefix + name[len("env"):]] = value  # env/<tag>/<metric> -> val/<tag>/<metric>
+    return out

@@ -1,0 +1,57 @@
+"""The run directory every pipeline writes: config.yaml, metrics.jsonl, trajectories.jsonl, checkpoints/."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from roll_async.config import PipelineConfig, config_to_yaml
+from roll_async.protocol import Trajectory
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf are not JSON; write them as null so every line parses."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunDirectory:
+    """Append-only files of one run; each line is flushed so a crash loses at most the line being written."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = self.root / "checkpoints"
+        self.config_path = self.root / "config.yaml"
+        self.metrics_path = self.root / "metrics.jsonl"
+        self.trajectories_path = self.root / "trajectories.jsonl"
+
+    @classmethod
+    def create(cls, output_dir: str | None, run_name: str) -> RunDirectory:
+        """``output_dir`` if given, else ``runs/<run_name>-<timestamp>``."""
+        if output_dir:
+            return cls(output_dir)
+        return cls(Path("runs") / f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def write_config(self, config: PipelineConfig) -> None:
+        self.config_path.write_text(config_to_yaml(config))
+
+    def append_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _json_safe(v) for k, v in sorted(metrics.items())}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def append_trajectories(self, trajectories: list[Trajectory], tokenizer: Any | None = None) -> None:
+        with self.trajectories_path.open("a") as f:
+            for trajectory in trajectories:
+                text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
+                f.write(json.dumps(trajectory.to_record(decoded_text=text), default=_json_safe) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,135 @@
+"""LocalRolloutScheduler: the whole rollout in this process and event loop, no Ray.
+
+Same API as the Ray-based RolloutScheduler (``get_batch``, ``suspend``,
+``resume``, ``run_fixed_round``, ``shutdown``), built from the same pieces
+(GroupQueueManager, EnvManagerHost, Router), with engines passed in as objects:
+a FakeEngine for fast tests, or an in-process real engine for debugging and
+single-process benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from env_managers.worker import EnvFactory, EnvManagerHost, build_env_managers, env_manager_config
+from roll_async.config import PipelineConfig, validate_config
+from roll_async.engine.router import EngineClient, Router
+from roll_async.metrics import rollout_metrics
+from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
+
+
+class LocalRolloutScheduler:
+    """In-process rollout over ``engines`` (one object or a list of replicas)."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        engines: EngineClient | Sequence[EngineClient],
+        tokenizer: Any,
+        which: str = "train",
+        env_factory: EnvFactory | None = None,
+        start_step: int = 0,
+    ) -> None:
+        validate_config(config)  # config mistakes fail here, before any env starts
+        em = env_manager_config(config, which)
+        self.config = config
+        self.which = which
+        self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        self.group_queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
+        self.router = Router(self.engines)
+        self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
+        layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy)
+        self.managers = build_env_managers(
+            config,
+            which,
+            layout,
+            scheduler=self.group_queue,
+            engine_for=self.router.client_for,
+            tokenizer=tokenizer,
+            env_factory=env_factory,
+            executor=self._executor,
+        )
+        self.host = EnvManagerHost(
+            self.managers,
+            watchdog_timeout_s=em.watchdog_timeout_s,
+            on_stall=self.group_queue.report_stalled,
+            on_recover=self.group_queue.clear_stalled,
+            on_fatal=self.group_queue.report_fatal,
+        )
+        self._run_task: asyncio.Task | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    def _cancel(self, env_id: int, group_id: int, episode_id: int) -> None:
+        self.host.cancel_episode(env_id, group_id, episode_id)
+
+    async def start(self) -> None:
+        """Start the env loops (get_batch does this on first use)."""
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self.host.run(), name="local-rollout-host")
+
+    async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
+        trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
+        return trajectories
+
+    async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        await self.start()
+        served = await self._unless_loops_die(self.group_queue.get_batch(batch_size, step))
+        metrics = rollout_metrics(
+            served.trajectories,
+            step=step,
+            wait_s=served.wait_s,
+            window_s=served.window_s,
+            counters=served.counters,
+            gauges=served.gauges,
+            engine_stats=await self._engine_stats(),
+        )
+        self.last_metrics = metrics
+        return served.trajectories, metrics
+
+    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
+        await self.start()
+        return await self._unless_loops_die(self.group_queue.run_fixed_round(episodes, step))
+
+    async def _unless_loops_die(self, awaitable: Any) -> Any:
+        assert self._run_task is not None
+        task = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({task, self._run_task}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        if self.group_queue.failure is not None:  # the loops ended because the rollout failed: report why
+            raise self.group_queue.failure
+        exc = self._run_task.exception() if not self._run_task.cancelled() else None
+        raise RolloutFatalError(f"the env rollout loops stopped: {exc or 'they exited'}") from exc
+
+    async def _engine_stats(self) -> list[dict]:
+        stats = []
+        for engine in self.engines:
+            method = getattr(engine, "stats", None)
+            if method is None:
+                continue
+            try:
+                result = method()
+                stats.append(await result if inspect.isawaitable(result) else result)
+            except Exception:
+                pass
+        return stats
+
+    def suspend(self, cancel_in_flight: bool = True) -> None:
+        self.group_queue.suspend(cancel_in_flight)
+
+    def resume(self) -> None:
+        self.group_queue.resume()
+
+    async def shutdown(self) -> None:
+        self.group_queue.shutdown()
+        await self.host.stop()
+        if self._run_task is not None:
+            await asyncio.gather(self._run_task, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,287 @@
+"""RolloutScheduler: the driver-side handle on a distributed rollout (Ray).
+
+It creates one GroupQueueManager actor (the rules live in
+``roll_async.scheduler.group_queue``; read its docstring for episode
+assignment, seeds, quota, sync/async, staleness, redundancy, refills and the
+watchdog) and ``ceil(num_envs / max_env_num_per_worker)`` EnvManagerWorker
+actors, each hosting its share of EnvManagers as asyncio tasks with its own
+Router over the engine replicas. Ray places the workers, so with a cluster
+address they spread over nodes.
+
+Typical use::
+
+    scheduler = RolloutScheduler(config, engine_handles=engines, tokenizer_path=path)
+    for step in range(num_steps):
+        batch = await scheduler.get_batch(config.rollout_batch_size, step)   # blocks
+        metrics = scheduler.last_metrics
+        ...train, update weights to version step + 1...
+        await scheduler.resume()        # sync mode: loops were suspended when get_batch returned
+    await scheduler.shutdown()
+
+``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but
+calling it right after the weight update lets generation for the next step
+start while the pipeline does other work. ``get_batch`` raises
+RolloutFatalError with the root cause if the env loops die (a worker crashes,
+an engine request fails after its retries, every env keeps failing) instead of
+waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
+from roll_async.config import PipelineConfig, validate_config
+from roll_async.metrics import rollout_metrics
+from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
+
+logger = logging.getLogger(__name__)
+
+_ENGINE_STATS_TIMEOUT_S = 5.0
+_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class GroupQueueActor:
+    """Ray actor around a GroupQueueManager; forwards episode cancellations to the EnvManagerWorkers.
+
+    Every method is ``async`` so all of them run on the actor's event loop (the
+    manager is not thread-safe).
+    """
+
+    def __init__(
+        self, config: PipelineConfig, which: str, start_step: int, seed_state: dict[str, Any] | None = None
+    ) -> None:
+        self._workers_by_env: dict[int, Any] = {}
+        self.queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
+        if seed_state:
+            self.queue.load_seed_state(seed_state)
+
+    def _cancel(self, env_id: int, group_id: int, episode_id: int) -> None:
+        worker = self._workers_by_env.get(env_id)
+        if worker is not None:
+            worker.cancel_episode.remote(env_id, group_id, episode_id)  # fire and forget
+
+    async def set_workers(self, workers_by_env: dict[int, Any]) -> None:
+        self._workers_by_env = dict(workers_by_env)
+
+    async def next_episode(self, env_id: int) -> EpisodeSpec | None:
+        return await self.queue.next_episode(env_id)
+
+    async def put_trajectory(self, trajectory: Trajectory) -> None:
+        await self.queue.put_trajectory(trajectory)
+
+    async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
+        return await self.queue.get_batch(batch_size, step)
+
+    async def run_fixed_round(self, episodes: list[EpisodeSpec], step: int) -> ServedBatch:
+        return await self.queue.run_fixed_round(episodes, step)
+
+    async def suspend(self, cancel_in_flight: bool = True) -> None:
+        self.queue.suspend(cancel_in_flight)
+
+    async def resume(self) -> None:
+        self.queue.resume()
+
+    async def report_fatal(self, message: str) -> None:
+        self.queue.report_fatal(message)
+
+    async def report_stalled(self, env_id: int, description: str) -> None:
+        self.queue.report_stalled(env_id, description)
+
+    async def clear_stalled(self, env_id: int) -> None:
+        self.queue.clear_stalled(env_id)
+
+    async def shutdown(self) -> None:
+        self.queue.shutdown()
+
+    async def describe(self) -> dict[str, Any]:
+        return self.queue.describe()
+
+    async def seed_state(self) -> dict[str, Any]:
+        return self.queue.seed_state()
+
+    async def failure(self) -> str | None:
+        return str(self.queue.failure) if self.queue.failure is not None else None
+
+
+def _unwrap_ray_error(exc: BaseException) -> BaseException:
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+class RolloutScheduler:
+    """Creates and drives the rollout actors; see the module docstring."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        engine_handles: Sequence[Any],
+        tokenizer_path: str,
+        which: str = "train",
+        env_factory: EnvFactory | None = None,
+        start_step: int = 0,
+        seed_state: dict[str, Any] | None = None,
+    ) -> None:
+        if not engine_handles:
+            raise ValueError("RolloutScheduler needs at least one engine actor handle")
+        validate_config(config)  # config mistakes fail here, before any actor or env starts
+        self.config = config
+        self.which = which
+        self.engine_handles = list(engine_handles)
+        self.tokenizer_path = str(tokenizer_path)
+        self.env_factory = env_factory
+        self.start_step = start_step
+        self.initial_seed_state = seed_state
+        self.last_metrics: dict[str, float] = {}
+        self._queue: Any = None
+        self._workers: list[Any] = []
+        self._run_futures: list[asyncio.Future] = []
+        self._started = False
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    async def start(self) -> None:
+        """Create the actors and start the env loops (get_batch does this on first use)."""
+        if self._started:
+            return
+        import ray
+
+        em = env_manager_config(self.config, self.which)
+        layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy)
+        per_worker = em.max_env_num_per_worker
+        chunks = [layout[i : i + per_worker] for i in range(0, len(layout), per_worker)]
+        assert len(chunks) == math.ceil(len(layout) / per_worker)
+        self._queue = (
+            ray.remote(GroupQueueActor)
+            .options(num_cpus=0, max_concurrency=2 * len(layout) + 64)
+            .remote(self.config, self.which, self.start_step, self.initial_seed_state)
+        )
+        worker_cls = ray.remote(EnvManagerWorker)
+        self._workers = [
+            worker_cls.options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64).remote(
+                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path, self.env_factory
+            )
+            for index, chunk in enumerate(chunks)
+        ]
+        try:
+            await asyncio.gather(*(w.describe.remote() for w in self._workers))  # surfaces constructor errors now
+        except Exception as exc:
+            await self._kill_actors()
+            raise RolloutFatalError(f"an EnvManagerWorker failed to start: {_unwrap_ray_error(exc)}") from exc
+        await self._queue.set_workers.remote({env_id: self._workers[i] for i, chunk in enumerate(chunks) for env_id, _ in chunk})
+        self._run_futures = [asyncio.wrap_future(w.run.remote().future()) for w in self._workers]
+        self._started = True
+        logger.info("%s rollout: %d envs on %d EnvManagerWorkers", self.which, len(layout), len(self._workers))
+
+    async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
+        """Block until ``batch_size`` trajectories in whole groups are ready; metrics go to ``last_metrics``."""
+        trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
+        return trajectories
+
+    async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        await self.start()
+        served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
+        metrics = rollout_metrics(
+            served.trajectories,
+            step=step,
+            wait_s=served.wait_s,
+            window_s=served.window_s,
+            counters=served.counters,
+            gauges=served.gauges,
+            engine_stats=await self._engine_stats(),
+        )
+        self.last_metrics = metrics
+        return served.trajectories, metrics
+
+    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
+        """Play each episode once (validation); see GroupQueueManager.run_fixed_round."""
+        await self.start()
+        return await self._unless_loops_die(self._queue.run_fixed_round.remote(list(episodes), step))
+
+    async def _unless_loops_die(self, ref: Any) -> Any:
+        result_future = asyncio.wrap_future(ref.future())
+        done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+        if result_future in done:
+            try:
+                return result_future.result()
+            except RolloutFatalError as exc:
+                raise RolloutFatalError(str(_unwrap_ray_error(exc))) from None
+        result_future.cancel()
+        ended = next(f for f in self._run_futures if f in done)
+        index = self._run_futures.index(ended)
+        exc = ended.exception()
+        try:  # the queue knows the root cause when a loop reported it before its worker stopped
+            reported = await asyncio.wait_for(self._queue.failure.remote(), _ENGINE_STATS_TIMEOUT_S)
+        except Exception:
+            reported = None
+        if reported:
+            raise RolloutFatalError(reported) from exc
+        reason = f"{type(_unwrap_ray_error(exc)).__name__}: {_unwrap_ray_error(exc)}" if exc else "its env loops exited"
+        raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
+
+    async def _engine_stats(self) -> list[dict]:
+        try:
+            return list(
+                await asyncio.wait_for(
+                    asyncio.gather(*(h.stats.remote() for h in self.engine_handles)), _ENGINE_STATS_TIMEOUT_S
+                )
+            )
+        except Exception:
+            logger.debug("engine stats unavailable", exc_info=True)
+            return []
+
+    async def suspend(self, cancel_in_flight: bool = True) -> None:
+        await self.start()
+        await self._queue.suspend.remote(cancel_in_flight)
+
+    async def resume(self) -> None:
+        await self.start()
+        await self._queue.resume.remote()
+
+    async def seed_state(self) -> dict[str, Any]:
+        """Where the seed sequence stands (saved in checkpoints; see GroupQueueManager.seed_state)."""
+        await self.start()
+        return await self._queue.seed_state.remote()
+
+    async def describe(self) -> dict[str, Any]:
+        """Scheduler state and per-worker env phases, for debugging."""
+        if not self._started:
+            return {"started": False}
+        queue = await self._queue.describe.remote()
+        workers = await asyncio.gather(*(w.describe.remote() for w in self._workers), return_exceptions=True)
+        return {"started": True, "queue": queue, "workers": [w if isinstance(w, dict) else repr(w) for w in workers]}
+
+    async def shutdown(self) -> None:
+        """Stop the loops and kill the actors; safe to call twice."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            await asyncio.wait_for(self._queue.shutdown.remote(), _SHUTDOWN_TIMEOUT_S)
+            await asyncio.wait_for(
+                asyncio.gather(*(w.stop.remote() for w in self._workers), return_exceptions=True), _SHUTDOWN_TIMEOUT_S
+            )
+            await asyncio.wait_for(asyncio.gather(*self._run_futures, return_exceptions=True), _SHUTDOWN_TIMEOUT_S)
+        except Exception:
+            logger.warning("rollout actors did not stop cleanly; killing them", exc_info=True)
+        await self._kill_actors()
+
+    async def _kill_actors(self) -> None:
+        import ray
+
+        for actor in [*self._workers, self._queue]:
+            if actor is None:
+                continue
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        self._workers, self._queue, self._run_futures = [], None, []

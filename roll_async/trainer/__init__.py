@@ -1,0 +1,49 @@
+"""Training: the ``Trainer`` interface, the built-in GRPO trainer, advantages, losses, checkpoints, SFT warm start.
+
+``build_trainer(config.trainer, model_path)`` returns the configured trainer;
+``trainer.train_step(batch, step)`` trains on a
+:class:`~roll_async.batching.TrajectoryBatch`, ``state_dict_for_engine()``
+gives weights for ``engine.update_weights``. See :mod:`.losses` for the exact
+loss and which ratio is clipped and which is truncated.
+"""
+
+from roll_async.trainer.advantages import compute_advantages, grpo_advantages, rloo_advantages
+from roll_async.trainer.base import NonFiniteLossError, Trainer, build_trainer, load_trainer_class
+from roll_async.trainer.checkpoint import (
+    checkpoint_dir,
+    checkpoint_state_dict,
+    is_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    resolve_resume_dir,
+)
+from roll_async.trainer.grpo_trainer import GradientStats, GRPOTrainer
+from roll_async.trainer.losses import LossNormalizer, aggregate, clipped_surrogate, k3_kl, token_logprobs, truncated_importance_weights
+from roll_async.trainer.sft import SFTExample, build_sft_examples, run_sft
+
+__all__ = [
+    "GRPOTrainer",
+    "GradientStats",
+    "LossNormalizer",
+    "NonFiniteLossError",
+    "SFTExample",
+    "Trainer",
+    "aggregate",
+    "build_sft_examples",
+    "build_trainer",
+    "checkpoint_dir",
+    "checkpoint_state_dict",
+    "clipped_surrogate",
+    "compute_advantages",
+    "grpo_advantages",
+    "is_checkpoint",
+    "k3_kl",
+    "list_checkpoints",
+    "load_trainer_class",
+    "prune_checkpoints",
+    "resolve_resume_dir",
+    "rloo_advantages",
+    "run_sft",
+    "token_logprobs",
+    "truncated_importance_weights",
+]

@@ -1,0 +1,105 @@
+"""The small ``Trainer`` interface the pipeline talks to, and the factory that picks an implementation.
+
+Four methods are the whole contract, so a user can plug in their own trainer
+(an FSDP or DeepSpeed one, say) with ``trainer.trainer_cls=pkg.mod:Class``. The
+class is constructed as ``Class(config: TrainerConfig, model_path: str)``.
+Optional extra: a ``model`` attribute holding the HF causal LM lets the SFT
+warm start (:mod:`roll_async.trainer.sft`) train it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from roll_async.batching import TrajectoryBatch
+from roll_async.config import ConfigError, TrainerConfig
+
+#: The methods every trainer must have; checked when a custom class is loaded.
+TRAINER_METHODS = ("train_step", "state_dict_for_engine", "save_checkpoint", "load_checkpoint")
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What the pipeline needs from a trainer."""
+
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
+        """One optimisation step on a rollout batch; returns ``train/...`` metrics.
+
+        Raises :class:`NonFiniteLossError` (without changing the weights of the
+        failing update) when the loss or gradient norm is NaN/inf.
+        """
+        ...
+
+    def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
+        """The current weights under HF checkpoint names (what ``save_pretrained`` writes), as a snapshot."""
+        ...
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+        """Write model, optimizer and ``extra_state`` to ``directory`` atomically."""
+        ...
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore model and optimizer from ``directory``; return the ``extra_state`` saved with them."""
+        ...
+
+
+class NonFiniteLossError(RuntimeError):
+    """A NaN/inf loss or gradient norm: the optimizer was not stepped; the run should stop at the last good checkpoint."""
+
+    def __init__(self, step: int, traj_ids: list[str], what: str, detail: str = "") -> None:
+        self.step = step
+        self.traj_ids = list(traj_ids)
+        self.what = what
+        shown = ", ".join(self.traj_ids[:4]) + (f" (+{len(self.traj_ids) - 4} more)" if len(self.traj_ids) > 4 else "")
+        super().__init__(
+            f"non-finite {what} at step {step}{f' ({detail})' if detail else ''}; batch trajectories: "
+            f"{shown or '(none)'}. The optimizer step was skipped, so the weights are those before this update; "
+            "stop the run and resume from the last good checkpoint (check rewards and engine logprobs of these "
+            "trajectories, or lower trainer.lr)"
+        )
+
+
+def load_trainer_class(dotted_path: str) -> type:
+    """Import ``package.module:ClassName`` and check it has the Trainer methods; ConfigError otherwise."""
+    key = "trainer.trainer_cls"
+    module_name, sep, attr = dotted_path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{key}={dotted_path!r} is not a dotted path; write it as package.module:ClassName "
+            "(or leave it empty for the built-in GRPO trainer)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{key}={dotted_path!r}: cannot import module {module_name!r} ({exc}); check the name and that the "
+            "package is installed or on PYTHONPATH"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{key}={dotted_path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise ConfigError(f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class")
+    missing = [m for m in TRAINER_METHODS if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ConfigError(
+            f"{key}={dotted_path!r}: class {obj.__name__} lacks the Trainer method(s) {', '.join(missing)}; "
+            "see roll_async.trainer.base.Trainer"
+        )
+    return obj
+
+
+def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
+    """The configured trainer: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
+    if config.trainer_cls:
+        cls = load_trainer_class(config.trainer_cls)
+        return cls(config, model_path)
+    from roll_async.trainer.grpo_trainer import GRPOTrainer
+
+    return GRPOTrainer(config, model_path)

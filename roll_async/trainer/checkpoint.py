@@ -1,0 +1,221 @@
+"""Checkpoint directories: atomic writes, HF-format weights, and finding the one to resume from.
+
+A checkpoint is one directory (``<run>/checkpoints/step_<N>``) holding:
+
+* the HF model (``save_pretrained``: ``config.json`` + ``*.safetensors``) and the
+  tokenizer, so the directory is itself a model vLLM or transformers can load;
+* ``optimizer.pt``: the optimizer state dict;
+* ``extra_state.pt``: whatever the caller passed (the pipeline's step and
+  scheduler seed state), pickled with ``torch.save``;
+* ``trainer_state.json``: the trainer's step counters and config, for humans and
+  for :func:`is_checkpoint` (it is what makes a directory a checkpoint).
+
+Everything is written into a hidden sibling directory that is renamed into
+place at the end, so a crash mid-save never leaves a half checkpoint where
+``resume_from`` would find it. ``extra_state.pt`` is unpickled on load: only
+resume from checkpoints you wrote.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRAINER_STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+EXTRA_STATE_FILE = "extra_state.pt"
+CHECKPOINT_FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+# ---------------------------------------------------------------------------
+# HF checkpoint naming
+
+
+def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under the names ``save_pretrained`` writes (tied aliases dropped, conversions reverted).
+
+    These are the names vLLM's ``reload_weights(is_checkpoint_format=True)``
+    expects. With tied embeddings ``lm_head.weight`` is the same tensor as
+    ``model.embed_tokens.weight`` and is left out, exactly as in the saved file.
+    """
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    try:  # transformers >= 5: the exact helpers save_pretrained uses
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+        state = remove_tied_weights_from_state_dict(state, model)
+        return revert_weight_conversion(model, state)
+    except ImportError:
+        return _drop_shared_storage(state)
+
+
+def _drop_shared_storage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fallback for older transformers: keep the first name of each group of tensors sharing storage."""
+    seen: set[tuple[Any, ...]] = set()
+    kept: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        kept[name] = tensor
+    return kept
+
+
+def tied_parameter_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names that alias another entry (e.g. a tied ``lm_head.weight``)."""
+    groups: dict[tuple[Any, ...], list[str]] = collections.defaultdict(list)
+    for name, tensor in model.state_dict().items():
+        groups[(tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset())].append(name)
+    exported = set(checkpoint_state_dict(model))
+    return {name for names in groups.values() if len(names) > 1 for name in names if name not in exported}
+
+
+# ---------------------------------------------------------------------------
+# Writing and reading
+
+
+def write_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    tokenizer: Any = None,
+    trainer_state: dict[str, Any] | None = None,
+    extra_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically (temp sibling, then rename); replaces an existing one."""
+    target = Path(directory).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        torch.save(dict(extra_state or {}), tmp / EXTRA_STATE_FILE)
+        state = {"format": CHECKPOINT_FORMAT, **(trainer_state or {})}
+        (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            target.rename(old)
+        tmp.rename(target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """All tensors of the (possibly sharded) safetensors files in ``directory``."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {str(directory)!r} holds no *.safetensors model weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    return weights
+
+
+def load_model_weights(model: Any, directory: str | os.PathLike[str]) -> None:
+    """Copy the saved weights into ``model`` in place (so optimizer references stay valid)."""
+    weights = read_weights(directory)
+    expected = set(checkpoint_state_dict(model))
+    if set(weights) != expected:
+        # Names differ from the in-memory ones (a transformers weight conversion): let HF map them.
+        weights = type(model).from_pretrained(directory).state_dict()  # load_state_dict casts to our dtype
+    result = model.load_state_dict(weights, strict=False)
+    missing = set(result.missing_keys) - tied_parameter_names(model)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"checkpoint {str(directory)!r} does not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:5]}; was it written for another model?"
+        )
+
+
+def read_checkpoint_state(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trainer_state, extra_state)`` of a checkpoint directory."""
+    path = Path(directory)
+    if not is_checkpoint(path):
+        raise FileNotFoundError(
+            f"{str(path)!r} is not a checkpoint (no {TRAINER_STATE_FILE}); point resume_from at a run directory "
+            "or one of its checkpoints/step_N directories"
+        )
+    trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text())
+    extra_file = path / EXTRA_STATE_FILE
+    extra_state = torch.load(extra_file, weights_only=False) if extra_file.is_file() else {}
+    return trainer_state, extra_state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, directory: str | os.PathLike[str]) -> bool:
+    """Restore the optimizer if the checkpoint has its state; returns whether it did."""
+    file = Path(directory) / OPTIMIZER_FILE
+    if not file.is_file():
+        return False
+    optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Finding checkpoints
+
+
+def is_checkpoint(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / TRAINER_STATE_FILE).is_file()
+
+
+def checkpoint_dir(root: str | os.PathLike[str], step: int) -> Path:
+    """Where the checkpoint of ``step`` lives under a ``checkpoints/`` root."""
+    return Path(root) / f"step_{int(step)}"
+
+
+def list_checkpoints(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Complete checkpoints directly under ``root``, oldest first."""
+    path = Path(root)
+    if not path.is_dir():
+        return []
+    found = []
+    for child in path.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and is_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def resolve_resume_dir(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint ``resume_from`` means: the directory itself, or the newest one of a run/checkpoints dir."""
+    given = Path(path).expanduser()
+    if is_checkpoint(given):
+        return given
+    for root in (given / "checkpoints", given):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1][1]
+    raise FileNotFoundError(
+        f"resume_from={str(path)!r}: no checkpoint found (looked for {TRAINER_STATE_FILE} in it, and for "
+        "step_N checkpoints in it and in its checkpoints/ folder)"
+    )
+
+
+def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path]:
+    """Delete all but the ``keep_last`` newest checkpoints under ``root``; returns what was removed."""
+    found = list_checkpoints(root)
+    doomed = [p for _, p in found[: max(0, len(found) - max(keep_last, 0))]] if keep_last > 0 else []
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

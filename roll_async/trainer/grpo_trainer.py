@@ -1,0 +1,387 @@
+"""The built-in trainer: GRPO/RLOO advantages, clipped PPO loss with truncated importance sampling, AdamW.
+
+It trains the same HF causal LM the engine serves, on one device (CUDA when
+present, else CPU). One ``train_step`` = ``ppo_epochs`` optimizer steps over the
+whole rollout batch, each accumulating gradients over micro-batches of
+``micro_batch_size`` trajectories; the loss formula and the meaning of the
+three log-probabilities are in :mod:`roll_async.trainer.losses`.
+
+Dropout is switched off: the PPO ratio and the importance weights compare the
+same policy across passes, which random masks would break.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from roll_async.batching import TrajectoryBatch
+from roll_async.config import ConfigError, TrainerConfig
+from roll_async.trainer.advantages import compute_advantages
+from roll_async.trainer.base import NonFiniteLossError
+from roll_async.trainer.checkpoint import (
+    checkpoint_state_dict,
+    load_model_weights,
+    load_optimizer_state,
+    read_checkpoint_state,
+    resolve_resume_dir,
+    write_checkpoint,
+)
+from roll_async.trainer.losses import (
+    LossNormalizer,
+    aggregate,
+    clipped_surrogate,
+    k3_kl,
+    token_logprobs,
+    truncated_importance_weights,
+)
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` means CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in _DTYPES:
+        raise ConfigError(f"trainer.dtype={dtype!r} is unknown; use one of float32, bfloat16, float16")
+    return _DTYPES[dtype]
+
+
+def load_causal_lm(model_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False) -> Any:
+    """An HF causal LM on ``device`` with dropout off."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, trust_remote_code=trust_remote_code, **{dtype_key: dtype}
+    ).to(device)
+    disable_dropout(model)
+    return model
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout (modules and the attention-dropout attributes HF attention layers read)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    if config is not None and isinstance(getattr(config, "attention_dropout", None), float):
+        config.attention_dropout = 0.0
+
+
+@dataclass
+class GradientStats:
+    """What one pass of :meth:`GRPOTrainer.accumulate_gradients` measured (sums already batch-normalised)."""
+
+    loss: float
+    pg_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    importance_ratio_mean: float
+    importance_ratio_max: float
+    tis_truncated_fraction: float
+    num_tokens: int
+    #: Per-token log-probs of this pass ([batch, seq], detached): the proximal policy for later epochs.
+    logprobs: torch.Tensor
+
+
+class GRPOTrainer:
+    """The built-in :class:`~roll_async.trainer.base.Trainer`."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        model_path: str | os.PathLike[str],
+        *,
+        trust_remote_code: bool = False,
+        tokenizer: Any = None,
+    ) -> None:
+        if config.ppo_epochs < 1:
+            raise ConfigError(f"trainer.ppo_epochs={config.ppo_epochs}: must be >= 1")
+        if config.micro_batch_size < 1:
+            raise ConfigError(f"trainer.micro_batch_size={config.micro_batch_size}: must be >= 1")
+        self.config = config
+        self.model_path = str(model_path)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype)
+        self.model = load_causal_lm(self.model_path, self.dtype, self.device, trust_remote_code)
+        if config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        # The reference exists only when the KL term needs it (a full second copy of the weights).
+        self.ref_model = None
+        if config.kl_coef > 0:
+            self.ref_model = load_causal_lm(self.model_path, self.dtype, self.device, trust_remote_code)
+            self.ref_model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer if tokenizer is not None else _try_load_tokenizer(self.model_path, trust_remote_code)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=(float(config.adam_betas[0]), float(config.adam_betas[1])),
+            weight_decay=config.weight_decay,
+        )
+        self.optimizer_steps = 0
+        self.last_step: int | None = None
+
+    # -- training ----------------------------------------------------------------------
+
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
+        """``ppo_epochs`` optimizer steps on ``batch``; raises NonFiniteLossError before a bad step."""
+        cfg = self.config
+        batch = batch.to(self.device)
+        advantages = compute_advantages(
+            batch.rewards.float(),
+            batch.group_index,
+            cfg.advantage_estimator,
+            normalize_std=cfg.normalize_advantage_std,
+        )
+        normalizer = LossNormalizer.for_mask(_scored_mask(batch.response_mask))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        proximal: torch.Tensor | None = None
+        epochs: list[GradientStats] = []
+        grad_norms: list[float] = []
+        for epoch in range(cfg.ppo_epochs):
+            where = f"epoch {epoch + 1}/{cfg.ppo_epochs}"
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = self.accumulate_gradients(batch, advantages, proximal, normalizer=normalizer, step=step, where=where)
+            if proximal is None:
+                proximal = stats.logprobs  # the policy before any update of this step
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(step, batch.traj_ids, "gradient norm", where)
+            self.optimizer.step()
+            self.optimizer_steps += 1
+            epochs.append(stats)
+            grad_norms.append(grad_norm)
+        self.last_step = step
+        return self._metrics(batch, advantages, epochs, grad_norms)
+
+    def accumulate_gradients(
+        self,
+        batch: TrajectoryBatch,
+        advantages: torch.Tensor,
+        proximal_logprobs: torch.Tensor | None = None,
+        *,
+        normalizer: LossNormalizer | None = None,
+        step: int = -1,
+        where: str = "",
+    ) -> GradientStats:
+        """Backward the batch loss into ``.grad`` micro-batch by micro-batch (no optimizer step).
+
+        Each micro-batch's loss is its exact share of the full-batch loss (full
+        denominators from ``normalizer``), so the accumulated gradient equals
+        that of one pass over the whole batch. ``proximal_logprobs=None`` means
+        "the current weights are the proximal policy" (first epoch).
+        """
+        cfg = self.config
+        batch = batch.to(self.device)
+        advantages = advantages.to(self.device)
+        scored = _scored_mask(batch.response_mask)
+        normalizer = normalizer or LossNormalizer.for_mask(scored)
+        size = len(batch)
+        # Every behaviour logprob exactly 0 means the engine returned none (logprobs off): no TIS then.
+        behaviour_missing = bool(scored.any()) and bool((batch.old_logprobs[scored] == 0).all())
+        if behaviour_missing and cfg.tis_cap > 0:
+            logger.warning("step %s: the batch has no behaviour logprobs (all 0); truncated IS is skipped", step)
+        all_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        totals: dict[str, float] = collections.defaultdict(float)
+        for start in range(0, size, cfg.micro_batch_size):
+            rows = slice(start, min(start + cfg.micro_batch_size, size))
+            width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
+            cols = slice(0, width)
+            mask = scored[rows, cols]
+            out = token_logprobs(
+                self.model,
+                batch.input_ids[rows, cols],
+                batch.attention_mask[rows, cols],
+                batch.position_ids[rows, cols],
+                score_mask=mask,
+                with_entropy=True,
+            )
+            logp = out.logprobs
+            prox = proximal_logprobs[rows, cols] if proximal_logprobs is not None else logp.detach()
+            behaviour = batch.old_logprobs[rows, cols].float()
+            weights, raw_ratio = truncated_importance_weights(
+                prox, behaviour, 0.0 if behaviour_missing else cfg.tis_cap
+            )
+            token_adv = advantages[rows].float().unsqueeze(1).expand_as(logp)
+            surrogate, _, clipped = clipped_surrogate(
+                logp, prox, token_adv, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high
+            )
+            pg_loss = aggregate(weights * surrogate, mask, cfg.loss_agg, normalizer)
+            loss = pg_loss
+            kl_value = 0.0
+            if self.ref_model is not None and cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref = token_logprobs(
+                        self.ref_model,
+                        batch.input_ids[rows, cols],
+                        batch.attention_mask[rows, cols],
+                        batch.position_ids[rows, cols],
+                        score_mask=mask,
+                    ).logprobs
+                kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
+                loss = loss + cfg.kl_coef * kl
+                kl_value = float(kl.detach())
+            if not torch.isfinite(loss):
+                self.model.zero_grad(set_to_none=True)
+                detail = f"{where + ', ' if where else ''}micro-batch rows {rows.start}-{rows.stop - 1}"
+                raise NonFiniteLossError(step, batch.traj_ids[rows], "loss", detail)
+            loss.backward()
+            all_logprobs[rows, cols] = logp.detach()
+            with torch.no_grad():
+                n_tokens = int(mask.sum())
+                totals["loss"] += float(loss.detach())
+                totals["pg_loss"] += float(pg_loss.detach())
+                totals["kl"] += kl_value
+                totals["tokens"] += n_tokens
+                totals["clipped"] += int((clipped & mask).sum())
+                totals["truncated"] += int(((raw_ratio > cfg.tis_cap) & mask).sum()) if cfg.tis_cap > 0 else 0
+                totals["entropy"] += float(out.entropy[mask].sum()) if out.entropy is not None else 0.0
+                totals["ratio_sum"] += float(raw_ratio[mask].sum())
+                if n_tokens:
+                    totals["ratio_max"] = max(totals.get("ratio_max", 0.0), float(raw_ratio[mask].max()))
+        tokens = max(totals["tokens"], 1)
+        return GradientStats(
+            loss=totals["loss"],
+            pg_loss=totals["pg_loss"],
+            kl=totals["kl"],
+            entropy=totals["entropy"] / tokens,
+            clip_fraction=totals["clipped"] / tokens,
+            importance_ratio_mean=totals["ratio_sum"] / tokens,
+            importance_ratio_max=totals.get("ratio_max", 0.0),
+            tis_truncated_fraction=totals["truncated"] / tokens,
+            num_tokens=int(totals["tokens"]),
+            logprobs=all_logprobs,
+        )
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """Current per-token log-probs of ``batch`` ([batch, seq], 0 off the response), micro-batched."""
+        batch = batch.to(self.device)
+        scored = _scored_mask(batch.response_mask)
+        result = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        for start in range(0, len(batch), self.config.micro_batch_size):
+            rows = slice(start, min(start + self.config.micro_batch_size, len(batch)))
+            width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
+            cols = slice(0, width)
+            result[rows, cols] = token_logprobs(
+                self.model,
+                batch.input_ids[rows, cols],
+                batch.attention_mask[rows, cols],
+                batch.position_ids[rows, cols],
+                score_mask=scored[rows, cols],
+            ).logprobs
+        return result
+
+    def reset_reference(self) -> None:
+        """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())
+
+    def _metrics(
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, epochs: list[GradientStats], grad_norms: list[float]
+    ) -> dict[str, float]:
+        def mean(values: list[float]) -> float:
+            return sum(values) / len(values)
+
+        rewards = batch.rewards.float()
+        first = epochs[0]  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
+        metrics = {
+            "train/loss": mean([e.loss for e in epochs]),
+            "train/pg_loss": mean([e.pg_loss for e in epochs]),
+            "train/entropy": first.entropy,
+            "train/clip_fraction": mean([e.clip_fraction for e in epochs]),
+            "train/grad_norm": mean(grad_norms),
+            "train/importance_ratio/mean": first.importance_ratio_mean,
+            "train/importance_ratio/max": first.importance_ratio_max,
+            "train/importance_ratio/truncated_fraction": first.tis_truncated_fraction,
+            "train/reward/mean": float(rewards.mean()),
+            "train/reward/std": float(rewards.std(unbiased=False)),
+            "train/advantage/mean": float(advantages.float().mean()),
+            "train/advantage/std": float(advantages.float().std(unbiased=False)),
+            "train/response_tokens": float(first.num_tokens),
+            "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+        if self.ref_model is not None:
+            metrics["train/kl"] = mean([e.kl for e in epochs])
+        return metrics
+
+    # -- weights and checkpoints ------------------------------------------------------
+
+    def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
+        """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in checkpoint_state_dict(self.model).items()}
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+        write_checkpoint(
+            directory,
+            model=self.model,
+            optimizer=self.optimizer,
+            tokenizer=self.tokenizer,
+            trainer_state={
+                "optimizer_steps": self.optimizer_steps,
+                "last_step": self.last_step,
+                "model_path": self.model_path,
+                "trainer_config": dataclasses.asdict(self.config),
+            },
+            extra_state=extra_state,
+        )
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore weights and optimizer (a run dir means its newest checkpoint); config hyperparameters win."""
+        path = resolve_resume_dir(directory)
+        trainer_state, extra_state = read_checkpoint_state(path)
+        load_model_weights(self.model, path)
+        if load_optimizer_state(self.optimizer, path):
+            for group in self.optimizer.param_groups:  # resuming with a changed lr etc. uses the new values
+                group["lr"] = self.config.lr
+                group["betas"] = (float(self.config.adam_betas[0]), float(self.config.adam_betas[1]))
+                group["weight_decay"] = self.config.weight_decay
+        self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
+        self.last_step = trainer_state.get("last_step")
+        return extra_state
+
+
+def _scored_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """Response tokens that can be scored: position 0 has no prefix to predict it from."""
+    mask = response_mask.bool().clone()
+    mask[:, 0] = False
+    return mask
+
+
+def _try_load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
+    """The model's tokenizer, saved with checkpoints when there is one; None if the directory has none."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None

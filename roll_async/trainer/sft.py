@@ -1,0 +1,223 @@
+"""Supervised warm start on env-solver demonstrations (how the offline demo gets a model that can act).
+
+A random tiny model cannot produce a well-formed action, so GRPO would see
+only zero rewards. :func:`build_sft_examples` plays each env's expert
+(``env.expert_responses()``, which follows the env's solver) and keeps only the
+first ``demo_fraction`` of the turns: the model learns the answer format and
+some good moves, but initial success stays low, leaving room for RL to show
+improvement.
+
+Conversations are rendered token-exactly the way rollouts build them
+(:class:`~roll_async.tokenization.ChatPromptBuilder`: first turn through the
+chat template, then response ids, the turn closure, and the next user delta),
+with the same ``instruction_template``/``observation_template`` fields as the
+EnvManager (``instruction``, ``observation``, ``reward``, ``turn``). The loss
+mask covers the assistant's tokens plus the end-of-turn token that closes them
+(``<|im_end|>`` in ChatML), so the model also learns to stop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from roll_async.envs import make_env
+from roll_async.tokenization import ChatPromptBuilder
+from roll_async.trainer.losses import token_logprobs
+
+
+@dataclass
+class SFTExample:
+    """One tokenised demonstration: ``loss_mask`` is 1 on tokens the model should learn to produce."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    seed: int
+    #: Assistant turns kept out of the full demonstration.
+    num_turns: int
+    demo_turns: int
+    #: Whether the kept turns alone solve the episode.
+    success: bool
+
+
+def _observation_text(observation: Any) -> str:
+    return str(getattr(observation, "text", observation))
+
+
+def kept_turns(total: int, demo_fraction: float) -> int:
+    """Turns kept of a ``total``-turn demo: ``floor(fraction * total)``, at least 1 when fraction > 0."""
+    if total <= 0 or demo_fraction <= 0:
+        return 0
+    return min(total, max(1, math.floor(demo_fraction * total)))
+
+
+def build_sft_examples(
+    env_type: str,
+    env_config: dict[str, Any] | None,
+    seeds: Iterable[int],
+    tokenizer: Any,
+    system_prompt: str | None,
+    instruction_template: str = "{instruction}\n{observation}",
+    observation_template: str = "{observation}",
+    demo_fraction: float = 1.0,
+    *,
+    max_length: int | None = None,
+) -> list[SFTExample]:
+    """Tokenised partial expert demonstrations, one per seed whose solver found a plan.
+
+    Seeds the solver cannot solve (``expert_responses()`` returns None) are
+    skipped. ``max_length`` cuts a conversation at that many tokens.
+    """
+    builder = ChatPromptBuilder(tokenizer, system_prompt)
+    env = make_env(env_type, dict(env_config or {}))
+    examples: list[SFTExample] = []
+    try:
+        for seed in seeds:
+            observation, info = env.reset(seed=int(seed))
+            responses = env.expert_responses()
+            if not responses:
+                continue
+            keep = kept_turns(len(responses), demo_fraction)
+            if keep == 0:
+                continue
+            fields = {
+                "instruction": str((info or {}).get("instruction") or ""),
+                "observation": _observation_text(observation),
+                "reward": 0.0,
+                "turn": 0,
+            }
+            ids = builder.first_turn_ids(instruction_template.format(**fields))
+            mask = [0] * len(ids)
+            success = False
+            for turn, response in enumerate(responses[:keep]):
+                reply = builder.encode(response)
+                closure = builder.closure_ids_after(reply)
+                ids += reply + closure
+                mask += [1] * len(reply) + _end_of_turn_mask(closure, builder.eos_token_ids)
+                observation, reward, terminated, truncated, step_info = env.step(response)
+                success = bool((step_info.get("metrics") or {}).get("success", False))
+                if terminated or truncated or turn == keep - 1:
+                    break
+                fields = {**fields, "observation": _observation_text(observation), "reward": float(reward), "turn": turn + 1}
+                delta = builder.user_delta_ids(observation_template.format(**fields))
+                ids += delta
+                mask += [0] * len(delta)
+            if max_length is not None:
+                ids, mask = ids[:max_length], mask[:max_length]
+            if any(mask):
+                examples.append(
+                    SFTExample(ids, mask, seed=int(seed), num_turns=keep, demo_turns=len(responses), success=success)
+                )
+    finally:
+        env.close()
+    return examples
+
+
+def _end_of_turn_mask(closure: list[int], eos_ids: set[int]) -> list[int]:
+    """1 on the closure's tokens up to and including its first EOS (``<|im_end|>``), 0 after (``\\n``)."""
+    mask = []
+    learning = True
+    for token in closure:
+        mask.append(1 if learning else 0)
+        if token in eos_ids:
+            learning = False
+    return mask if not learning else [0] * len(closure)
+
+
+def collate_sft(examples: list[SFTExample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask``, ``position_ids`` and ``loss_mask``."""
+    width = max(len(e.input_ids) for e in examples)
+    size = len(examples)
+    input_ids = torch.full((size, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((size, width), dtype=torch.long)
+    loss_mask = torch.zeros((size, width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        input_ids[row, :n] = torch.tensor(example.input_ids)
+        attention_mask[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(example.loss_mask)
+    loss_mask[:, 0] = 0  # the first token has no prefix to predict it from
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0) * attention_mask
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "loss_mask": loss_mask}
+
+
+def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean negative log-likelihood over the batch's ``loss_mask`` tokens."""
+    mask = batch["loss_mask"].bool()
+    logp = token_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], score_mask=mask
+    ).logprobs
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+
+
+def run_sft(
+    target: Any,
+    examples: list[SFTExample],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    pad_token_id: int | None = None,
+    max_grad_norm: float = 1.0,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Cross-entropy on the demonstrations' masked tokens for ``steps`` AdamW steps; returns ``sft/...`` metrics.
+
+    ``target`` is an HF causal LM or a trainer with a ``model`` attribute. The
+    SFT optimizer is separate from the RL one (its Adam moments would be wrong
+    for RL). A trainer with ``reset_reference()`` gets its KL reference set to
+    the warmed-up weights, because the KL should anchor to the policy RL starts
+    from, not to the random init. Batches are drawn in a fixed order from
+    ``seed`` (a local generator; global RNG untouched).
+    """
+    if not examples:
+        raise ValueError("run_sft got no examples; did every demonstration fail (check env solver and demo_fraction)?")
+    model = getattr(target, "model", target)
+    if pad_token_id is None:
+        tokenizer = getattr(target, "tokenizer", None)
+        pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    losses: list[float] = []
+    was_training = model.training
+    model.train()
+    for _ in range(steps):
+        picked = []
+        while len(picked) < min(batch_size, len(examples)):
+            if not order:
+                order = torch.randperm(len(examples), generator=generator).tolist()
+            picked.append(order.pop())
+        batch = {k: v.to(device) for k, v in collate_sft([examples[i] for i in picked], pad_token_id).items()}
+        optimizer.zero_grad(set_to_none=True)
+        loss = sft_loss(model, batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"SFT loss became {float(loss)} at step {len(losses)}; lower sft_warmup.lr")
+        loss.backward()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.train(was_training)
+    optimizer.zero_grad(set_to_none=True)
+    reset = getattr(target, "reset_reference", None)
+    if callable(reset) and target is not model:
+        reset()
+    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    return {
+        "sft/loss/first": losses[0] if losses else float("nan"),
+        "sft/loss/last": losses[-1] if losses else float("nan"),
+        "sft/loss/final_mean": sum(tail) / len(tail),
+        "sft/steps": float(steps),
+        "sft/examples": float(len(examples)),
+        "sft/demo_success_rate": sum(e.success for e in examples) / len(examples),
+    }

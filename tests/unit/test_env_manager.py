@@ -1,0 +1,393 @@
+"""EnvManager behaviour end to end in one process: scripted envs, FakeEngine, real GroupQueueManager."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+
+from env_managers.testing import FailurePlan, build_chatml_test_tokenizer, scripted_env_factory
+from env_managers.worker import EnvManagerHost
+from roll_async.config import CustomEnvConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
+from roll_async.engine.fake_engine import FakeEngine
+from roll_async.scheduler.group_queue import RolloutFatalError
+from roll_async.scheduler.local import LocalRolloutScheduler
+from roll_async.tokenization import ChatPromptBuilder
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_chatml_test_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def answer_ids(tokenizer) -> list[int]:
+    """A reply ending in EOS, as a model would emit it."""
+    return tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def make_config(
+    *,
+    env_config: dict | None = None,
+    tags: dict[str, dict] | None = None,
+    partition: list[int] | None = None,
+    num_env_groups: int = 1,
+    group_size: int = 1,
+    redundancy: int = 0,
+    batch_size: int | None = None,
+    mode: str = "sync",
+    max_staleness: int | None = None,
+    sequence_length: int = 512,
+    max_steps: int = 5,
+    max_tokens_per_step: int = 16,
+    env_step_timeout_s: float = 5.0,
+    generation: GenerationConfig | None = None,
+    group_filter: str = "none",
+) -> PipelineConfig:
+    tags = tags or {"count": env_config or {"episode_length": 3}}
+    config = PipelineConfig(
+        mode=mode,
+        max_staleness=max_staleness,
+        rollout_batch_size=batch_size or num_env_groups * group_size,
+        sequence_length=sequence_length,
+        generation=generation or GenerationConfig(retry_backoff_s=0.001),
+        custom_envs={
+            tag: CustomEnvConfig(
+                env_type="scripted", env_config=cfg, max_steps=max_steps, max_tokens_per_step=max_tokens_per_step
+            )
+            for tag, cfg in tags.items()
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=num_env_groups,
+            group_size=group_size,
+            group_size_redundancy=redundancy,
+            tags=list(tags),
+            num_groups_partition=partition or [],
+            env_step_timeout_s=env_step_timeout_s,
+            group_filter=group_filter,
+        ),
+    )
+    validate_config(config)
+    return config
+
+
+def local(config, engine, tokenizer, **kwargs) -> LocalRolloutScheduler:
+    return LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer, env_factory=scripted_env_factory, **kwargs)
+
+
+async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_is_mid_episode(tokenizer, answer_ids):
+    config = make_config(
+        tags={"fast": {"episode_length": 3, "step_latency_s": 0.01}, "slow": {"episode_length": 3, "step_latency_s": 0.1}},
+        partition=[1, 1],
+        num_env_groups=2,
+        batch_size=8,
+        mode="async",
+        max_staleness=4,
+    )
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    finished_at: list[tuple[str, float]] = []
+    real_put = scheduler.group_queue.put_trajectory
+
+    async def recording_put(trajectory):
+        finished_at.append((trajectory.tag, time.monotonic()))
+        await real_put(trajectory)
+
+    scheduler.group_queue.put_trajectory = recording_put  # type: ignore[method-assign]
+    await scheduler.start()
+    try:
+        while not any(tag == "slow" for tag, _ in finished_at):
+            await asyncio.sleep(0.01)
+        first_slow = next(t for tag, t in finished_at if tag == "slow")
+        fast_before = sum(1 for tag, t in finished_at if tag == "fast" and t < first_slow)
+        assert fast_before >= 4, f"fast env finished only {fast_before} episodes during the slow env's first one"
+    finally:
+        await scheduler.shutdown()
+
+
+async def test_token_in_token_out_is_exact(tokenizer):
+    # Single-byte tokens that re-tokenization would merge differently: any re-encoding shows up.
+    reply = [tokenizer.convert_tokens_to_ids(c) for c in "<answer>Up</answer>"] + [tokenizer.eos_token_id]
+    assert reply[:-1] != tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
+    engine = FakeEngine(lambda r: reply, logprob=-0.25)
+    config = make_config(env_config={"episode_length": 3}, max_tokens_per_step=32)
+    scheduler = local(config, engine, tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    builder = ChatPromptBuilder(tokenizer, config.custom_envs["count"].system_prompt)
+    prompts = [r.prompt_token_ids for r in engine.requests]
+    assert len(prompts) == 3
+    assert prompts[0] == builder.first_turn_ids(f"Count up.\n{trajectory.turns[0].observation.replace('t1', 't0')}")
+    for k in range(1, 3):
+        delta = builder.closure_ids_after(reply) + builder.user_delta_ids(trajectory.turns[k - 1].observation)
+        assert prompts[k] == prompts[k - 1] + reply + delta, f"turn {k} prompt is not prompt + output + delta"
+    assert builder.closure_ids_after(reply) == tokenizer("\n", add_special_tokens=False)["input_ids"]
+    assert trajectory.token_ids == prompts[-1] + reply
+    generated = [i for i, m in enumerate(trajectory.response_mask) if m]
+    assert [trajectory.token_ids[i] for i in generated] == reply * 3
+    assert all(trajectory.logprobs[i] == -0.25 for i in generated)
+    assert sum(trajectory.logprobs) == pytest.approx(-0.25 * len(generated))
+    assert trajectory.prompt_length == len(prompts[0])
+    assert [t.action_text for t in trajectory.turns] == ["<answer>Up</answer>"] * 3
+
+
+async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
+    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]  # stopped on a stop string
+    engine = FakeEngine(lambda r: reply)
+    scheduler = local(make_config(env_config={"episode_length": 2}), engine, tokenizer)
+    try:
+        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    first, second = (r.prompt_token_ids for r in engine.requests)
+    closure = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    assert second[len(first) : len(first) + len(reply) + len(closure)] == reply + closure
+
+
+async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_length(tokenizer):
+    engine = FakeEngine(lambda r: [7] * 100)  # never stops by itself: every turn ends by "length"
+    probe = ChatPromptBuilder(tokenizer, CustomEnvConfig(env_type="x").system_prompt)
+    first_prompt = len(probe.first_turn_ids("Count up.\ns0t0 s0t0"))
+    sequence_length = first_prompt + 40
+    config = make_config(env_config={"episode_length": 50}, sequence_length=sequence_length, max_steps=50, max_tokens_per_step=16)
+    scheduler = local(config, engine, tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    lengths = [len(r.prompt_token_ids) for r in engine.requests]
+    for request, length in zip(engine.requests, lengths):
+        assert request.max_tokens == min(16, sequence_length - length)
+    assert trajectory.stop_reason == "max_length"
+    assert len(trajectory.token_ids) == sequence_length
+    assert len(trajectory.response_mask) == len(trajectory.logprobs) == sequence_length
+
+
+async def test_env_reset_and_step_exceptions_are_contained_and_the_group_refilled(tokenizer, answer_ids):
+    plan = FailurePlan(reset_failures=2, step_failures=1)
+    config = make_config(env_config={"episode_length": 2, "failure_plan": plan}, num_env_groups=2, group_size=2)
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    try:
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(4, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert len(batch) == 4
+    assert all(t.stop_reason == "terminated" for t in batch)
+    assert metrics["rollout/env_errors"] == 3
+    assert sum(m.stats.env_errors for m in scheduler.managers) == 3
+    groups = {}
+    for t in batch:
+        groups.setdefault(t.group_id, set()).add(t.seed)
+    assert all(len(seeds) == 1 for seeds in groups.values()) and all(
+        sum(t.group_id == g for t in batch) == 2 for g in groups
+    )
+
+
+@pytest.mark.parametrize("use_async_env", [False, True])
+async def test_a_hung_env_step_times_out_and_the_run_continues(tokenizer, answer_ids, use_async_env):
+    plan = FailurePlan(step_hangs=1)
+    config = make_config(
+        env_config={"episode_length": 2, "failure_plan": plan, "hang_s": 0.5, "async": use_async_env},
+        num_env_groups=2,
+        env_step_timeout_s=0.1,
+    )
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    try:
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(2, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert [t.stop_reason for t in batch] == ["terminated", "terminated"]
+    assert metrics["rollout/env_errors"] == 1
+    assert sum(m.stats.env_timeouts for m in scheduler.managers) == 1
+
+
+async def test_async_env_methods_are_awaited(tokenizer, answer_ids):
+    config = make_config(env_config={"episode_length": 2, "async": True, "step_latency_s": 0.01})
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert trajectory.stop_reason == "terminated" and trajectory.episode_reward == 2.0
+    assert all(turn.env_step_s >= 0.01 for turn in trajectory.turns)
+
+
+async def test_a_failed_engine_request_is_retried(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, fail_requests=2)
+    config = make_config(generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001))
+    scheduler = local(config, engine, tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert trajectory.stop_reason == "terminated"
+    assert scheduler.managers[0].stats.engine_retries == 2
+
+
+async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_turn_and_request(tokenizer):
+    engine = FakeEngine(fail_requests=1000)
+    config = make_config(generation=GenerationConfig(max_retries=1, retry_backoff_s=0.001))
+    scheduler = local(config, engine, tokenizer)
+    try:
+        with pytest.raises(RolloutFatalError) as caught:
+            await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    message = str(caught.value)
+    assert re.search(r"engine request train-\w+-count-g0-e0-env0-t0-r\d+ failed", message)
+    assert "env 0" in message and "turn 0" in message and "after 2 attempts" in message
+
+
+async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
+    engine = FakeEngine(lambda r: [7] * r.max_tokens, token_latency_s=0.01)
+    config = make_config(env_config={"episode_length": 1}, max_tokens_per_step=12)
+    scheduler = local(config, engine, tokenizer)
+    await scheduler.start()
+    try:
+        while not engine.requests:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.045)
+        await engine.pause("abort")  # as for a weight update
+        await asyncio.sleep(0.03)
+        await engine.update_weights(None, version=1)
+        await engine.resume()
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    first, second = engine.requests
+    partial = second.prompt_token_ids[len(first.prompt_token_ids) :]
+    assert 0 < len(partial) < 12 and partial == [7] * len(partial)
+    assert second.max_tokens == 12 - len(partial)
+    (turn,) = trajectory.turns
+    assert turn.generated_tokens == 12 and turn.resumed_generations == 1
+    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (0, 1)
+    assert sum(trajectory.response_mask) == 12 == len([lp for lp in trajectory.logprobs if lp != 0.0])
+
+
+class AbortRecordingEngine(FakeEngine):
+    """In-process, cancelling the caller already stops a FakeEngine request; record abort calls anyway."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.abort_calls: list[str] = []
+
+    async def abort(self, request_ids):
+        self.abort_calls.extend(request_ids)
+        await super().abort(request_ids)
+
+
+async def test_redundant_episode_is_cancelled_and_its_request_aborted(tokenizer, answer_ids):
+    def latency(request):  # env 1 is slow, so env 0 completes the group first
+        return 1.0 if "-env1-" in request.request_id else 0.0
+
+    engine = AbortRecordingEngine(lambda r: answer_ids, latency_fn=latency)
+    config = make_config(env_config={"episode_length": 1}, group_size=1, redundancy=1)
+    scheduler = local(config, engine, tokenizer)
+    try:
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(1, step=0), 5)
+        for _ in range(100):
+            if scheduler.managers[1].stats.cancelled_episodes:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await scheduler.shutdown()
+    assert [t.env_id for t in batch] == [0]
+    assert metrics["rollout/cancelled_episodes"] == 1
+    assert scheduler.managers[1].stats.cancelled_episodes == 1
+    assert any("-env1-" in rid for rid in engine.abort_calls)
+    assert scheduler.group_queue.counters.late_trajectories == 0
+
+
+async def test_sync_mode_stops_generation_until_resumed(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, latency_s=0.002)
+    config = make_config(env_config={"episode_length": 2}, num_env_groups=2, batch_size=1)
+    scheduler = local(config, engine, tokenizer)
+    try:
+        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        seen = len(engine.requests)
+        await asyncio.sleep(0.15)
+        assert len(engine.requests) == seen, "env loops generated while suspended"
+        assert all(m.progress.phase == "waiting_for_episode" for m in scheduler.managers)
+        scheduler.resume()
+        await asyncio.sleep(0.05)
+        assert len(engine.requests) > seen
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=1), 5)
+        assert trajectory.created_step == 1
+    finally:
+        await scheduler.shutdown()
+
+
+async def test_async_mode_keeps_generating_and_never_exceeds_max_staleness(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, latency_s=0.002)
+    config = make_config(env_config={"episode_length": 2}, num_env_groups=2, group_size=2, batch_size=2, mode="async", max_staleness=2)
+    scheduler = local(config, engine, tokenizer)
+    try:
+        for step in range(5):
+            batch = await asyncio.wait_for(scheduler.get_batch(2, step=step), 5)
+            for trajectory in batch:
+                assert step - trajectory.created_step <= 2
+                assert step - trajectory.oldest_weight_version <= 2
+            seen = len(engine.requests)
+            await asyncio.sleep(0.05)  # "training"
+            assert len(engine.requests) > seen or step == 0, "async loops must keep running during training"
+            await engine.update_weights(None, version=step + 1)
+    finally:
+        await scheduler.shutdown()
+
+
+async def test_episode_ends_at_max_steps_when_the_env_does_not_terminate(tokenizer, answer_ids):
+    config = make_config(env_config={"episode_length": 100}, max_steps=3)
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert trajectory.stop_reason == "max_steps" and trajectory.num_turns == 3
+    assert trajectory.metrics["success"] == 0.0 and trajectory.metrics["action_is_valid"] == 1.0
+
+
+async def test_watchdog_reports_an_env_stuck_in_generation(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, latency_s=0.5)
+    scheduler = local(make_config(env_config={"episode_length": 1}), engine, tokenizer)
+    scheduler.host.watchdog_timeout_s = 0.05
+    await scheduler.start()
+    try:
+        await asyncio.sleep(0.3)
+        stalled = scheduler.group_queue.stalled_envs()
+        assert list(stalled) == [0] and "generate" in stalled[0]
+        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+
+
+def test_host_watchdog_reports_each_stall_once_and_then_recovery():
+    class Manager:
+        def __init__(self, env_id, phase, since):
+            from env_managers.env_manager import EnvProgress
+
+            self.env_id = env_id
+            self.progress = EnvProgress(phase=phase, last_progress_at=since)
+            self.settings = type("S", (), {"tag": "t"})()
+
+    now = [100.0]
+    managers = [Manager(0, "env_step", 0.0), Manager(1, "waiting_for_episode", 0.0), Manager(2, "generate", 99.0)]
+    host = EnvManagerHost(managers, watchdog_timeout_s=10, clock=lambda: now[0])  # type: ignore[arg-type]
+    new, recovered = host.check_watchdog()
+    assert list(new) == [0] and recovered == []
+    assert host.check_watchdog() == ({}, [])
+    managers[0].progress.last_progress_at = 100.0
+    assert host.check_watchdog() == ({}, [0])
+
+
+async def test_a_template_with_an_unknown_field_fails_with_the_key_named(tokenizer, answer_ids):
+    config = make_config()
+    config.custom_envs["count"].observation_template = "{observation} after {action}"
+    scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
+    try:
+        with pytest.raises(RolloutFatalError, match=r"custom_envs.count.observation_template"):
+            await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()

@@ -1,0 +1,111 @@
+"""ChatPromptBuilder: incremental ids agree with the chat template, and bad templates are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from env_managers.testing import build_chatml_test_tokenizer
+from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    return build_chatml_test_tokenizer()
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
+    return encode(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+
+
+def test_first_turn_is_the_template_with_a_generation_prompt(chatml):
+    builder = ChatPromptBuilder(chatml, "Be brief.")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go left."}]
+    assert builder.first_turn_ids("Go left.") == render_ids(chatml, messages, True)
+    assert chatml.decode(builder.first_turn_ids("Go left.")).endswith("<|im_start|>assistant\n")
+
+
+def test_incremental_ids_equal_the_template_of_the_whole_conversation(chatml):
+    """With canonically tokenized replies, prompt + reply + closure + delta is exactly the full template."""
+    builder = ChatPromptBuilder(chatml, "Be brief.")
+    replies = ["<answer>Up</answer>", "<answer>Left</answer>"]
+    users = ["grid 1", "grid 2", "grid 3"]
+    ids = builder.first_turn_ids(users[0])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": users[0]}]
+    for reply, user in zip(replies, users[1:]):
+        generated = encode(chatml, reply) + [chatml.eos_token_id]  # the model ends its turn with EOS
+        ids = ids + generated + builder.closure_ids_after(generated) + builder.user_delta_ids(user)
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": user}]
+    assert ids == render_ids(chatml, messages, True)
+
+
+def test_turn_closure_depends_on_whether_the_model_emitted_eos(chatml):
+    builder = ChatPromptBuilder(chatml)
+    with_eos = encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]
+    without_eos = encode(chatml, "<answer>Up</answer>")
+    assert builder.closure_ids_after(with_eos) == encode(chatml, "\n")
+    assert builder.closure_ids_after(without_eos) == encode(chatml, "<|im_end|>\n")
+    assert builder.closure_ids_after([]) == encode(chatml, "<|im_end|>\n")
+
+
+def test_decode_drops_special_tokens(chatml):
+    builder = ChatPromptBuilder(chatml)
+    assert builder.decode(encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]) == "<answer>Up</answer>"
+
+
+def test_a_template_that_rewrites_history_is_refused(chatml):
+    import copy
+
+    tokenizer = copy.deepcopy(chatml)
+    # Puts the number of messages first, so adding a message changes earlier text.
+    tokenizer.chat_template = (
+        "{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    builder = ChatPromptBuilder(tokenizer)
+    with pytest.raises(ChatTemplateError, match="prefix-stable"):
+        builder.user_delta_ids("next")
+
+
+def test_a_tokenizer_without_chat_template_is_refused(chatml):
+    import copy
+
+    tokenizer = copy.deepcopy(chatml)
+    tokenizer.chat_template = None
+    with pytest.raises(ChatTemplateError, match="no chat_template"):
+        ChatPromptBuilder(tokenizer)
+
+
+def test_works_with_the_project_tiny_model_tokenizer(tokenizer):
+    """The lead's offline tiny model (session fixture in tests/conftest.py) uses the same ChatML shape."""
+    builder = ChatPromptBuilder(tokenizer, "sys")
+    generated = encode(tokenizer, "<answer>Up</answer>") + [tokenizer.eos_token_id]
+    ids = builder.first_turn_ids("u1") + generated + builder.closure_ids_after(generated) + builder.user_delta_ids("u2")
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "<answer>Up</answer>"},
+        {"role": "user", "content": "u2"},
+    ]
+    assert ids == render_ids(tokenizer, messages, True)
+
+
+def test_load_tokenizer_fast_path_matches_auto_tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    from roll_async.tokenization import load_tokenizer
+
+    fast = load_tokenizer(str(tiny_model_path))
+    auto = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "Grid:\n#_P# <answer>Up</answer> √"}]
+    assert fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == auto.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    text = "Reply <answer>Left</answer><|im_end|>\n ünïcode"
+    ids = auto(text, add_special_tokens=False)["input_ids"]
+    assert fast(text, add_special_tokens=False)["input_ids"] == ids
+    assert fast.decode(ids, skip_special_tokens=True) == auto.decode(ids, skip_special_tokens=True)
+    assert (fast.eos_token_id, fast.pad_token_id) == (auto.eos_token_id, auto.pad_token_id)
