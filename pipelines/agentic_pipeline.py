@@ -10,8 +10,9 @@
 
 The mode flag changes only scheduler behaviour (inside RolloutScheduler) and the
 weight-sync policy (``_sync_weights``); everything else is the same code.
-Weight version v means "the policy after v optimizer steps"; the engine starts
-at the start step's version, so versions rise by one each step.
+Weight versions count optimizer steps on top of the engine's version at start
+(0 for a fresh engine): after training on step s the engine serves
+``base + s + 1``, so versions rise by one each step.
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ def format_train_line(step: int, metrics: dict[str, float]) -> str:
 class AgenticPipeline:
     """Owns the engines, schedulers and trainer of one training run."""
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, engines: list[Any] | None = None) -> None:
+        """``engines``: running engine actors to use instead of launching (tests, notebooks); not shut down here."""
         self.config = config
-        self.engines: list[Any] = []
+        self.engines: list[Any] = list(engines or [])
+        self._owns_engines = not self.engines
+        self._owns_ray = False
+        self.version_base = 0
         self.train_scheduler: Any = None
         self.val_scheduler: Any = None
         self.trainer: Any = None
@@ -116,15 +121,23 @@ class AgenticPipeline:
         return sft_metrics
 
     async def _start_actors(self) -> None:
+        import ray
+
         from roll_async.engine.engine_actor import launch_engines
         from roll_async.scheduler import RolloutScheduler, ValidationScheduler
 
         config = self.config
+        self._owns_ray = not ray.is_initialized()
         init_ray(config.ray_address, config.ray_num_cpus)
-        self.engines = await launch_engines(self.model_path, config.engine)
-        if config.checkpoint.resume_from or config.sft_warmup.enabled:
-            # The engine loaded the base model; give it the trainer's weights before the first rollout.
-            await self._push_weights(version=self.start_step, in_flight="wait")
+        if self._owns_engines:
+            self.engines = await launch_engines(self.model_path, config.engine)
+        # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
+        # versions equal steps. A caller's engine may already be further on.
+        engine_version = int(await self.engines[0].get_weight_version.remote())
+        self.version_base = max(0, engine_version - self.start_step)
+        if config.checkpoint.resume_from or config.sft_warmup.enabled or not self._owns_engines:
+            # The engine holds other weights (the base model, or a caller's); give it the trainer's.
+            await self._push_weights(version=self.version_base + self.start_step, in_flight="wait")
         self.train_scheduler = RolloutScheduler(
             config, engine_handles=self.engines, tokenizer_path=self.model_path, which="train",
             start_step=self.start_step, seed_state=self.resumed_seed_state,
@@ -154,7 +167,7 @@ class AgenticPipeline:
         # Sync mode: the loops are suspended and nothing is in flight, so "wait" returns at once.
         # Async mode: the configured policy; aborted turns are continued by the EnvManagers.
         in_flight = "wait" if self.config.mode == "sync" else self.config.weight_sync.in_flight
-        return await self._push_weights(step + 1, in_flight)
+        return await self._push_weights(self.version_base + step + 1, in_flight)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -195,12 +208,14 @@ class AgenticPipeline:
                 step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
                 batch = collate_trajectories(trajectories, pad_token_id=self.tokenizer.pad_token_id)
                 train_start = time.perf_counter()
+                step_metrics["timestamp/train_start"] = time.time()
                 try:
                     step_metrics.update(await asyncio.to_thread(self.trainer.train_step, batch, step))
                 except NonFiniteLossError as exc:
                     kept = f"last good checkpoint: step {last_saved}" if last_saved >= self.start_step else "no checkpoint yet"
                     raise NonFiniteLossError(exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}") from exc
                 step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
+                step_metrics["timestamp/train_end"] = time.time()
                 step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self._sync_weights(step)
                 if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
                     step_metrics.update(await self._validate(step + 1))
@@ -212,7 +227,7 @@ class AgenticPipeline:
                 step_metrics["weight_version"] = float(await self.engines[0].get_weight_version.remote())
                 self.tracker.log(step, step_metrics)
                 if config.logging.save_trajectories:
-                    self.run_dir.append_trajectories(trajectories, self.tokenizer)
+                    self.run_dir.append_trajectories(trajectories, self.tokenizer, served_step=step)
                 if config.logging.console:
                     line = format_train_line(step, step_metrics)
                     if progress is not None:
@@ -237,11 +252,13 @@ class AgenticPipeline:
             if scheduler is not None:
                 await scheduler.shutdown()
         self.train_scheduler = self.val_scheduler = None
-        await shutdown_engines(self.engines)
-        self.engines = []
+        if self._owns_engines:
+            await shutdown_engines(self.engines)
+            self.engines = []
         if self.tracker is not None:
             self.tracker.close()
-        if ray.is_initialized():
+            self.tracker = None
+        if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
 

@@ -58,7 +58,7 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
             metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
             run_dir.append_metrics(step, metrics)
             if config.logging.save_trajectories:
-                run_dir.append_trajectories(batch, tokenizer)
+                run_dir.append_trajectories(batch, tokenizer, served_step=step)
             if config.logging.console:
                 print(format_step_line(step, metrics), flush=True)
             if config.mode == "sync":

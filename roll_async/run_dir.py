@@ -45,11 +45,17 @@ class RunDirectory:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def append_trajectories(self, trajectories: list[Trajectory], tokenizer: Any | None = None) -> None:
+    def append_trajectories(
+        self, trajectories: list[Trajectory], tokenizer: Any | None = None, served_step: int | None = None
+    ) -> None:
+        """One line per trajectory; ``served_step`` is the step whose batch it was in (staleness = served - created)."""
         with self.trajectories_path.open("a") as f:
             for trajectory in trajectories:
                 text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
-                f.write(json.dumps(trajectory.to_record(decoded_text=text), default=_json_safe) + "\n")
+                record = trajectory.to_record(decoded_text=text)
+                if served_step is not None:
+                    record["served_step"] = served_step
+                f.write(json.dumps(record, default=_json_safe) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
