@@ -33,6 +33,8 @@ def train_config(tmp_path: Path, *overrides: str):
             "trainer.micro_batch_size=4",
             "logging.progress_bar=false",
             "logging.console=false",
+            "sft_warmup.enabled=false",
+            "eval_steps=0",
             *overrides,
         ],
     )
@@ -109,11 +111,15 @@ async def test_sync_training_versions_rise_outputs_change_and_loops_pause(engine
 
 
 async def test_async_training_overlaps_rollout_with_training_within_staleness(engine, tmp_path, fresh_weights):
-    config = train_config(tmp_path, "mode=async", "max_staleness=1", "max_steps=4")
+    config = train_config(
+        tmp_path, "mode=async", "max_staleness=1", "max_steps=4", "eval_steps=2", "val_env_manager.num_env_groups=2"
+    )
     run = await AgenticPipeline(config, engines=[engine]).run()
     metrics = read_jsonl(run / "metrics.jsonl")
     trajectories = read_jsonl(run / "trajectories.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    # validation every eval_steps, with per-tag metrics
+    assert [("val/SimpleSokoban/episode_reward" in m) for m in metrics] == [False, True, False, True]
     assert all(0 <= r["served_step"] - r["created_step"] <= 1 for r in trajectories)
     assert all(m["rollout/staleness/max"] <= 1 for m in metrics)
     overlapping = [
