@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.console import format_train_line
 from roll_async import metrics as m
 from roll_async.batching import collate_trajectories
 from roll_async.config import ConfigError, PipelineConfig
@@ -33,23 +34,6 @@ from roll_async.run_dir import RunDirectory
 from roll_async.tracking import MetricsTracker
 
 logger = logging.getLogger(__name__)
-
-
-def format_train_line(step: int, metrics: dict[str, float]) -> str:
-    """One console line per step: reward, success, throughput, staleness, time split."""
-
-    def get(key: str) -> float:
-        return float(metrics.get(key, float("nan")))
-
-    success = [v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")]
-    success_text = f"{sum(success) / len(success):.2f}" if success else "n/a"
-    return (
-        f"step {step}: reward {get(m.EPISODE_REWARD_MEAN):.3f} | success {success_text}"
-        f" | loss {get('train/loss'):.4f} | traj/s {get(m.TRAJECTORIES_PER_S):.2f}"
-        f" | staleness max {get(m.STALENESS_MAX):.0f}"
-        f" | time rollout {get(m.TIME_STEP_ROLLOUT):.1f}s train {get(m.TIME_STEP_TRAIN):.1f}s"
-        f" sync {get(m.TIME_STEP_WEIGHT_SYNC):.2f}s total {get(m.TIME_STEP_TOTAL):.1f}s"
-    )
 
 
 class AgenticPipeline:

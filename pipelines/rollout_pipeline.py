@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from pipelines.console import format_rollout_line
 from roll_async.config import PipelineConfig
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.preflight import preflight
@@ -18,23 +19,6 @@ from roll_async.ray_utils import init_ray
 from roll_async.run_dir import RunDirectory
 
 logger = logging.getLogger(__name__)
-
-
-def format_step_line(step: int, metrics: dict[str, float]) -> str:
-    """The one console line per batch."""
-    from roll_async import metrics as m
-
-    def get(key: str) -> float:
-        return float(metrics.get(key, float("nan")))
-
-    success = [v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")]
-    success_text = f"{sum(success) / len(success):.2f}" if success else "n/a"
-    return (
-        f"step {step}: trajectories/s {get(m.TRAJECTORIES_PER_S):.2f} | tokens/s {get(m.TOKENS_PER_S):.0f}"
-        f" | reward {get(m.EPISODE_REWARD_MEAN):.3f} | success {success_text}"
-        f" | turns {get(m.TURNS_MEAN):.1f} | wait {get(m.GET_BATCH_WAIT_S):.2f}s"
-        f" | staleness max {get(m.STALENESS_MAX):.0f} | env errors {get(m.ENV_ERRORS):.0f}"
-    )
 
 
 async def run_rollout_async(config: PipelineConfig) -> Path:
@@ -60,7 +44,7 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
             if config.logging.save_trajectories:
                 run_dir.append_trajectories(batch, tokenizer, served_step=step)
             if config.logging.console:
-                print(format_step_line(step, metrics), flush=True)
+                print(format_rollout_line(step, metrics), flush=True)
             if config.mode == "sync":
                 await scheduler.resume()  # sync: loops paused at get_batch; nothing to train, so go on
     finally:

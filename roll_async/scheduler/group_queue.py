@@ -101,6 +101,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from roll_async.metrics import rollout_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
 
@@ -186,6 +187,18 @@ class ServedBatch:
     counters: dict[str, int] = field(default_factory=dict)
     #: Current state: stalled_envs, pending_groups, in_flight_episodes.
     gauges: dict[str, float] = field(default_factory=dict)
+
+    def rollout_metrics(self, engine_stats: Sequence[Mapping[str, Any]] = ()) -> dict[str, float]:
+        """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics)."""
+        return rollout_metrics(
+            self.trajectories,
+            step=self.step,
+            wait_s=self.wait_s,
+            window_s=self.window_s,
+            counters=self.counters,
+            gauges=self.gauges,
+            engine_stats=list(engine_stats),
+        )
 
 
 @dataclass

@@ -18,7 +18,6 @@ from typing import Any
 from env_managers.worker import EnvFactory, EnvManagerHost, build_env_managers, env_manager_config
 from roll_async.config import PipelineConfig, validate_config
 from roll_async.engine.router import EngineClient, Router
-from roll_async.metrics import rollout_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
 
@@ -79,18 +78,9 @@ class LocalRolloutScheduler:
 
     async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
-        served = await self._unless_loops_die(self.group_queue.get_batch(batch_size, step))
-        metrics = rollout_metrics(
-            served.trajectories,
-            step=step,
-            wait_s=served.wait_s,
-            window_s=served.window_s,
-            counters=served.counters,
-            gauges=served.gauges,
-            engine_stats=await self._engine_stats(),
-        )
-        self.last_metrics = metrics
-        return served.trajectories, metrics
+        served: ServedBatch = await self._unless_loops_die(self.group_queue.get_batch(batch_size, step))
+        self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        return served.trajectories, self.last_metrics
 
     async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
         await self.start()
