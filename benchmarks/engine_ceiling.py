@@ -58,6 +58,7 @@ async def measure(engine: VLLMEngine, n: int, prompt_len: int, output_len: int, 
 async def run(args: argparse.Namespace) -> dict:
     model_path = resolve_model_path(args.model)
     config = EngineConfig(
+        dtype=args.dtype,
         max_model_len=args.prompt_len + args.output_len + 8,
         max_num_seqs=max(args.concurrency),
         enable_prefix_caching=False,
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", help="engine dtype (float32 matches the rollout configs)")
     parser.add_argument("--name", default=None, help="results file stem (default: engine_ceiling_<cpu|gpu>)")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))

@@ -45,7 +45,7 @@ def ray_session():
 def engine_config():
     from roll_async.config import EngineConfig
 
-    return EngineConfig(max_model_len=1024, max_num_seqs=64, cpu_kv_cache_space_gib=1.0)
+    return EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=64, cpu_kv_cache_space_gib=1.0)
 
 
 @pytest.fixture(scope="session")
