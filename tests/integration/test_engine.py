@@ -158,3 +158,39 @@ async def test_request_longer_than_max_model_len_is_a_clear_error(engine, prompt
     # the engine keeps serving after a rejected request
     ok = await engine.generate.remote(_req(prompt, max_tokens=2, ignore_eos=True))
     assert len(ok.output_token_ids) == 2
+
+
+async def test_updated_weights_are_served_exactly_including_the_tied_output_head(engine, prompt, tiny_model_path):
+    """Engine logprobs after an update equal Hugging Face's for the same weights.
+
+    Only the (tied) input embedding changes: on CPU vLLM pre-packs the output head at load
+    time, so an update that is not re-processed keeps sampling from the old head.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    original = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])
+    generator = torch.Generator().manual_seed(1)
+    changed = dict(original)
+    changed["model.embed_tokens.weight"] = original["model.embed_tokens.weight"] + 0.3 * torch.randn(
+        original["model.embed_tokens.weight"].shape, generator=generator
+    )
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    reference.load_state_dict(changed, strict=False)
+    reference.tie_weights()
+    version = await engine.get_weight_version.remote()
+    try:
+        await engine.pause.remote("wait")
+        await engine.update_weights.remote({"model.embed_tokens.weight": changed["model.embed_tokens.weight"]},
+                                           version + 1)
+        await engine.resume.remote()
+        sampled = await engine.generate.remote(_req(prompt, max_tokens=16, seed=11, ignore_eos=True))
+    finally:
+        await engine.pause.remote("wait")
+        await engine.update_weights.remote(original, version + 2)
+        await engine.resume.remote()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + sampled.output_token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sampled.output_token_ids)[:, None])[:, 0]
+    assert expected.tolist() == pytest.approx(sampled.logprobs, abs=2e-3)

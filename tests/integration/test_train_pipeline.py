@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def train_config(tmp_path: Path, *overrides: str):
     return load_config(
-        REPO / "configs" / "default.yaml",
+        REPO / "configs" / "sokoban.yaml",
         [
             f"output_dir={tmp_path}",
             "max_steps=3",
@@ -89,16 +89,22 @@ async def test_sync_training_versions_rise_outputs_change_and_loops_pause(engine
     assert {"time/step_rollout", "time/step_train", "time/step_weight_sync", "time/step_total"} <= set(metrics[0])
     after = await greedy(engine, tokenizer)
     assert after != before, "the engine still serves the old weights"
-    # The engine serves exactly the trainer's weights: HF greedy decoding of the trained model agrees.
+    # The engine serves exactly the trainer's weights: its logprobs of what it sampled match the
+    # trainer's own logprobs of the same tokens (both float32).
     model = pipeline.trainer.model
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Push the box.\n######\n#_P_X_#"}], add_generation_prompt=True,
         tokenize=True, return_dict=False,
     )
+    sampled = await engine.generate.remote(
+        GenerationRequest(request_id="after-train-sample", prompt_token_ids=prompt, max_tokens=16, temperature=1.0,
+                          seed=3, ignore_eos=True)
+    )
     with torch.no_grad():
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                            pad_token_id=tokenizer.pad_token_id)
-    assert hf[0, len(prompt):].tolist() == after
+        logits = model(torch.tensor([prompt + sampled.output_token_ids])).logits[0, len(prompt) - 1 : -1]
+        trainer_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        trainer_logprobs = trainer_logprobs.gather(1, torch.tensor(sampled.output_token_ids)[:, None])[:, 0]
+    assert trainer_logprobs.tolist() == pytest.approx(sampled.logprobs, abs=2e-3)
     trajectories = read_jsonl(run / "trajectories.jsonl")
     assert len(trajectories) == 12
     for record in trajectories:

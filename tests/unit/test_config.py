@@ -10,15 +10,16 @@ from roll_async.config import ConfigError, PipelineConfig, config_to_yaml, load_
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "configs" / "default.yaml"
+SOKOBAN = REPO / "configs" / "sokoban.yaml"
 
 
-def test_default_config_loads_with_base_merged():
-    config = load_config(DEFAULT)
+def test_default_config_loads_with_its_includes_merged():
+    config = load_config(DEFAULT)  # default.yaml -> demo_learn_frozen_lake.yaml -> base.yaml
     assert isinstance(config, PipelineConfig)
-    assert config.engine.max_model_len == 1024  # from base.yaml via `defaults`
-    assert config.train_env_manager.tags == ["SimpleSokoban"]
-    assert config.custom_envs["SimpleSokoban"].env_config["dim_room"] == [6, 6]
-    assert config.staleness_bound == 0
+    assert config.engine.max_model_len == 1024  # from base.yaml
+    assert config.train_env_manager.tags == ["FrozenLake3"]  # from demo_learn_frozen_lake.yaml
+    assert config.max_steps == 20  # default.yaml itself wins
+    assert config.sft_warmup.enabled and config.staleness_bound == 0
 
 
 def test_overrides_win_and_resolved_config_round_trips(tmp_path):
@@ -45,14 +46,14 @@ def test_async_without_max_staleness_defaults_to_one_step():
 )
 def test_unknown_keys_suggest_the_right_one(override, expected):
     with pytest.raises(ConfigError, match=expected):
-        load_config(DEFAULT, [override])
+        load_config(SOKOBAN, [override])
 
 
 @pytest.mark.parametrize(
     "overrides, expected",
     [
         (["rollout_batch_size=10"], r"rollout_batch_size=10 is not a positive multiple of train_env_manager.group_size=4"),
-        (["train_env_manager.num_groups_partition=[3]"], r"sums to 3, not train_env_manager.num_env_groups=4"),
+        (["train_env_manager.num_groups_partition=[3]"], r"sums to 3, not train_env_manager.num_env_groups=8"),
         (["train_env_manager.num_groups_partition=[2,2]"], r"has 2 entries but train_env_manager.tags has 1"),
         (["train_env_manager.tags=[Sokoban]"], r"names 'Sokoban', which is not defined under custom_envs"),
         (["mode=async", "max_staleness=0"], r"max_staleness=0 with mode=async.*use mode=sync"),
@@ -67,7 +68,7 @@ def test_unknown_keys_suggest_the_right_one(override, expected):
 )
 def test_cross_field_mistakes_name_key_and_fix(overrides, expected):
     with pytest.raises(ConfigError, match=expected):
-        load_config(DEFAULT, overrides)
+        load_config(SOKOBAN, overrides)
 
 
 def test_missing_file_and_include_cycles_are_clear(tmp_path):
