@@ -50,6 +50,31 @@ def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
     return dataset.main(args)
 
 
+class _PassThroughParser(argparse.ArgumentParser):
+    """A subcommand that hands every argument after it to a benchmark's own parser (``bench_args``)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        for key, value in self._defaults.items():
+            setattr(namespace, key, value)
+        namespace.bench_args = list(args or [])
+        return namespace, []
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    # benchmarks/ lives next to the package in the repo (it is not installed): run from a checkout.
+    root = Path(__file__).resolve().parent.parent
+    if (root / "benchmarks").is_dir() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if args.bench == "grouping":
+        from benchmarks.env_grouping import main as bench_main
+    else:
+        from benchmarks.engine_ceiling import main as bench_main
+    return int(bench_main(args.bench_args) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="roll-async",
@@ -86,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     dataset.add_arguments(p)
     p.set_defaults(func=_cmd_make_env_dataset)
+
+    p = sub.add_parser("bench", help="throughput benchmarks (benchmarks/): env grouping, engine ceiling")
+    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK", parser_class=_PassThroughParser)
+    b = bench.add_parser(
+        "grouping", add_help=False,
+        help="per-env vs per-turn barrier vs engine ceiling over an env-grouping sweep (--simulate: scale simulation); "
+        "arguments go to benchmarks/env_grouping.py (roll-async bench grouping --help)",
+    )
+    b.set_defaults(func=_cmd_bench)
+    b = bench.add_parser("ceiling", add_help=False, help="bare-engine tokens/s vs concurrency; arguments go to benchmarks/engine_ceiling.py")
+    b.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -22,6 +22,7 @@ from roll_async.envs.base import build_config
 from roll_async.envs.countdown import CountdownEnv
 from roll_async.envs.delayed import DelayedEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
+from roll_async.envs.longtail import LongTailEnv
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
 from roll_async.envs.sokoban import SokobanEnv
@@ -34,6 +35,7 @@ _REGISTRY: dict[str, type] = {
     "countdown": CountdownEnv,
     "retrieval_qa": RetrievalQAEnv,
     "delayed": DelayedEnv,
+    "longtail": LongTailEnv,
 }
 
 

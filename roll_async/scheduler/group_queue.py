@@ -94,9 +94,11 @@ so the remaining loops wind down.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -216,6 +218,8 @@ class _Group:
     next_episode_id: int = 0
     env_errors: int = 0
     complete: bool = False
+    #: In the tag's list of groups that may have a free seat (GroupQueueManager._open).
+    listed_open: bool = False
 
     def free_seats(self) -> int:
         if self.complete:
@@ -297,6 +301,9 @@ class GroupQueueManager:
 
         self._policy_step = start_step
         self._pending: dict[str, list[_Group]] = {tag: [] for tag in self.tags}
+        #: Per tag, the pending groups that may have a free seat, oldest first; full ones are dropped lazily
+        #: (so finding a seat does not rescan every pending group: 10,000 envs keep thousands pending).
+        self._open: dict[str, deque[_Group]] = {tag: deque() for tag in self.tags}
         self._groups: dict[int, _Group] = {}
         self._next_group_id = 0
         self._tag_group_count = {tag: 0 for tag in self.tags}
@@ -308,6 +315,8 @@ class GroupQueueManager:
         self._filter_drops_this_batch = 0
         self._stalled: dict[int, str] = {}
         self._changed = _Broadcast()
+        #: Env loops waiting for a seat wake only on events that can open one (not on every trajectory).
+        self._seats_changed = _Broadcast()
         self.counters = SchedulerCounters()
         self._counters_at_last_batch = SchedulerCounters()
         self._window_start = clock()
@@ -360,13 +369,30 @@ class GroupQueueManager:
                     group = self._create_group(tag)
                 if group is not None:
                     return self._assign_seat(group, env_id)
-            await self._changed.wait()
+            await self._seats_changed.wait()
 
     def _oldest_group_with_free_seat(self, tag: str) -> _Group | None:
-        for group in self._pending[tag]:
-            if group.free_seats() > 0:
+        open_groups = self._open[tag]
+        while open_groups:
+            group = open_groups[0]
+            if group.free_seats() > 0 and self._groups.get(group.group_id) is group:
                 return group
+            open_groups.popleft()  # full, complete or gone; re-listed if a seat re-opens
+            group.listed_open = False
         return None
+
+    def _list_open(self, group: _Group) -> None:
+        """Put a pending group back in its tag's open list after a seat re-opened (error, abort, cancel)."""
+        if group.listed_open or group.free_seats() <= 0 or self._groups.get(group.group_id) is not group:
+            return
+        group.listed_open = True
+        open_groups = self._open[group.tag]
+        if not open_groups or open_groups[-1].group_id < group.group_id:
+            open_groups.append(group)
+        else:
+            ordered = list(open_groups)
+            bisect.insort(ordered, group, key=lambda g: g.group_id)
+            self._open[group.tag] = deque(ordered)
 
     def _may_create(self, tag: str) -> bool:
         return self.auto_create and len(self._pending[tag]) < self.shares.get(tag, 0) * self.lookahead
@@ -389,6 +415,7 @@ class GroupQueueManager:
         self._next_group_id += 1
         self._pending[tag].append(group)
         self._groups[group.group_id] = group
+        self._list_open(group)
         self.counters.created_groups += 1
         return group
 
@@ -416,14 +443,16 @@ class GroupQueueManager:
         del group.in_flight[trajectory.episode_id]
         if trajectory.stop_reason == "env_error":
             self._on_env_error(group, trajectory)
+            self._list_open(group)
         elif trajectory.stop_reason == "aborted":
-            pass  # the env gave the seat back; it re-opens
+            self._list_open(group)  # the env gave the seat back; it re-opens
         else:
             self._consecutive_env_errors = 0
             group.trajectories.append(trajectory)
             if len(group.trajectories) >= group.needed:
                 self._complete(group)
-        self._changed.notify()
+        # Only a seat given back (error, abort) can unblock a waiting env; drops and failures notify on their own.
+        self._notify(seats=trajectory.stop_reason in ("env_error", "aborted"))
 
     def _on_env_error(self, group: _Group, trajectory: Trajectory) -> None:
         self.counters.env_errors += 1
@@ -472,12 +501,19 @@ class GroupQueueManager:
                 except Exception:  # a dead worker must not break the scheduler; its loop error surfaces elsewhere
                     logger.exception("cancelling episode %s/%s on env %s failed", group.group_id, episode_id, env_id)
         group.in_flight.clear()
+        self._list_open(group)
+
+    def _notify(self, seats: bool = True) -> None:
+        """Wake get_batch/run_fixed_round waiters, and (``seats``) env loops waiting for a seat."""
+        self._changed.notify()
+        if seats:
+            self._seats_changed.notify()
 
     def _drop(self, group: _Group) -> None:
         self._cancel_seats(group)
         self._pending[group.tag].remove(group)
         self._groups.pop(group.group_id, None)
-        self._changed.notify()
+        self._notify()
 
     # -- trainer side ------------------------------------------------------------------
 
@@ -490,6 +526,7 @@ class GroupQueueManager:
         started = self._clock()
         if batch_size // self.group_size != self.groups_per_batch:
             self._set_groups_per_batch(batch_size // self.group_size)
+            self._notify()  # a larger quota lets waiting envs create groups
         self._enter_step(step)
         while True:
             self._raise_if_unusable()
@@ -540,7 +577,7 @@ class GroupQueueManager:
         self._counters_at_last_batch = SchedulerCounters(**asdict(self.counters))
         self._filter_drops_this_batch = 0
         self._window_start = now
-        self._changed.notify()
+        self._notify()
         return ServedBatch(
             trajectories=trajectories,
             step=step,
@@ -595,20 +632,20 @@ class GroupQueueManager:
             for tag in self.tags:
                 for group in self._pending[tag]:
                     self._cancel_seats(group)
-        self._changed.notify()
+        self._notify()
 
     def resume(self) -> None:
         if self._suspended:
             self._suspended = False
             self._window_start = self._clock()
-        self._changed.notify()
+        self._notify()
 
     def report_fatal(self, message: str) -> None:
         """Fail the rollout: get_batch raises ``message``; env loops get no more episodes."""
         if self._fatal is None:
             self._fatal = RolloutFatalError(message)
             logger.error("rollout failed: %s", message)
-        self._changed.notify()
+        self._notify()
 
     def report_stalled(self, env_id: int, description: str) -> None:
         self._stalled[env_id] = description
@@ -638,7 +675,7 @@ class GroupQueueManager:
 
     def shutdown(self) -> None:
         self._closed = True
-        self._changed.notify()
+        self._notify()
 
     def gauges(self) -> dict[str, float]:
         pending = [g for tag in self.tags for g in self._pending[tag]]

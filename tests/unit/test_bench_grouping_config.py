@@ -1,0 +1,72 @@
+"""The grouping benchmark's configs and command line: every run the YAMLs describe is a valid pipeline config."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.env_grouping import FULL_CONFIG, QUICK_CONFIG, GridPoint, _grid, headline, load_bench_config, main, pipeline_config
+from roll_async.cli import build_parser
+
+
+@pytest.mark.parametrize("path", [QUICK_CONFIG, FULL_CONFIG], ids=["quick", "full"])
+def test_every_run_of_the_shipped_configs_is_a_valid_pipeline_config(path):
+    bench = load_bench_config(path)
+    names = [w.name for w in bench.workloads]
+    assert {"zero_latency", "longtail", "builtin"} <= set(names)
+    for workload in bench.workloads:
+        for point in workload.grid:
+            for scheduler in point.schedulers or workload.schedulers:
+                config = pipeline_config(bench, workload, point, scheduler)
+                assert config.train_env_manager.num_env_groups * config.train_env_manager.group_size == point.num_envs
+                assert config.mode == ("sync" if scheduler == "per_env_sync" else "async")
+                # one thread per env in a worker: env steps never queue for a thread (the barrier does the same)
+                assert config.train_env_manager.env_threads_per_worker >= min(point.max_env_num_per_worker, point.num_envs)
+
+
+def test_quick_mode_has_the_headline_comparisons():
+    bench = load_bench_config(QUICK_CONFIG)
+    by_name = {w.name: w for w in bench.workloads}
+    assert {"per_env", "barrier"} <= set(by_name["longtail"].schedulers)
+    assert by_name["zero_latency"].ceiling and "per_env" in by_name["zero_latency"].schedulers
+    assert bench.transport == "ray"
+
+
+def test_grid_as_a_cartesian_product_and_defaults():
+    points = _grid({"num_env_groups": [2, 4], "group_size": 8, "max_env_num_per_worker": [16, 64]})
+    assert [(p.num_env_groups, p.group_size, p.max_env_num_per_worker) for p in points] == [
+        (2, 8, 16), (2, 8, 64), (4, 8, 16), (4, 8, 64)
+    ]
+    point = GridPoint(4, 8, 16)
+    assert point.num_envs == 32 and point.batch_size == 32 and point.label == "4x8 W16"
+    assert GridPoint(4, 8, 16, rollout_batch_size=16).batch_size == 16
+
+
+def test_unknown_scheduler_is_rejected(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\nworkloads:\n  - name: w\n    schedulers: [per_env, lockstep]\n    custom_envs: {}\n"
+        "    grid: [{num_env_groups: 1, group_size: 1, max_env_num_per_worker: 1}]\n"
+    )
+    with pytest.raises(ValueError, match="lockstep"):
+        load_bench_config(path)
+
+
+def test_dry_run_and_cli_pass_through(capsys):
+    assert main(["--dry-run", "--workloads", "longtail", "--max-points", "1", "--num-batches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "barrier" in out and "per_env_sync" in out and "x 2" in out
+    args = build_parser().parse_args(["bench", "grouping", "--dry-run", "--workloads", "longtail"])
+    assert args.bench == "grouping" and args.bench_args == ["--dry-run", "--workloads", "longtail"]
+    assert args.func.__name__ == "_cmd_bench"
+    assert build_parser().parse_args(["bench", "ceiling", "--concurrency", "4"]).bench_args == ["--concurrency", "4"]
+
+
+def test_headline_quotes_per_env_vs_barrier_and_vs_ceiling():
+    rows = [
+        {"workload": "longtail", "point": "8x8 W16", "num_envs": 64, "scheduler": "per_env", "speedup_vs_barrier": 3.0,
+         "token_speedup_vs_barrier": 2.5, "tokens_vs_ceiling": 0.4},
+        {"workload": "longtail", "point": "8x8 W16", "num_envs": 64, "scheduler": "barrier", "speedup_vs_barrier": 1.0,
+         "token_speedup_vs_barrier": 1.0, "tokens_vs_ceiling": 0.1},
+    ]
+    (line,) = headline({"rows": rows})
+    assert "**3.00x**" in line and "per-env ÷ ceiling: **0.40**" in line and "barrier ÷ ceiling: 0.10" in line
