@@ -30,7 +30,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_managers.env_manager import EnvManager, _episode_metrics, _numeric_metrics, observation_text
+from env_managers.env_manager import EnvManager, _episode_metrics, _numeric_metrics, append_generation, observation_text
 from env_managers.worker import EnvFactory, RegisteredEnvFactory
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient
@@ -243,12 +243,7 @@ class BarrierRollout:
                 logprobs=True,
             )
             result = await asyncio.wait_for(self.engine.generate(request), timeout=gen.request_timeout_s)
-            new_ids = list(result.output_token_ids)
-            new_logprobs = list(result.logprobs)[: len(new_ids)]
-            new_logprobs += [0.0] * (len(new_ids) - len(new_logprobs))
-            token_ids.extend(new_ids)
-            logprobs.extend(new_logprobs)
-            versions.append(result.weight_version)
+            append_generation(result, token_ids, logprobs, versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break

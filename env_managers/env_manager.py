@@ -58,7 +58,7 @@ from typing import Any, Protocol
 
 from roll_async.config import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
-from roll_async.protocol import EpisodeSpec, GenerationRequest, Trajectory, TurnRecord
+from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
 from roll_async.tokenization import ChatPromptBuilder
 
 logger = logging.getLogger(__name__)
@@ -137,6 +137,22 @@ class _Generation:
     weight_versions: list[int]
     resumed: int
     seconds: float
+
+
+def append_generation(
+    result: GenerationResult, token_ids: list[int], logprobs: list[float], versions: list[int]
+) -> int:
+    """Append one engine result of a turn (ids, logprobs padded with 0.0 where missing, version); returns ids added.
+
+    A turn may take several results when an abort interrupts it; each piece is kept as the engine returned it.
+    """
+    new_ids = list(result.output_token_ids)
+    new_logprobs = list(result.logprobs)[: len(new_ids)]
+    new_logprobs += [0.0] * (len(new_ids) - len(new_logprobs))
+    token_ids.extend(new_ids)
+    logprobs.extend(new_logprobs)
+    versions.append(result.weight_version)
+    return len(new_ids)
 
 
 def observation_text(observation: Any) -> str:
@@ -445,18 +461,13 @@ class EnvManager:
                 logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, exc, failures, gen_cfg.max_retries)
                 await asyncio.sleep(gen_cfg.retry_backoff_s * 2 ** (failures - 1))
                 continue
-            new_ids = list(result.output_token_ids)
-            new_logprobs = list(result.logprobs)[: len(new_ids)]
-            new_logprobs += [0.0] * (len(new_ids) - len(new_logprobs))
-            token_ids.extend(new_ids)
-            logprobs.extend(new_logprobs)
-            versions.append(result.weight_version)
+            added = append_generation(result, token_ids, logprobs, versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break
             resumed += 1
             self.stats.resumed_generations += 1
-            idle_aborts = 0 if new_ids else idle_aborts + 1
+            idle_aborts = 0 if added else idle_aborts + 1
             if idle_aborts:
                 await asyncio.sleep(min(_MAX_ABORT_BACKOFF_S, self.settings.abort_backoff_s * 2 ** (idle_aborts - 1)))
         return _Generation(token_ids, logprobs, finish, versions, resumed, self._clock() - started)
