@@ -9,27 +9,31 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
+from env_managers.env_manager import observation_text
 from roll_async.config import PipelineConfig
 from roll_async.envs import make_env
 from roll_async.model.tiny import resolve_model_path
 from roll_async.protocol import GenerationRequest
 from roll_async.ray_utils import init_ray
+from roll_async.tokenization import ChatPromptBuilder
 
 
-def env_chat_prompts(config: PipelineConfig, num_prompts: int) -> list[list[dict[str, str]]]:
-    """First-turn chat messages of the configured train tags, one per seed."""
+def env_prompt_ids(config: PipelineConfig, tokenizer: Any, num_prompts: int) -> list[list[int]]:
+    """First-turn prompt ids of the configured train tags, one per seed, built as EnvManagers build them."""
     tags = config.train_env_manager.tags
-    conversations = []
+    prompts = []
     for index in range(num_prompts):
         spec = config.custom_envs[tags[index % len(tags)]]
         env = make_env(spec.env_type, dict(spec.env_config))
         observation, info = env.reset(seed=config.seed + index)
         env.close()
-        text = getattr(observation, "text", observation)
-        user = spec.instruction_template.format(instruction=info.get("instruction", ""), observation=text)
-        conversations.append([{"role": "system", "content": spec.system_prompt}, {"role": "user", "content": user}])
-    return conversations
+        user = spec.instruction_template.format(
+            instruction=info.get("instruction", ""), observation=observation_text(observation)
+        )
+        prompts.append(ChatPromptBuilder(tokenizer, spec.system_prompt).first_turn_ids(user))
+    return prompts
 
 
 async def _generate_batch(config: PipelineConfig, num_prompts: int, max_tokens: int) -> dict[str, float]:
@@ -40,10 +44,7 @@ async def _generate_batch(config: PipelineConfig, num_prompts: int, max_tokens: 
 
     model_path = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-    prompts = [
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        for messages in env_chat_prompts(config, num_prompts)
-    ]
+    prompts = env_prompt_ids(config, tokenizer, num_prompts)
     init_ray(config.ray_address, config.ray_num_cpus)
     t0 = time.perf_counter()
     engines = await launch_engines(model_path, config.engine)
