@@ -391,3 +391,56 @@ async def test_a_template_with_an_unknown_field_fails_with_the_key_named(tokeniz
             await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
     finally:
         await scheduler.shutdown()
+
+
+async def test_a_keep_mode_update_mid_turn_gives_one_turn_two_versions_per_token(tokenizer):
+    engine = FakeEngine(lambda r: [7] * r.max_tokens, token_latency_s=0.01)
+    config = make_config(env_config={"episode_length": 1}, max_tokens_per_step=12)
+    scheduler = local(config, engine, tokenizer)
+    await scheduler.start()
+    try:
+        while not engine.requests:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.045)
+        await engine.pause("keep")  # the request freezes, keeps its tokens, and continues on the new weights
+        await engine.update_weights(None, version=1)
+        await engine.resume()
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    assert len(engine.requests) == 1, "keep mode continues the same request"
+    (turn,) = trajectory.turns
+    assert len(trajectory.token_versions) == len(trajectory.token_ids)
+    generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if m]
+    not_generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if not m]
+    old, new = generated.count(0), generated.count(1)
+    assert old > 0 and new > 0 and generated == [0] * old + [1] * new
+    assert set(not_generated) == {-1}
+    assert turn.weight_versions == [0, 1] and turn.weight_version == 1 and turn.resumed_generations == 0
+    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (0, 1)
+
+
+async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_on(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, error_requests=1)
+    config = make_config(env_config={"episode_length": 1}, generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001))
+    scheduler = local(config, engine, tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    errored, retried = engine.requests[:2]
+    assert retried.prompt_token_ids == errored.prompt_token_ids, "the errored piece must not enter the context"
+    generated = [t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m]
+    assert generated == answer_ids and trajectory.turns[0].finish_reason == "stop"
+    assert scheduler.managers[0].stats.engine_retries == 1
+
+
+async def test_an_engine_that_keeps_erroring_makes_get_batch_raise(tokenizer):
+    engine = FakeEngine(error_requests=1000)
+    config = make_config(generation=GenerationConfig(max_retries=1, retry_backoff_s=0.001))
+    scheduler = local(config, engine, tokenizer)
+    try:
+        with pytest.raises(RolloutFatalError, match="finish reason 'error'"):
+            await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
