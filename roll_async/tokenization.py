@@ -270,9 +270,10 @@ class ChatPromptBuilder:
 
     def reply_text(self, generated_ids: list[int]) -> str:
         """The assistant message content a fresh render would get for ``generated_ids``: all the generated
-        text, special tokens included, without the trailing end-of-turn token the closure supplies."""
+        text, special tokens included, without a trailing end-of-turn token the closure supplies (another
+        EOS, e.g. Phi-3's ``<|endoftext|>``, stays: the closure follows it in the ids too)."""
         ids = list(generated_ids)
-        if ids and (ids[-1] in self.eos_token_ids or (self.closure_ids and ids[-1] == self.closure_ids[0])):
+        if ids and self.closure_ids and ids[-1] == self.closure_ids[0]:  # the closure supplies it (closure_ids_after)
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roll_async.model.tiny import _train_tokenizer, is_current_build, write_model_dir
+from roll_async.model.tiny import _train_tokenizer, is_current_build, tiny_shape, write_model_dir
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
 ZOO_BUILD_ID = "zoo-v1"
@@ -184,14 +184,7 @@ def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[st
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in [family.eos_token, *family.extra_eos_tokens]]
     bos = family.bos_token or family.pad_token
     return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=hidden * 4,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // HEAD_DIM),
-        num_key_value_heads=1,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=4096,
+        **tiny_shape(len(tokenizer), hidden, layers, HEAD_DIM),
         bos_token_id=tokenizer.convert_tokens_to_ids(bos),
         eos_token_id=eos_ids if len(eos_ids) > 1 else eos_ids[0],
         pad_token_id=tokenizer.convert_tokens_to_ids(family.pad_token),

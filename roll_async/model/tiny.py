@@ -97,6 +97,20 @@ def _train_tokenizer(
     )
 
 
+def tiny_shape(vocab_size: int, hidden_size: int, num_layers: int, head_dim: int = 64) -> dict[str, int]:
+    """The size fields every tiny model shares (head_dim 64: vLLM's CPU attention rejects smaller heads)."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=max(1, hidden_size // head_dim),
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+    )
+
+
 def build_tiny_model(
     out_dir: str | os.PathLike[str] | None = None,
     *,
@@ -125,16 +139,8 @@ def build_tiny_model(
         return out
 
     tokenizer = _train_tokenizer(vocab_size)
-    head_dim = 64
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 4,
-        num_hidden_layers=num_layers,
-        num_attention_heads=max(1, hidden_size // head_dim),
-        num_key_value_heads=1,
-        head_dim=head_dim,
-        max_position_embeddings=4096,
+        **tiny_shape(len(tokenizer), hidden_size, num_layers),
         rope_theta=10000.0,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

@@ -20,6 +20,7 @@ import pytest
 from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, TrainerConfig
 from roll_async.model.families import FAMILIES, build_family_model
 from roll_async.protocol import GenerationRequest, GenerationResult
+from test_rollout_real_engine import RecordingEngine  # tests/integration is on sys.path (no __init__.py)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,22 +30,6 @@ LOGPROB_TOLERANCE = 1e-3
 APPEND_ONLY_FAMILIES = {"qwen2_5", "phi3"}  # no rewrite, no trimming of replies: a fresh render is identical
 THINK_STRIPPING_FAMILIES = {"qwen3", "qwen3_moe"}
 SOKOBAN = {"dim_room": [6, 6], "num_boxes": 1}
-
-
-class RecordingClient:
-    """EngineClient over the family's engine actor that keeps every request and result."""
-
-    def __init__(self, handle) -> None:
-        self.handle = handle
-        self.calls: list[tuple[GenerationRequest, GenerationResult]] = []
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result = await self.handle.generate.remote(request)
-        self.calls.append((request, result))
-        return result
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.handle.abort.remote(request_ids)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -86,7 +71,7 @@ async def _rollout(family, generation: GenerationConfig):
     from roll_async.scheduler import LocalRolloutScheduler
 
     _, _, actor, _, tokenizer = family
-    client = RecordingClient(actor)
+    client = RecordingEngine(actor)
     scheduler = LocalRolloutScheduler(_config(generation), engines=client, tokenizer=tokenizer)
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(2, 0)
