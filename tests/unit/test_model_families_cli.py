@@ -4,7 +4,6 @@ prefix-mismatch metric from an EnvManager's episodes (fake engine)."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import shutil
 import subprocess
@@ -110,21 +109,23 @@ def test_preflight_refuses_an_architecture_nobody_can_load(model_copy):
 
 
 @pytest.mark.parametrize("template, expected", [(None, 0.0), (QWEN3_TEMPLATE, 1.0)])
-async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_stripping(template, expected):
+async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_stripping(template, expected, tmp_path):
+    """The Qwen3 template comes in through model.chat_template (a file), as a user would override one."""
     from env_managers.testing import build_chatml_test_tokenizer, scripted_env_factory
     from roll_async.engine.fake_engine import FakeEngine
     from roll_async.metrics import PREFIX_MISMATCH_RATE
     from roll_async.scheduler.local import LocalRolloutScheduler
 
-    tokenizer = copy.deepcopy(build_chatml_test_tokenizer())
-    if template is not None:
-        tokenizer.chat_template = template
+    tokenizer = build_chatml_test_tokenizer()
     reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     config = PipelineConfig(
         custom_envs={"count": CustomEnvConfig(env_type="scripted", env_config={"episode_length": 3}, max_steps=5)},
         train_env_manager=EnvManagerConfig(num_env_groups=2, group_size=1, tags=["count"]),
         rollout_batch_size=2,
     )
+    if template is not None:
+        (tmp_path / "qwen3.jinja").write_text(template)
+        config.model.chat_template = str(tmp_path / "qwen3.jinja")
     validate_config(config)
     scheduler = LocalRolloutScheduler(config, engines=FakeEngine(lambda r: reply), tokenizer=tokenizer, env_factory=scripted_env_factory)
     try:
