@@ -22,7 +22,9 @@ with stop reason:
   ``env_step_timeout_s``. The env instance is discarded and rebuilt for the
   next episode; the scheduler counts the error and re-opens the seat.
 
-Engine faults: a request that raises (or exceeds ``request_timeout_s``) is
+Engine faults: a request that raises (or exceeds ``request_timeout_s``), or
+that comes back with vLLM's retryable ``error`` finish reason (its partial
+output is discarded, never trained on), is
 retried ``max_retries`` times with exponential backoff, then
 ``EngineRequestError`` names env, turn and request and ends the loop (the host
 reports it and ``get_batch`` raises it). A request that comes back with finish
@@ -30,6 +32,9 @@ reason ``abort`` (engine paused for a weight update, or aborted) is NOT thrown
 away: the turn continues from the partial output (prompt + partial ids, fewer
 max_tokens), with the behaviour logprobs of every piece kept and the weight
 versions of all pieces recorded; ``TurnRecord.resumed_generations`` counts it.
+Every generated token keeps the weight version that sampled it
+(``Trajectory.token_versions``, -1 on prompt and env tokens);
+``TurnRecord.weight_versions`` lists the turn's versions in order.
 
 Sync env methods run in a thread pool with a timeout so a slow or hung env
 never blocks the event loop that hosts the other envs; ``async def`` methods
@@ -138,21 +143,36 @@ class _Generation:
     weight_versions: list[int]
     resumed: int
     seconds: float
+    #: Version that sampled each of ``token_ids``.
+    token_versions: list[int] = field(default_factory=list)
 
 
 def append_generation(
-    result: GenerationResult, token_ids: list[int], logprobs: list[float], versions: list[int]
+    result: GenerationResult,
+    token_ids: list[int],
+    logprobs: list[float],
+    versions: list[int],
+    token_versions: list[int] | None = None,
 ) -> int:
     """Append one engine result of a turn (ids, logprobs padded with 0.0 where missing, version); returns ids added.
 
     A turn may take several results when an abort interrupts it; each piece is kept as the engine returned it.
+    ``versions`` gets the piece's versions (two when an update in pause mode ``keep`` fell inside it);
+    ``token_versions`` one version per token (the piece's ``weight_version`` where the engine gave none).
     """
     new_ids = list(result.output_token_ids)
     new_logprobs = list(result.logprobs)[: len(new_ids)]
     new_logprobs += [0.0] * (len(new_ids) - len(new_logprobs))
+    per_token = list(result.token_versions)
+    if len(per_token) != len(new_ids):
+        per_token = [result.weight_version] * len(new_ids)
     token_ids.extend(new_ids)
     logprobs.extend(new_logprobs)
-    versions.append(result.weight_version)
+    for version in per_token or [result.weight_version]:
+        if not versions or versions[-1] != version:
+            versions.append(version)
+    if token_versions is not None:
+        token_versions.extend(per_token)
     return len(new_ids)
 
 
@@ -328,7 +348,10 @@ class EnvManager:
                 break
             self._set_phase("generate", turn)
             generation = await self._generate(trajectory, turn, min(cfg.max_tokens_per_step, budget))
-            self._append(trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs)
+            self._append(
+                trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs,
+                versions=generation.token_versions,
+            )
             generated_per_turn.append(list(generation.token_ids))
             action_text = self.prompts.decode(generation.token_ids)
             record = TurnRecord(
@@ -342,6 +365,7 @@ class EnvManager:
                 env_step_s=0.0,
                 finish_reason=generation.finish_reason,
                 resumed_generations=generation.resumed,
+                weight_versions=list(generation.weight_versions),
             )
             trajectory.turns.append(record)
             self._note_versions(trajectory, generation.weight_versions)
@@ -409,13 +433,24 @@ class EnvManager:
             ) from None
 
     @staticmethod
-    def _append(trajectory: Trajectory, ids: list[int], *, generated: bool, logprobs: list[float] | None = None) -> None:
+    def _append(
+        trajectory: Trajectory,
+        ids: list[int],
+        *,
+        generated: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
         trajectory.token_ids.extend(ids)
         trajectory.response_mask.extend([1 if generated else 0] * len(ids))
         if generated and logprobs is not None:
             trajectory.logprobs.extend(logprobs)
         else:
             trajectory.logprobs.extend([0.0] * len(ids))
+        if generated and versions is not None and len(versions) == len(ids):
+            trajectory.token_versions.extend(versions)
+        else:
+            trajectory.token_versions.extend([-1] * len(ids))
 
     @staticmethod
     def _note_versions(trajectory: Trajectory, versions: list[int]) -> None:
@@ -443,6 +478,7 @@ class EnvManager:
         token_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
+        token_versions: list[int] = []
         failures = resumed = idle_aborts = 0
         started = self._clock()
         finish = "length"
@@ -457,6 +493,7 @@ class EnvManager:
                 stop=list(self.settings.custom_env.stop),
                 logprobs=True,
             )
+            error: Exception | None = None
             try:
                 result = await asyncio.wait_for(self.engine.generate(request), timeout=gen_cfg.request_timeout_s)
             except asyncio.CancelledError:
@@ -464,17 +501,22 @@ class EnvManager:
                 raise
             except Exception as exc:
                 await self._abort_quietly(request.request_id)
+                error = exc
+            else:
+                if result.finish_reason == "error":  # vLLM's retryable fault: its partial output is dropped
+                    error = RuntimeError(f"finish reason 'error' after {len(result.output_token_ids)} tokens")
+            if error is not None:
                 failures += 1
                 if failures > gen_cfg.max_retries:
                     raise EngineRequestError(
                         f"engine request {request.request_id} failed for env {self.env_id} (tag {trajectory.tag}), "
-                        f"turn {turn}, after {failures} attempts: {type(exc).__name__}: {exc}"
-                    ) from exc
+                        f"turn {turn}, after {failures} attempts: {type(error).__name__}: {error}"
+                    ) from error
                 self.stats.engine_retries += 1
-                logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, exc, failures, gen_cfg.max_retries)
+                logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, error, failures, gen_cfg.max_retries)
                 await asyncio.sleep(gen_cfg.retry_backoff_s * 2 ** (failures - 1))
                 continue
-            added = append_generation(result, token_ids, logprobs, versions)
+            added = append_generation(result, token_ids, logprobs, versions, token_versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break
@@ -483,7 +525,7 @@ class EnvManager:
             idle_aborts = 0 if added else idle_aborts + 1
             if idle_aborts:
                 await asyncio.sleep(min(_MAX_ABORT_BACKOFF_S, self.settings.abort_backoff_s * 2 ** (idle_aborts - 1)))
-        return _Generation(token_ids, logprobs, finish, versions, resumed, self._clock() - started)
+        return _Generation(token_ids, logprobs, finish, versions, resumed, self._clock() - started, token_versions)
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:

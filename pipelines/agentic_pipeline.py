@@ -195,6 +195,7 @@ class AgenticPipeline:
                     trajectories,
                     pad_token_id=self.tokenizer.pad_token_id,
                     sampling=SamplingSettings.from_generation(config.generation),  # what train rollouts sampled with
+                    policy_version=self.version_base + step,  # the trainer's weights now (trainer.max_token_lag)
                 )
                 train_start = time.perf_counter()
                 step_metrics["timestamp/train_start"] = time.time()

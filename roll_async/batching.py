@@ -9,6 +9,12 @@ contiguous group number (0..num_groups-1, first appearance order) for
 group-relative advantages; identifiers come along as plain lists. Right
 padding, because training computes per-token losses over whole sequences.
 
+``token_versions`` holds the weight version that sampled each generated
+token (-1 on prompt, env and padding tokens, and where a trajectory recorded
+none); ``policy_version`` is the version of the trainer's weights the batch is
+trained with (set by the pipeline), so ``trainer.max_token_lag`` can mask
+tokens sampled too many versions ago.
+
 ``sampling`` names the distribution the behaviour logprobs are of (the
 training rollouts' ``generation.*`` temperature / top_p / top_k); the trainer
 scores the batch under the same transformation (``roll_async.sampling``).
@@ -36,6 +42,8 @@ class TrajectoryBatch:
     old_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_index: torch.Tensor
+    #: [batch, seq] weight version per generated token, -1 elsewhere; None for hand-built batches.
+    token_versions: torch.Tensor | None = None
     tags: list[str] = field(default_factory=list)
     group_ids: list[int] = field(default_factory=list)
     episode_ids: list[int] = field(default_factory=list)
@@ -46,12 +54,14 @@ class TrajectoryBatch:
     stop_reasons: list[str] = field(default_factory=list)
     #: The sampling distribution of the behaviour logprobs (raw softmax at temperature 1 by default).
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    #: Weight version of the trainer's policy at this step; None: unknown (no token-lag masking).
+    policy_version: int | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
+        tensors = {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask,
             "position_ids": self.position_ids,
@@ -60,6 +70,9 @@ class TrajectoryBatch:
             "rewards": self.rewards,
             "group_index": self.group_index,
         }
+        if self.token_versions is not None:
+            tensors["token_versions"] = self.token_versions
+        return tensors
 
     def to(self, device: Any) -> TrajectoryBatch:
         moved = {name: t.to(device) for name, t in self.tensors().items()}
@@ -74,6 +87,7 @@ class TrajectoryBatch:
             created_steps=self.created_steps,
             stop_reasons=self.stop_reasons,
             sampling=self.sampling,
+            policy_version=self.policy_version,
         )
 
 
@@ -84,10 +98,12 @@ def collate_trajectories(
     pad_to: int | None = None,
     pad_to_multiple_of: int | None = None,
     sampling: SamplingSettings | None = None,
+    policy_version: int | None = None,
 ) -> TrajectoryBatch:
     """Right-pad a batch; ``pad_to`` fixes the width (e.g. sequence_length) and must fit every trajectory.
 
-    ``sampling``: the settings the trajectories were sampled with (default: temperature 1, no top-k/top-p).
+    ``sampling``: the settings the trajectories were sampled with (default: temperature 1, no top-k/top-p);
+    ``policy_version``: the trainer's weight version for this batch (enables ``trainer.max_token_lag``).
     """
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
@@ -96,6 +112,11 @@ def collate_trajectories(
             raise ValueError(
                 f"trajectory {t.traj_id}: token_ids ({len(t.token_ids)}), response_mask ({len(t.response_mask)}) "
                 f"and logprobs ({len(t.logprobs)}) differ in length"
+            )
+        if t.token_versions and len(t.token_versions) != len(t.token_ids):
+            raise ValueError(
+                f"trajectory {t.traj_id}: token_versions ({len(t.token_versions)}) and token_ids "
+                f"({len(t.token_ids)}) differ in length"
             )
     longest = max(len(t.token_ids) for t in trajectories)
     width = longest if pad_to is None else pad_to
@@ -110,6 +131,7 @@ def collate_trajectories(
     attention_mask = torch.zeros((size, width), dtype=torch.long)
     response_mask = torch.zeros((size, width), dtype=torch.long)
     old_logprobs = torch.zeros((size, width), dtype=torch.float32)
+    token_versions = torch.full((size, width), -1, dtype=torch.long)
     for row, t in enumerate(trajectories):
         n = len(t.token_ids)
         if n == 0:
@@ -118,8 +140,11 @@ def collate_trajectories(
         attention_mask[row, :n] = 1
         response_mask[row, :n] = torch.tensor(t.response_mask, dtype=torch.long)
         old_logprobs[row, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+        if t.token_versions:
+            token_versions[row, :n] = torch.tensor(t.token_versions, dtype=torch.long)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0) * attention_mask
     old_logprobs = old_logprobs * response_mask
+    token_versions = token_versions.masked_fill(response_mask == 0, -1)
 
     group_numbers: dict[tuple[str, int], int] = {}
     group_index = torch.tensor(
@@ -133,6 +158,7 @@ def collate_trajectories(
         old_logprobs=old_logprobs,
         rewards=torch.tensor([t.episode_reward for t in trajectories], dtype=torch.float32),
         group_index=group_index,
+        token_versions=token_versions,
         tags=[t.tag for t in trajectories],
         group_ids=[t.group_id for t in trajectories],
         episode_ids=[t.episode_id for t in trajectories],
@@ -142,4 +168,5 @@ def collate_trajectories(
         created_steps=[t.created_step for t in trajectories],
         stop_reasons=[t.stop_reason for t in trajectories],
         sampling=sampling or SamplingSettings(),
+        policy_version=policy_version,
     )

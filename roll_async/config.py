@@ -134,6 +134,9 @@ class TrainerConfig:
     #: token_mean: mean over all response tokens of the batch; seq_mean: mean of per-sequence means.
     loss_agg: str = "token_mean"
     gradient_checkpointing: bool = False
+    #: Drop from the loss tokens sampled by weights more than this many versions older than the
+    #: trainer's current ones (per-token versions; -1 disables). Masked share: train/token_lag/masked_fraction.
+    max_token_lag: int = -1
 
 
 @dataclass
@@ -427,6 +430,8 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
     if len(trainer.adam_betas) != 2:
         raise ConfigError(f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]")
+    if trainer.max_token_lag < -1:
+        raise ConfigError(f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions")
     if trainer.tis_cap < 0 or trainer.kl_coef < 0:
         raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
     if config.weight_sync.in_flight not in ("abort", "wait", "keep"):

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "abort"]
+#: ``error``: vLLM's retryable request-level fault; the EnvManager retries it and never trains on its output.
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 #: Why an episode ended. ``aborted`` is used when a sync-mode pause or a
 #: shutdown cancels an episode that had not finished; such trajectories are
@@ -46,6 +47,9 @@ class GenerationResult:
     weight_version: int
     text: str = ""
     num_prompt_tokens: int = 0
+    #: The weight version that sampled each output token (same length as ``output_token_ids``);
+    #: a request that spans an update in pause mode ``keep`` has two versions.
+    token_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +68,8 @@ class TurnRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Times this turn's generation was aborted (engine pause/abort) and continued from its partial output.
     resumed_generations: int = 0
+    #: Weight versions of every piece of this turn's generation, in order (``weight_version`` is the last).
+    weight_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +92,8 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: Weight version that sampled each token, aligned with ``token_ids``; -1 on tokens not generated.
+    token_versions: list[int] = field(default_factory=list)
     prompt_length: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
     episode_reward: float = 0.0

@@ -43,7 +43,10 @@ class FakeEngine:
         latency_fn: request -> extra delay, for per-request latencies.
         logprob: the logprob reported for every token.
         fail_requests: the first N generate calls raise FakeEngineError.
-        weight_version: initial weight version.
+        error_requests: the first N generate calls (after any that raise) end with vLLM's retryable
+            ``error`` finish reason after half their tokens.
+        weight_version: initial weight version. Each token is tagged with the version current when it
+            was "generated" (``token_versions``), so an update during a ``keep`` pause shows as two versions.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class FakeEngine:
         latency_fn: Callable[[GenerationRequest], float] | None = None,
         logprob: float = -0.5,
         fail_requests: int = 0,
+        error_requests: int = 0,
         weight_version: int = 0,
     ) -> None:
         self._output_fn = output_fn or (lambda request: [default_token_id] * tokens_per_request)
@@ -65,6 +69,7 @@ class FakeEngine:
         self._latency_fn = latency_fn
         self.logprob = logprob
         self._fail_remaining = fail_requests
+        self._error_remaining = error_requests
         self.weight_version = weight_version
         self.requests: list[GenerationRequest] = []
         self.aborted_request_ids: list[str] = []
@@ -88,6 +93,10 @@ class FakeEngine:
     def fail_next(self, count: int) -> None:
         self._fail_remaining = count
 
+    def error_next(self, count: int) -> None:
+        """The next ``count`` generate calls end with finish reason ``error`` after half their tokens."""
+        self._error_remaining = count
+
     # -- engine API --------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -98,9 +107,14 @@ class FakeEngine:
         await self._wait_until_resumed()
         planned = list(self._output_fn(request))
         tokens = planned[: request.max_tokens]
+        errored = self._error_remaining > 0
+        if errored:
+            self._error_remaining -= 1
+            tokens = tokens[: len(tokens) // 2]
         state = _InFlight(request)
         self._in_flight[request.request_id] = state
         produced: list[int] = []
+        versions: list[int] = []
         try:
             delay = self.latency_s + (self._latency_fn(request) if self._latency_fn else 0.0)
             if await self._sleep_unless_aborted(state, delay):
@@ -108,9 +122,12 @@ class FakeEngine:
                     if not await self._sleep_unless_aborted(state, self.token_latency_s):
                         break
                     produced.append(token)
+                    versions.append(self.weight_version)
         finally:
             self._in_flight.pop(request.request_id, None)
-        if state.aborted.is_set() and len(produced) < len(tokens):
+        if errored:
+            finish = "error"
+        elif state.aborted.is_set() and len(produced) < len(tokens):
             finish = "abort"
         elif len(planned) > request.max_tokens:
             finish = "length"
@@ -123,8 +140,9 @@ class FakeEngine:
             output_token_ids=produced,
             logprobs=[self.logprob] * len(produced),
             finish_reason=finish,  # type: ignore[arg-type]
-            weight_version=self.weight_version,
+            weight_version=versions[-1] if versions else self.weight_version,
             num_prompt_tokens=len(request.prompt_token_ids),
+            token_versions=versions,
         )
 
     async def _wait_until_resumed(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config import EngineConfig
-from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.protocol import FinishReason, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ class VLLMEngine:
         self._weight_version = 0
         self._snapshot = _SchedulerSnapshot()
         self._prompt_tokens = 0
+        #: Prompt tokens served from the prefix cache (vLLM's per-request num_cached_tokens), summed.
+        self._prefix_cache_hit_tokens = 0
         self._generation_tokens = 0
         self._finished_requests = 0
         self._in_flight: set[str] = set()
@@ -146,6 +148,8 @@ class VLLMEngine:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         self._max_model_len = self._llm.model_config.max_model_len
+        # vLLM labels every engine step's tokens with this version (per-token truth, see generate).
+        await self._llm.update_weight_version(str(self._weight_version))
         await self._warm_up()
         self._info = {
             "model": self.model_path,
@@ -247,20 +251,23 @@ class VLLMEngine:
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
         logprobs = _sampled_logprobs(completion.logprobs, token_ids) if request.logprobs else []
-        finish = completion.finish_reason or "abort"
-        if finish not in ("stop", "length", "abort"):
-            finish = "stop"
+        finish = engine_finish_reason(completion.finish_reason)
+        if finish == "error":
+            logger.warning("request %s ended with vLLM's retryable 'error' finish reason", request.request_id)
+        token_versions = _token_versions(completion.weight_versions, len(token_ids), version)
         self._prompt_tokens += len(request.prompt_token_ids)
+        self._prefix_cache_hit_tokens += int(final.num_cached_tokens or 0)
         self._generation_tokens += len(token_ids)
         self._finished_requests += 1
         return GenerationResult(
             request_id=request.request_id,
             output_token_ids=token_ids,
             logprobs=logprobs,
-            finish_reason=finish,  # type: ignore[arg-type]
-            weight_version=version,
+            finish_reason=finish,
+            weight_version=token_versions[-1] if token_versions else version,
             text=completion.text,
             num_prompt_tokens=len(request.prompt_token_ids),
+            token_versions=token_versions,
         )
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -287,11 +294,18 @@ class VLLMEngine:
     # -- weights -------------------------------------------------------------------
 
     async def update_weights(self, weights: dict[str, Any] | bytes, version: int) -> float:
-        """Load new weights in place (no restart), reset the prefix cache, record ``version``.
+        """Load new weights in place (no restart), drop every KV block of the old weights, record ``version``.
 
         ``weights`` is a name→tensor dict in HF checkpoint naming, or safetensors bytes.
         Callers pause first when no request may see a mix of old and new weights.
         Returns the seconds spent.
+
+        No prefix computed under old weights is reused, in any pause mode: the prefix cache
+        is reset with ``reset_running_requests=True``, which also preempts requests frozen
+        by ``pause("keep")`` (vLLM's plain reset silently does nothing while they hold
+        blocks); they keep their tokens and recompute their KV under the new weights on
+        resume. vLLM's own weight-version label is set before resume, so every token
+        sampled afterwards is tagged ``version`` (``GenerationResult.token_versions``).
         """
         llm = self._require_started()
         if version < self._weight_version:
@@ -301,7 +315,12 @@ class VLLMEngine:
         start = time.perf_counter()
         payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
         await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
-        await llm.reset_prefix_cache()
+        await llm.update_weight_version(str(version))
+        if not await llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError(
+                f"vLLM could not reset its prefix cache after the update to version {version}; "
+                "KV computed under the old weights would be reused"
+            )
         self._weight_version = version
         return time.perf_counter() - start
 
@@ -317,6 +336,7 @@ class VLLMEngine:
             "kv_cache_usage": self._snapshot.kv_cache_usage,
             "in_flight": len(self._in_flight),
             "prompt_tokens": self._prompt_tokens,
+            "prefix_cache_hit_tokens": self._prefix_cache_hit_tokens,
             "generation_tokens": self._generation_tokens,
             "finished_requests": self._finished_requests,
             "weight_version": self._weight_version,
@@ -335,6 +355,37 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
         entry = entries[position]
         values.append(float(entry[token_id].logprob))
     return values
+
+
+def engine_finish_reason(raw: Any) -> FinishReason:
+    """vLLM's finish reason in our vocabulary: ``error`` (retryable engine fault) stays ``error``.
+
+    ``repetition`` (vLLM's hallucination guard) ended a complete-looking reply: ``stop``;
+    None (no final output) is ``abort``.
+    """
+    if raw is None:
+        return "abort"
+    reason = str(raw)
+    if reason in ("stop", "length", "abort", "error"):
+        return reason  # type: ignore[return-value]
+    return "stop"
+
+
+def _token_versions(spans: Any, num_tokens: int, fallback: int) -> list[int]:
+    """One weight version per output token from vLLM's ``WeightVersionSpan`` list (``[start, end)`` → label).
+
+    vLLM labels each engine step's tokens with the version set by ``update_weight_version``
+    (which changes only while generation is paused). Tokens without a label get ``fallback``.
+    """
+    versions = [fallback] * num_tokens
+    for span in spans or ():
+        try:
+            label = int(span.version)
+        except (TypeError, ValueError):
+            continue
+        for index in range(max(0, span.start), min(num_tokens, span.end)):
+            versions[index] = label
+    return versions
 
 
 def _to_safetensors_bytes(weights: dict[str, Any]) -> bytes:

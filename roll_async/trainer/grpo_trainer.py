@@ -6,6 +6,11 @@ whole rollout batch, each accumulating gradients over micro-batches of
 ``micro_batch_size`` trajectories; the loss formula and the meaning of the
 three log-probabilities are in :mod:`roll_async.trainer.losses`.
 
+``trainer.max_token_lag`` (off by default) drops from the loss every token
+whose weight version (``TrajectoryBatch.token_versions``) lags the batch's
+``policy_version`` by more than the bound; the loss is averaged over the tokens
+kept, and ``train/token_lag/masked_fraction`` reports the share dropped.
+
 Dropout is switched off: the PPO ratio and the importance weights compare the
 same policy across passes, which random masks would break.
 """
@@ -24,6 +29,7 @@ import torch
 
 from roll_async.batching import TrajectoryBatch
 from roll_async.config import ConfigError, TrainerConfig
+from roll_async.metrics import TRAIN_TOKEN_LAG_MASKED_FRACTION, TRAIN_TOKEN_LAG_MAX
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.base import NonFiniteLossError
 from roll_async.trainer.checkpoint import (
@@ -160,7 +166,7 @@ class GRPOTrainer:
             cfg.advantage_estimator,
             normalize_std=cfg.normalize_advantage_std,
         )
-        normalizer = LossNormalizer.for_mask(_scored_mask(batch.response_mask))
+        normalizer = LossNormalizer.for_mask(self._loss_mask(batch))
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         proximal: torch.Tensor | None = None
         epochs: list[GradientStats] = []
@@ -203,7 +209,7 @@ class GRPOTrainer:
         cfg = self.config
         batch = batch.to(self.device)
         advantages = advantages.to(self.device)
-        scored = _scored_mask(batch.response_mask)
+        scored = self._loss_mask(batch)
         normalizer = normalizer or LossNormalizer.for_mask(scored)
         size = len(batch)
         # Every behaviour logprob exactly 0 means the engine returned none (logprobs off): no TIS then.
@@ -284,6 +290,14 @@ class GRPOTrainer:
             logprobs=all_logprobs,
         )
 
+    def _loss_mask(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """Scored response tokens, less those sampled more than ``max_token_lag`` versions before the policy's."""
+        mask = _scored_mask(batch.response_mask)
+        lag = token_lag(batch)
+        if lag is not None and self.config.max_token_lag >= 0:
+            mask &= ~(lag > self.config.max_token_lag)
+        return mask
+
     @torch.no_grad()
     def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """Current per-token log-probs of ``batch`` ([batch, seq], 0 off the response), micro-batched.
@@ -319,7 +333,8 @@ class GRPOTrainer:
             return sum(values) / len(values)
 
         rewards = batch.rewards.float()
-        first = epochs[0]  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
+        first = epochs[0]
+        lag_metrics = self._token_lag_metrics(batch)  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
         metrics = {
             "train/loss": mean([e.loss for e in epochs]),
             "train/pg_loss": mean([e.pg_loss for e in epochs]),
@@ -338,7 +353,20 @@ class GRPOTrainer:
         }
         if self.ref_model is not None:
             metrics["train/kl"] = mean([e.kl for e in epochs])
+        metrics.update(lag_metrics)
         return metrics
+
+    def _token_lag_metrics(self, batch: TrajectoryBatch) -> dict[str, float]:
+        lag = token_lag(batch)
+        if lag is None:
+            return {}
+        response = _scored_mask(batch.response_mask)
+        known = response & (lag >= 0)
+        masked = response & ~self._loss_mask(batch)
+        return {
+            TRAIN_TOKEN_LAG_MASKED_FRACTION: float(masked.sum()) / max(int(response.sum()), 1),
+            TRAIN_TOKEN_LAG_MAX: float(lag[known].max()) if bool(known.any()) else 0.0,
+        }
 
     # -- weights and checkpoints ------------------------------------------------------
 
@@ -374,6 +402,17 @@ class GRPOTrainer:
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
         return extra_state
+
+
+def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:
+    """``policy_version - token_version`` per token ([batch, seq]; -1 where the version is unknown).
+
+    None when the batch lacks per-token versions or the policy version (hand-built batches).
+    """
+    if batch.token_versions is None or batch.policy_version is None:
+        return None
+    versions = batch.token_versions.to(batch.response_mask.device)
+    return torch.where(versions >= 0, (batch.policy_version - versions).clamp(min=0), torch.full_like(versions, -1))
 
 
 def _scored_mask(response_mask: torch.Tensor) -> torch.Tensor:

@@ -35,9 +35,11 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def prompt(tokenizer) -> list[int]:
+    """A second-turn prompt: the engine and the trainer score with a multi-turn prefix."""
     messages = [
-        {"role": "system", "content": "You are an agent. Reply with your action inside <answer></answer>."},
-        {"role": "user", "content": "Move the box onto the target.\n#####\n#P_O#\n#__X#\n#####"},
+        {"role": "user", "content": "Walk to the goal.\n_G_\n__P"},
+        {"role": "assistant", "content": "<answer>Up</answer>"},
+        {"role": "user", "content": "_G_\n_P_\n___"},
     ]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 

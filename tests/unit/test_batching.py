@@ -69,3 +69,19 @@ def test_to_moves_tensors_and_keeps_identifiers():
     a = trajectory(0, [1, 2], [0, 1], [0.0, -1.0], 1.0)
     moved = collate_trajectories([a], pad_token_id=0).to("cpu")
     assert moved.traj_ids == ["t-0"] and moved.input_ids.device.type == "cpu"
+
+
+def test_token_versions_policy_version_and_sampling_travel_with_the_batch():
+    from roll_async.sampling import SamplingSettings
+
+    a = trajectory(0, [11, 12, 13, 14], [0, 0, 1, 1], [0.0, 0.0, -0.1, -0.2], 1.0)
+    a.token_versions = [-1, -1, 3, 4]
+    b = trajectory(0, [21, 22], [0, 1], [0.0, -0.3], 0.0)  # recorded no versions: unknown (-1)
+    settings = SamplingSettings(0.7, 0.9, -1)
+    batch = collate_trajectories([a, b], pad_token_id=0, sampling=settings, policy_version=5)
+    assert batch.token_versions.tolist() == [[-1, -1, 3, 4], [-1, -1, -1, -1]]
+    moved = batch.to("cpu")
+    assert moved.policy_version == 5 and moved.sampling == settings and moved.token_versions is not None
+    a.token_versions = [3]
+    with pytest.raises(ValueError, match="token_versions"):
+        collate_trajectories([a], pad_token_id=0)

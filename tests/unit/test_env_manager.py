@@ -227,8 +227,13 @@ async def test_a_failed_engine_request_is_retried(tokenizer, answer_ids):
     assert scheduler.managers[0].stats.engine_retries == 2
 
 
-async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_turn_and_request(tokenizer):
-    engine = FakeEngine(fail_requests=1000)
+@pytest.mark.parametrize(
+    "failure, cause",
+    [({"fail_requests": 1000}, "FakeEngineError"), ({"error_requests": 1000}, "finish reason 'error'")],
+    ids=["raises", "error_finish"],
+)
+async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_turn_and_request(tokenizer, failure, cause):
+    engine = FakeEngine(**failure)
     config = make_config(generation=GenerationConfig(max_retries=1, retry_backoff_s=0.001))
     scheduler = local(config, engine, tokenizer)
     try:
@@ -239,9 +244,11 @@ async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_tur
     message = str(caught.value)
     assert re.search(r"engine request train-\w+-count-g0-e0-env0-t0-r\d+ failed", message)
     assert "env 0" in message and "turn 0" in message and "after 2 attempts" in message
+    assert cause in message
 
 
-async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
+async def update_mid_turn(tokenizer, pause_mode: str):
+    """One 12-token turn with a weight update (version 0 -> 1) in pause mode ``pause_mode`` in the middle."""
     engine = FakeEngine(lambda r: [7] * r.max_tokens, token_latency_s=0.01)
     config = make_config(env_config={"episode_length": 1}, max_tokens_per_step=12)
     scheduler = local(config, engine, tokenizer)
@@ -250,13 +257,18 @@ async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
         while not engine.requests:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.045)
-        await engine.pause("abort")  # as for a weight update
+        await engine.pause(pause_mode)  # as for a weight update
         await asyncio.sleep(0.03)
         await engine.update_weights(None, version=1)
         await engine.resume()
         (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
     finally:
         await scheduler.shutdown()
+    return engine, trajectory
+
+
+async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
+    engine, trajectory = await update_mid_turn(tokenizer, "abort")
     first, second = engine.requests
     partial = second.prompt_token_ids[len(first.prompt_token_ids) :]
     assert 0 < len(partial) < 12 and partial == [7] * len(partial)
@@ -391,3 +403,34 @@ async def test_a_template_with_an_unknown_field_fails_with_the_key_named(tokeniz
             await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
     finally:
         await scheduler.shutdown()
+
+
+async def test_a_keep_mode_update_mid_turn_gives_one_turn_two_versions_per_token(tokenizer):
+    # keep: the request freezes, keeps its tokens, and continues on the new weights
+    engine, trajectory = await update_mid_turn(tokenizer, "keep")
+    assert len(engine.requests) == 1, "keep mode continues the same request"
+    (turn,) = trajectory.turns
+    assert len(trajectory.token_versions) == len(trajectory.token_ids)
+    generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if m]
+    not_generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if not m]
+    old, new = generated.count(0), generated.count(1)
+    assert old > 0 and new > 0 and generated == [0] * old + [1] * new
+    assert set(not_generated) == {-1}
+    assert turn.weight_versions == [0, 1] and turn.weight_version == 1 and turn.resumed_generations == 0
+    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (0, 1)
+
+
+async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_on(tokenizer, answer_ids):
+    engine = FakeEngine(lambda r: answer_ids, error_requests=1)
+    config = make_config(env_config={"episode_length": 1}, generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001))
+    scheduler = local(config, engine, tokenizer)
+    try:
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+    finally:
+        await scheduler.shutdown()
+    errored, retried = engine.requests[:2]
+    assert retried.prompt_token_ids == errored.prompt_token_ids, "the errored piece must not enter the context"
+    generated = [t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m]
+    assert generated == answer_ids and trajectory.turns[0].finish_reason == "stop"
+    assert scheduler.managers[0].stats.engine_retries == 1
+

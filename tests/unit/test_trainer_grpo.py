@@ -233,3 +233,32 @@ def test_batch_sampling_settings_shape_the_trained_distribution(tiny_model_path,
     mismatched = dataclasses.replace(behaviour, sampling=SamplingSettings())
     fresh = GRPOTrainer(config(), tiny_model_path)
     assert abs(fresh.train_step(mismatched, step=0)["train/importance_ratio/mean"] - 1.0) > 0.01
+
+
+def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
+    """Tokens sampled more than max_token_lag versions ago contribute nothing; the share is reported."""
+    import dataclasses
+
+    trainer = GRPOTrainer(config(max_token_lag=1), tiny_model_path)
+    versions = torch.where(batch.response_mask.bool(), 2, -1)
+    versions[0] = torch.where(batch.response_mask[0].bool(), 0, -1)  # row 0 lags the policy (version 2) by 2
+    versioned = dataclasses.replace(batch, token_versions=versions, policy_version=2)
+    advantages = compute_advantages(batch.rewards, batch.group_index)
+    masked = trainer.accumulate_gradients(versioned, advantages)
+    g_masked = grads(trainer)
+    trainer.model.zero_grad(set_to_none=True)
+    without_row0 = batch.response_mask.clone()
+    without_row0[0] = 0
+    reference = trainer.accumulate_gradients(dataclasses.replace(batch, response_mask=without_row0), advantages)
+    g_reference = grads(trainer)
+    trainer.model.zero_grad(set_to_none=True)
+    assert masked.num_tokens == reference.num_tokens < int(batch.response_mask[:, 1:].sum())
+    for name in g_reference:
+        assert torch.allclose(g_masked[name], g_reference[name], atol=1e-7, rtol=1e-5), name
+
+    metrics = trainer.train_step(versioned, step=0)
+    row0 = int(batch.response_mask[0, 1:].sum())
+    assert metrics["train/token_lag/masked_fraction"] == pytest.approx(row0 / int(batch.response_mask[:, 1:].sum()))
+    assert metrics["train/token_lag/max"] == 2.0
+    off = GRPOTrainer(config(), tiny_model_path).train_step(versioned, step=0)
+    assert off["train/token_lag/masked_fraction"] == 0.0  # default: off, lag still reported
