@@ -177,6 +177,7 @@ async def test_weight_sync_in_each_pause_mode_changes_outputs_without_stale_pref
     after = await _greedy(actor, probe)
     await asyncio.wait_for(in_flight, timeout=600)
     assert after.output_token_ids != before.output_token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    assert after.token_versions == [version] * len(after.output_token_ids)
     expected = score_generated_tokens(trainer.model, probe, after.output_token_ids)
     gap = max(abs(a - b) for a, b in zip(after.logprobs, expected))
     assert gap <= LOGPROB_TOLERANCE, f"{name}/{mode}: engine logprobs after the sync differ from the trainer's by {gap}"
