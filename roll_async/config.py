@@ -30,6 +30,10 @@ class ModelConfig:
     #: Local HF model directory or hub id; None means the offline tiny model (built on first use).
     path: str | None = None
     trust_remote_code: bool = False
+    #: A Jinja chat template file that replaces the tokenizer's own (for templates that cannot be used as shipped).
+    chat_template: str | None = None
+    #: Extra variables for every chat-template render, e.g. {enable_thinking: false} for Qwen3.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
