@@ -138,6 +138,7 @@ class RolloutScheduler:
         self.start_step = start_step
         self.initial_seed_state = seed_state
         self.last_metrics: dict[str, float] = {}
+        self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
         self._workers: list[Any] = []
         self._run_futures: list[asyncio.Future] = []
@@ -189,6 +190,7 @@ class RolloutScheduler:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
         self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        self.last_unserved = served.unserved  # episodes of this window not served: (fate, trajectory)
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
