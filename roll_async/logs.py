@@ -56,17 +56,17 @@ class _ConsoleFilter(logging.Filter):
 
 
 def _route_library_loggers() -> None:
-    for name in _SELF_HANDLING_LOGGERS:
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        logger.propagate = True
-    try:  # transformers' weight-loading progress bars are not ours to show
+    try:  # transformers' weight-loading progress bars are not ours to show (importing it adds its handler: first)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     except Exception:
         pass
+    for name in _SELF_HANDLING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def configure_console(level: str | int = "INFO") -> None:
