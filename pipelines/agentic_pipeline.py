@@ -30,7 +30,7 @@ from roll_async import metrics as m
 from roll_async.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.batching import collate_trajectories
 from roll_async.config import ConfigError, PipelineConfig
-from roll_async.logs import attach_run_logs
+from roll_async.logs import attach_run_logs, configure_console
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
 from roll_async.run_dir import RunDirectory
@@ -220,6 +220,7 @@ class AgenticPipeline:
         from roll_async.trainer import NonFiniteLossError
 
         config = self.config
+        configure_console(config.logging.level)
         if config.replay.from_dir:
             self.replay_steps = saved_steps(config.replay.from_dir)
         sft_metrics = await self.interrupt.race(asyncio.to_thread(self._prepare_trainer))

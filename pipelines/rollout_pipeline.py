@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipelines.console import format_rollout_line
 from roll_async.config import PipelineConfig
-from roll_async.logs import attach_run_logs
+from roll_async.logs import attach_run_logs, configure_console
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
@@ -28,6 +28,7 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
     from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
+    configure_console(config.logging.level)
     model_path, tokenizer = preflight(config)  # every config/env/model mistake fails here, before any actor
     run_dir = RunDirectory.create(config.output_dir, "rollout")
     run_dir.write_config(config)

@@ -171,9 +171,9 @@ class LoggingConfig:
     wandb_project: str = "roll-async"
     #: Write trajectories.jsonl (with decoded text) in the run directory.
     save_trajectories: bool = True
-    #: Console level of roll-async's own messages; vLLM, Ray and transformers reach the console only at ERROR
-    #: (everything goes to RUN_DIR/logs/, see roll_async.logs).
-    level: str = "INFO"
+    #: Console level of roll-async's own messages (INFO adds start-up lines); vLLM, Ray and transformers reach
+    #: the console only at ERROR. Everything at INFO and above goes to RUN_DIR/logs/ (roll_async.logs).
+    level: str = "WARNING"
     #: Write each step's collated training batch to RUN_DIR/batches/ (replay it with replay.from=RUN_DIR).
     save_batches: bool = False
 

@@ -55,6 +55,18 @@ class _ConsoleFilter(logging.Filter):
         return record.levelno >= (self.level if own else logging.ERROR)
 
 
+class _ProgressBarSafeHandler(logging.StreamHandler):
+    """Writes through tqdm so a log line never breaks the progress bar (tqdm clears and redraws it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 def _route_library_loggers() -> None:
     try:  # transformers' weight-loading progress bars are not ours to show (importing it adds its handler: first)
         from transformers.utils import logging as hf_logging
@@ -75,7 +87,7 @@ def configure_console(level: str | int = "INFO") -> None:
     for handler in list(root.handlers):
         if getattr(handler, "_roll_async_console", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _ProgressBarSafeHandler(sys.stderr)
     handler._roll_async_console = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter(_FORMAT))
     handler.addFilter(_ConsoleFilter(_level(level)))
@@ -84,7 +96,7 @@ def configure_console(level: str | int = "INFO") -> None:
     _route_library_loggers()
 
 
-def attach_run_logs(run_root: str | Path, level: str | int = "INFO") -> Path:
+def attach_run_logs(run_root: str | Path, level: str | int = "WARNING") -> Path:
     """Console at ``level`` plus ``RUN_DIR/logs/driver.log`` (INFO and above of every logger); returns the logs dir."""
     log_dir = Path(run_root) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,10 @@ quota full, sync pause), ``reset`` (env build and reset), ``generate``
 (coloured by weight version), ``env_step``; under them a thin ``queued`` lane
 from an episode's end until its batch left the scheduler.
 
-A straggler is an episode that took at least twice the median episode
-duration of the run (and at least one second longer than it): the ones a
-per-turn or per-batch barrier would wait for.
+A straggler is an episode that took at least twice the median duration of
+the episodes created for the same step (and at least one second longer): the
+ones a per-batch barrier would wait for. A "trainer" row above the envs shows
+each train step (``timestamp/train_{start,end}`` in metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class ReportData:
     t0: float = 0.0
     median_episode_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    train_spans: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +81,7 @@ class ReportData:
             "t0": self.t0,
             "median_episode_s": self.median_episode_s,
             "counts": self.counts,
+            "train_spans": self.train_spans,
         }
 
 
@@ -149,7 +152,12 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
 
 
 def _segments(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The decoded conversation split into prompt/env text and generated turns (each turn's action_text located in order)."""
+    """The decoded conversation split into context and generated turns.
+
+    Each turn's ``action_text`` is located from the end backwards (turn k is the last occurrence before turn
+    k+1): the system prompt before the first turn often quotes the answer format, the observation after a turn
+    rarely repeats a whole reply.
+    """
     text = record.get("text")
     turns = record.get("turns") or []
     if not isinstance(text, str):
@@ -159,17 +167,22 @@ def _segments(record: dict[str, Any]) -> list[dict[str, Any]]:
             if turn.get("observation"):
                 segments.append({"kind": "context", "text": turn["observation"]})
         return segments
-    segments = []
-    cursor = 0
-    for turn in turns:
+    found: list[tuple[int, int, Any]] = []
+    limit = len(text)
+    for turn in reversed(turns):
         action = turn.get("action_text") or ""
-        at = text.find(action, cursor) if action else -1
+        at = text.rfind(action, 0, limit) if action else -1
         if at < 0:
             continue
-        if at > cursor:
-            segments.append({"kind": "context", "text": text[cursor:at]})
-        segments.append({"kind": "generated", "text": action, "turn": turn.get("turn")})
-        cursor = at + len(action)
+        found.append((at, at + len(action), turn.get("turn")))
+        limit = at
+    segments = []
+    cursor = 0
+    for start, end, turn_index in reversed(found):
+        if start > cursor:
+            segments.append({"kind": "context", "text": text[cursor:start]})
+        segments.append({"kind": "generated", "text": text[start:end], "turn": turn_index})
+        cursor = end
     if cursor < len(text):
         segments.append({"kind": "context", "text": text[cursor:]})
     return _cut_long(segments)
@@ -221,16 +234,26 @@ def _browser_entry(record: dict[str, Any], fate: str) -> dict[str, Any]:
 
 
 def _mark_stragglers(episodes: list[dict[str, Any]]) -> float:
-    durations = [e["end"] - e["start"] for e in episodes if e["start"] is not None and e["end"] is not None]
-    if not durations:
-        return 0.0
-    median = statistics.median(durations)
-    for episode in episodes:
-        if episode["start"] is None or episode["end"] is None:
-            continue
-        duration = episode["end"] - episode["start"]
-        episode["straggler"] = duration >= STRAGGLER_FACTOR * median and duration - median >= 1.0
-    return median
+    """Mark stragglers per created step (steps differ: load, policy); returns the median episode time of the run."""
+    timed = [e for e in episodes if e["start"] is not None and e["end"] is not None]
+    by_step: dict[Any, list[dict[str, Any]]] = {}
+    for episode in timed:
+        by_step.setdefault(episode["created_step"], []).append(episode)
+    for group in by_step.values():
+        median = statistics.median(e["end"] - e["start"] for e in group)
+        for episode in group:
+            duration = episode["end"] - episode["start"]
+            episode["straggler"] = duration >= STRAGGLER_FACTOR * median and duration - median >= 1.0
+    return statistics.median(e["end"] - e["start"] for e in timed) if timed else 0.0
+
+
+def _train_spans(metrics: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+    spans = []
+    for record in metrics:
+        start, end = record.get("timestamp/train_start"), record.get("timestamp/train_end")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end >= start:
+            spans.append({"step": record.get("step"), "start": _rel(start, t0), "end": _rel(end, t0)})
+    return spans
 
 
 def _curves(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -299,4 +322,5 @@ def load_report_data(run_dir: str | Path) -> ReportData:
         t0=t0,
         median_episode_s=median,
         counts=counts,
+        train_spans=_train_spans(metrics, t0),
     )

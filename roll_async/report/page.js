@@ -4,7 +4,7 @@
   var SVG_NS = "http://www.w3.org/2000/svg";
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var VERSION_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#e15759", "#bab0ac", "#ff9da7"];
-  var COLORS = { waiting: "#e9ecf1", reset: "#c9ced8", env_step: "#3b4252", queued: "#9aa5b8", env_error: "#d62728", dropped: "#ff7f0e", straggler: "#8e24aa" };
+  var COLORS = { waiting: "#e9ecf1", reset: "#c9ced8", env_step: "#3b4252", queued: "#9aa5b8", env_error: "#d62728", dropped: "#ff7f0e", straggler: "#8e24aa", trainer: "#c0504d" };
 
   function versionColor(v) {
     if (v === null || v === undefined || v < 0) { return "#888888"; }
@@ -49,6 +49,7 @@
     envIds.forEach(function (id, i) { rowIndex[id] = i; });
     var tMax = 0;
     var versions = {};
+    data.train_spans.forEach(function (s) { if (s.end > tMax) { tMax = s.end; } });
     episodes.forEach(function (e) {
       [e.end, e.served].forEach(function (t) { if (t !== null && t > tMax) { tMax = t; } });
       e.turns.forEach(function (t) { if (t.v !== null && t.v !== undefined) { versions[t.v] = true; } });
@@ -56,7 +57,9 @@
     if (tMax <= 0) { tMax = 1; }
     var longest = 0;
     envIds.forEach(function (id) { longest = Math.max(longest, ("env " + id + " " + (data.env_tags[String(id)] || "")).length); });
-    var labelW = 16 + 7 * longest, rowH = envIds.length > 48 ? 10 : 14, lane = 3, gap = envIds.length > 48 ? 3 : 5, top = 26;
+    var labelW = 16 + 7 * longest, rowH = envIds.length > 48 ? 10 : 14, lane = 3, gap = envIds.length > 48 ? 3 : 5;
+    var trainerRow = data.train_spans.length > 0, axisY = 16, trainerY = 24;
+    var top = trainerY + (trainerRow ? rowH + 8 : 2);
     var box = document.getElementById("timeline-box");
     var width = Math.max(900, (box.clientWidth || 1200) - 4);
     var plotW = width - labelW - 20;
@@ -71,8 +74,16 @@
     var axis = svg("g", { "class": "axis" }, root);
     var step = niceStep(tMax / 10);
     for (var t = 0; t <= tMax + 1e-9; t += step) {
-      svg("line", { x1: x(t), x2: x(t), y1: top - 4, y2: height, "class": "grid" }, axis);
-      svg("text", { x: x(t), y: top - 8, "text-anchor": "middle" }, axis).textContent = fmt(t, step < 1 ? 1 : 0) + "s";
+      svg("line", { x1: x(t), x2: x(t), y1: axisY + 4, y2: height, "class": "grid" }, axis);
+      svg("text", { x: x(t), y: axisY, "text-anchor": "middle" }, axis).textContent = fmt(t, step < 1 ? 1 : 0) + "s";
+    }
+    if (trainerRow) {
+      var tg = svg("g", { "class": "trainer-row" }, root);
+      svg("text", { x: 4, y: trainerY + rowH - 1 }, tg).textContent = "trainer";
+      data.train_spans.forEach(function (s) {
+        var r = svg("rect", { x: x(s.start), y: trainerY, width: Math.max(1, x(s.end) - x(s.start)), height: rowH, fill: COLORS.trainer, "class": "span-train" }, tg);
+        title(r, "train step " + s.step + ": " + fmt(s.end - s.start) + " s");
+      });
     }
     var rows = {};
     envIds.forEach(function (id) {
@@ -129,11 +140,12 @@
       return i;
     }
     Object.keys(versions).map(Number).sort(function (a, b) { return a - b; }).forEach(function (v) { item(versionColor(v), "generate, weight version " + v); });
+    if (data.train_spans.length) { item(COLORS.trainer, "train step (trainer row)"); }
     item(COLORS.env_step, "env step");
     item(COLORS.reset, "env build/reset");
     item(COLORS.waiting, "waiting for an episode");
     item(COLORS.queued, "queued for the trainer");
-    item("none", "straggler (≥ 2× median episode time)", COLORS.straggler);
+    item("none", "straggler (≥ 2× the median episode time of its step)", COLORS.straggler);
     item("none", "env error", COLORS.env_error);
     item("none", "dropped (stale, filtered, late)", COLORS.dropped);
   }

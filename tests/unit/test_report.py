@@ -95,3 +95,16 @@ def test_text_that_looks_like_html_cannot_break_the_page(tmp_path):
     run.append_trajectories([trajectory], served_step=0)
     page = write_report(run.root).read_text()
     assert page.count("</script>") == 2  # the data script and the page script; the text is escaped
+
+
+def test_generated_text_is_found_after_a_prompt_that_quotes_it():
+    from roll_async.report.data import _segments
+
+    record = {
+        "text": "system: reply inside <answer></answer>\nuser: grid\nassistant: <answer>\nuser: invalid\nassistant: <answer>Up</answer>",
+        "turns": [{"turn": 0, "action_text": "<answer>"}, {"turn": 1, "action_text": "<answer>Up</answer>"}],
+    }
+    generated = [(s["turn"], s["text"]) for s in _segments(record) if s["kind"] == "generated"]
+    assert generated == [(0, "<answer>"), (1, "<answer>Up</answer>")]
+    context = "".join(s["text"] for s in _segments(record) if s["kind"] == "context")
+    assert context.startswith("system: reply inside <answer></answer>\nuser: grid\nassistant: ")
