@@ -200,7 +200,11 @@ class RolloutScheduler:
 
     async def _unless_loops_die(self, ref: Any) -> Any:
         result_future = asyncio.wrap_future(ref.future())
-        done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller gave up (e.g. Ctrl-C): its answer, error or not, is not wanted
+            result_future.cancel()
+            raise
         if result_future in done:
             try:
                 return result_future.result()
