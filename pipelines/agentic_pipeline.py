@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.console import format_train_line
-from pipelines.interrupt import InterruptFlag, RunInterrupted
+from pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async import metrics as m
 from roll_async.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.batching import collate_trajectories
@@ -231,7 +231,7 @@ class AgenticPipeline:
         if sft_metrics:
             self.tracker.log(self.start_step - 1, sft_metrics)
         progress = _progress_bar(config, self.start_step)
-        step = last_completed = last_saved = self.start_step - 1
+        last_completed = last_saved = self.start_step - 1
         interrupted: RunInterrupted | None = None
         try:
             if self.replay_steps is None:
@@ -264,7 +264,7 @@ class AgenticPipeline:
                 step_metrics["timestamp/train_end"] = time.time()
                 last_completed = step
                 if self.interrupt.is_set:
-                    raise InterruptedError(self.interrupt.signal_name)
+                    raise SignalReceived(self.interrupt.signal_name)
                 step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(self._sync_weights(step))
                 if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
                     step_metrics.update(await self.interrupt.race(self._validate(step + 1)))
@@ -287,7 +287,7 @@ class AgenticPipeline:
                         print(line, flush=True)
                 if progress is not None:
                     progress.update(1)
-        except InterruptedError:
+        except SignalReceived:
             checkpoint = await self._checkpoint_on_interrupt(last_completed, last_saved)
             interrupted = RunInterrupted(last_completed + 1, str(self.run_dir.root), checkpoint, self.interrupt.signal_name)
         finally:

@@ -25,6 +25,10 @@ T = TypeVar("T")
 EXIT_INTERRUPTED = 130
 
 
+class SignalReceived(Exception):
+    """Raised inside the pipeline where a wait was stopped by the first signal (its name is the message)."""
+
+
 @dataclass
 class RunInterrupted(Exception):
     """The run stopped on a signal; ``checkpoint`` is None when no step had completed."""
@@ -71,7 +75,7 @@ class InterruptFlag:
         return self.event.is_set()
 
     async def race(self, awaitable: Awaitable[T]) -> T:
-        """Await ``awaitable`` unless a signal comes first; then cancel it and raise ``InterruptedError``."""
+        """Await ``awaitable`` unless a signal comes first; then cancel it and raise ``SignalReceived``."""
         task = asyncio.ensure_future(awaitable)
         waiter = asyncio.ensure_future(self.event.wait())
         try:
@@ -85,4 +89,4 @@ class InterruptFlag:
             await task
         except BaseException:  # the cancelled wait's own error is not the story; the interrupt is
             pass
-        raise InterruptedError(self.signal_name)
+        raise SignalReceived(self.signal_name)

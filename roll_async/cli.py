@@ -37,7 +37,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from pipelines.agentic_pipeline import run_train
-    from pipelines.interrupt import EXIT_INTERRUPTED, RunInterrupted
+    from pipelines.interrupt import EXIT_INTERRUPTED, RunInterrupted, SignalReceived
     from roll_async.config import load_config
 
     config = load_config(args.config, args.overrides)
@@ -51,7 +51,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         else:
             print(f"{stop}; start again with: {command}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    except InterruptedError as stop:
+    except SignalReceived as stop:
         print(f"interrupted ({stop}) before the first step; nothing to keep", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     return 0

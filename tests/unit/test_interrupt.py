@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from pipelines.interrupt import EXIT_INTERRUPTED, InterruptFlag, RunInterrupted
+from pipelines.interrupt import EXIT_INTERRUPTED, InterruptFlag, RunInterrupted, SignalReceived
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -28,7 +28,7 @@ async def test_first_signal_cancels_the_wait_in_progress(signum):
 
     try:
         asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signum)
-        with pytest.raises(InterruptedError):
+        with pytest.raises(SignalReceived):
             await flag.race(long_wait())
     finally:
         flag.uninstall()
