@@ -144,7 +144,8 @@ def test_resume_continues_at_the_next_step(interrupted_run):
 def test_console_shows_step_lines_and_no_vllm_or_ray_warnings(interrupted_run):
     out, run = interrupted_run["out"], interrupted_run["run"]
     noise = [line for line in out.splitlines()
-             if re.search(r"WARNING|\(VLLMEngine|\(EnvManagerWorker|pid=\d+\)|Failed to load weights|worker\.py|raylet", line)]
+             if re.search(r"WARNING (vllm|ray)|\(VLLMEngine|\(EnvManagerWorker|\(GroupQueueActor|pid=\d+\)|Failed to load weights"
+                          r"|worker\.py|raylet|Token authentication|(WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d \[", line)]
     assert not noise, "\n".join(noise[:20])
     assert re.search(r"^step 0: reward ", out, re.M)
     worker_logs = list((run / "logs").glob("ray-worker-*.log"))
