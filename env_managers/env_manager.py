@@ -255,10 +255,11 @@ class EnvManager:
         try:
             while not self._stopping:
                 self._set_phase("waiting_for_episode")
+                requested_at = time.time()
                 spec = await self.scheduler.next_episode(self.env_id)
                 if spec is None:
                     break
-                trajectory = await self._play(spec)
+                trajectory = await self._play(spec, requested_at)
                 if trajectory is None:
                     continue
                 self._set_phase("handing_over")
@@ -267,11 +268,11 @@ class EnvManager:
             self._set_phase("stopped")
             self._discard_env()
 
-    async def _play(self, spec: EpisodeSpec) -> Trajectory | None:
+    async def _play(self, spec: EpisodeSpec, requested_at: float = 0.0) -> Trajectory | None:
         """One episode as its own task, so the scheduler can cancel it without stopping the loop."""
         self._current = spec
         self._cancel_requested = False
-        task = asyncio.create_task(self._run_episode(spec), name=f"env{self.env_id}-g{spec.group_id}-e{spec.episode_id}")
+        task = asyncio.create_task(self._run_episode(spec, requested_at), name=f"env{self.env_id}-g{spec.group_id}-e{spec.episode_id}")
         self._episode_task = task
         try:
             return await task
@@ -311,7 +312,7 @@ class EnvManager:
 
     # -- one episode -------------------------------------------------------------------
 
-    async def _run_episode(self, spec: EpisodeSpec) -> Trajectory:
+    async def _run_episode(self, spec: EpisodeSpec, requested_at: float = 0.0) -> Trajectory:
         cfg = self.settings.custom_env
         seq_len = self.settings.sequence_length
         trajectory = Trajectory(
@@ -324,6 +325,7 @@ class EnvManager:
             created_step=spec.created_step,
             started_at=time.time(),
         )
+        trajectory.episode_requested_at = requested_at or trajectory.started_at
         try:
             await self._ensure_env(spec.env_config_override)
             self._set_phase("reset")
@@ -347,7 +349,9 @@ class EnvManager:
                 stop_reason = "max_length"
                 break
             self._set_phase("generate", turn)
+            generate_started_at = time.time()
             generation = await self._generate(trajectory, turn, min(cfg.max_tokens_per_step, budget))
+            generate_finished_at = time.time()
             self._append(
                 trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs,
                 versions=generation.token_versions,
@@ -366,6 +370,8 @@ class EnvManager:
                 finish_reason=generation.finish_reason,
                 resumed_generations=generation.resumed,
                 weight_versions=list(generation.weight_versions),
+                generate_started_at=generate_started_at,
+                generate_finished_at=generate_finished_at,
             )
             trajectory.turns.append(record)
             self._note_versions(trajectory, generation.weight_versions)
@@ -376,12 +382,15 @@ class EnvManager:
 
             self._set_phase("env_step", turn)
             started = self._clock()
+            record.env_step_started_at = time.time()
             try:
                 observation, reward, terminated, truncated, info = await self._call_env("step", action_text)
             except EnvCallError as exc:
                 record.env_step_s = self._clock() - started
+                record.env_step_finished_at = time.time()
                 return self._fail(trajectory, exc)
             record.env_step_s = self._clock() - started
+            record.env_step_finished_at = time.time()
             record.observation = observation_text(observation)
             record.reward = float(reward)
             record.metrics = _numeric_metrics(info)

@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.console import format_train_line
+from pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async import metrics as m
+from roll_async.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.batching import collate_trajectories
 from roll_async.config import ConfigError, PipelineConfig
+from roll_async.logs import attach_run_logs, configure_console
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
 from roll_async.run_dir import RunDirectory
@@ -56,6 +59,10 @@ class AgenticPipeline:
         self.resumed_seed_state: dict[str, Any] | None = None
         self.run_dir: RunDirectory | None = None
         self.tracker: MetricsTracker | None = None
+        #: Set by SIGINT/SIGTERM when run(handle_signals=True); see pipelines.interrupt.
+        self.interrupt = InterruptFlag()
+        #: replay.from: step -> saved batch file; no engine, env or Ray when set.
+        self.replay_steps: dict[int, Path] | None = None
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -113,7 +120,7 @@ class AgenticPipeline:
 
         config = self.config
         self._owns_ray = not ray.is_initialized()
-        init_ray(config.ray_address, config.ray_num_cpus)
+        init_ray(config.ray_address, config.ray_num_cpus, log_dir=self.run_dir.logs if self.run_dir else None)
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
@@ -147,7 +154,7 @@ class AgenticPipeline:
 
     async def _sync_weights(self, step: int) -> float:
         """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""
-        if (step + 1) % self.config.weight_sync.interval != 0:
+        if self.replay_steps is not None or (step + 1) % self.config.weight_sync.interval != 0:
             return 0.0
         # Sync mode: the loops are suspended and nothing is in flight, so "wait" returns at once.
         # Async mode: the configured policy; aborted turns are continued by the EnvManagers.
@@ -160,7 +167,10 @@ class AgenticPipeline:
         from roll_async.trainer import checkpoint_dir, prune_checkpoints
 
         assert self.run_dir is not None
-        extra_state = {"step": step, "scheduler_seed_state": await self.train_scheduler.seed_state()}
+        seed_state = None
+        if self.train_scheduler is not None:
+            seed_state = await asyncio.wait_for(self.train_scheduler.seed_state(), timeout=30.0)
+        extra_state = {"step": step, "scheduler_seed_state": seed_state}
         path = checkpoint_dir(self.run_dir.checkpoints, step)
         await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)
         prune_checkpoints(self.run_dir.checkpoints, self.config.checkpoint.keep_last)
@@ -171,32 +181,84 @@ class AgenticPipeline:
         _, val_metrics = await self.val_scheduler.evaluate(step)
         return val_metrics
 
-    async def run(self) -> Path:
+    async def _checkpoint_on_interrupt(self, last_completed: int, last_saved: int) -> str | None:
+        """The checkpoint of the last completed step (saved now unless it already was); None before any step."""
+        from roll_async.trainer import checkpoint_dir
+
+        assert self.run_dir is not None
+        if last_completed > last_saved:
+            try:
+                await self._checkpoint(last_completed)
+            except Exception as exc:  # the scheduler may be gone (e.g. its worker got the signal too): keep the weights
+                logger.warning("checkpoint with scheduler state failed (%s); saving the trainer state alone", exc)
+                self.train_scheduler = None
+                await self._checkpoint(last_completed)
+            last_saved = last_completed
+        if last_saved < self.start_step:
+            return None
+        return str(checkpoint_dir(self.run_dir.checkpoints, last_saved))
+
+    def _replay_batch(self, step: int) -> Any:
+        assert self.replay_steps is not None
+        path = self.replay_steps.get(step)
+        if path is None:
+            return None
+        saved_step, batch = load_batch(path)
+        if saved_step != step:
+            raise ConfigError(f"replay.from: {path} holds step {saved_step}, not step {step}; the batches/ directory was edited")
+        return batch
+
+    async def run(self, handle_signals: bool = False) -> Path:
+        """Train; ``handle_signals``: the first SIGINT/SIGTERM stops at a safe point and raises RunInterrupted."""
+        if handle_signals:
+            self.interrupt.install()
+        try:
+            return await self._run()
+        finally:
+            self.interrupt.uninstall()
+
+    async def _run(self) -> Path:
         from roll_async.trainer import NonFiniteLossError
 
         config = self.config
-        sft_metrics = await asyncio.to_thread(self._prepare_trainer)
+        configure_console(config.logging.level)
+        if config.replay.from_dir:
+            self.replay_steps = saved_steps(config.replay.from_dir)
+        sft_metrics = await self.interrupt.race(asyncio.to_thread(self._prepare_trainer))
         self.run_dir = RunDirectory.create(config.output_dir, f"train-{config.mode}")
         self.run_dir.write_config(config)
+        attach_run_logs(self.run_dir.root, config.logging.level)
         self.tracker = MetricsTracker(config.logging, self.run_dir, dataclasses.asdict(config))
         if sft_metrics:
             self.tracker.log(self.start_step - 1, sft_metrics)
         progress = _progress_bar(config, self.start_step)
+        last_completed = last_saved = self.start_step - 1
+        interrupted: RunInterrupted | None = None
         try:
-            await self._start_actors()
-            last_saved = self.start_step - 1
+            if self.replay_steps is None:
+                await self.interrupt.race(self._start_actors())
             for step in range(self.start_step, config.max_steps):
                 step_start = time.perf_counter()
-                trajectories, step_metrics = await self.train_scheduler.get_batch_with_metrics(
-                    config.rollout_batch_size, step
-                )
-                step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
-                batch = collate_trajectories(
-                    trajectories,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    sampling=SamplingSettings.from_generation(config.generation),  # what train rollouts sampled with
-                    policy_version=self.version_base + step,  # the trainer's weights now (trainer.max_token_lag)
-                )
+                if self.replay_steps is not None:
+                    trajectories, step_metrics = [], {}
+                    batch = self._replay_batch(step)
+                    if batch is None:
+                        logger.warning("replay.from=%s has no batch for step %d; replay stops", config.replay.from_dir, step)
+                        break
+                else:
+                    trajectories, step_metrics = await self.interrupt.race(
+                        self.train_scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+                    )
+                    step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
+                    served_at = time.time()
+                    batch = collate_trajectories(
+                        trajectories,
+                        pad_token_id=self.tokenizer.pad_token_id,
+                        sampling=SamplingSettings.from_generation(config.generation),  # what train rollouts sampled with
+                        policy_version=self.version_base + step,  # the trainer's weights now (trainer.max_token_lag)
+                    )
+                    if config.logging.save_batches:
+                        await asyncio.to_thread(save_batch, self.run_dir.batches, step, batch, trajectories)
                 train_start = time.perf_counter()
                 step_metrics["timestamp/train_start"] = time.time()
                 try:
@@ -206,18 +268,23 @@ class AgenticPipeline:
                     raise NonFiniteLossError(exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}") from exc
                 step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
                 step_metrics["timestamp/train_end"] = time.time()
-                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self._sync_weights(step)
+                last_completed = step
+                if self.interrupt.is_set:
+                    raise SignalReceived(self.interrupt.signal_name)
+                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(self._sync_weights(step))
                 if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
-                    step_metrics.update(await self._validate(step + 1))
+                    step_metrics.update(await self.interrupt.race(self._validate(step + 1)))
                 save_every = config.checkpoint.save_interval
                 if (save_every > 0 and (step + 1) % save_every == 0) or step == config.max_steps - 1:
                     await self._checkpoint(step)
                     last_saved = step
                 step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
-                step_metrics["weight_version"] = float(await self.engines[0].get_weight_version.remote())
+                if self.engines:
+                    step_metrics["weight_version"] = float(await self.engines[0].get_weight_version.remote())
                 self.tracker.log(step, step_metrics)
-                if config.logging.save_trajectories:
-                    self.run_dir.append_trajectories(trajectories, self.tokenizer, served_step=step)
+                if config.logging.save_trajectories and trajectories:
+                    self.run_dir.append_trajectories(trajectories, self.tokenizer, served_step=step, served_at=served_at)
+                    self.run_dir.append_unserved(self.train_scheduler.last_unserved, self.tokenizer, step)
                 if config.logging.console:
                     line = format_train_line(step, step_metrics)
                     if progress is not None:
@@ -226,10 +293,15 @@ class AgenticPipeline:
                         print(line, flush=True)
                 if progress is not None:
                     progress.update(1)
+        except SignalReceived:
+            checkpoint = await self._checkpoint_on_interrupt(last_completed, last_saved)
+            interrupted = RunInterrupted(last_completed + 1, str(self.run_dir.root), checkpoint, self.interrupt.signal_name)
         finally:
             if progress is not None:
                 progress.close()
             await self.shutdown()
+        if interrupted is not None:
+            raise interrupted
         print(f"run directory: {self.run_dir.root}")
         return self.run_dir.root
 
@@ -261,4 +333,5 @@ def _progress_bar(config: PipelineConfig, start_step: int) -> Any:
 
 
 def run_train(config: PipelineConfig) -> Path:
-    return asyncio.run(AgenticPipeline(config).run())
+    """The ``roll-async train`` entry: SIGINT/SIGTERM end the run with a checkpoint (RunInterrupted)."""
+    return asyncio.run(AgenticPipeline(config).run(handle_signals=True))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipelines.console import format_rollout_line
 from roll_async.config import PipelineConfig
+from roll_async.logs import attach_run_logs, configure_console
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
@@ -27,10 +28,12 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
     from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
+    configure_console(config.logging.level)
     model_path, tokenizer = preflight(config)  # every config/env/model mistake fails here, before any actor
     run_dir = RunDirectory.create(config.output_dir, "rollout")
     run_dir.write_config(config)
-    init_ray(config.ray_address, config.ray_num_cpus)
+    attach_run_logs(run_dir.root, config.logging.level)
+    init_ray(config.ray_address, config.ray_num_cpus, log_dir=run_dir.logs)
     engines: list = []
     scheduler = None
     try:
@@ -40,9 +43,11 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
             started = time.perf_counter()
             batch, metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
             metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
+            served_at = time.time()
             run_dir.append_metrics(step, metrics)
             if config.logging.save_trajectories:
-                run_dir.append_trajectories(batch, tokenizer, served_step=step)
+                run_dir.append_trajectories(batch, tokenizer, served_step=step, served_at=served_at)
+                run_dir.append_unserved(scheduler.last_unserved, tokenizer, step)
             if config.logging.console:
                 print(format_rollout_line(step, metrics), flush=True)
             if config.mode == "sync":

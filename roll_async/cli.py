@@ -7,7 +7,6 @@ and a command never pays for vLLM or Ray unless it uses them.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 
@@ -58,9 +57,32 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from pipelines.agentic_pipeline import run_train
+    from pipelines.interrupt import EXIT_INTERRUPTED, RunInterrupted, SignalReceived
     from roll_async.config import load_config
 
-    run_train(load_config(args.config, args.overrides))
+    config = load_config(args.config, args.overrides)
+    try:
+        run_train(config)
+    except RunInterrupted as stop:
+        kept = [o for o in args.overrides if not o.startswith(("checkpoint.resume_from=", "output_dir="))]
+        command = " ".join(["roll-async train", args.config, *kept, f"output_dir={stop.run_dir}"])
+        if stop.checkpoint:
+            print(f"{stop}; resume with: {command} checkpoint.resume_from={stop.run_dir}", file=sys.stderr, flush=True)
+        else:
+            print(f"{stop}; start again with: {command}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except SignalReceived as stop:
+        print(f"interrupted ({stop}) before the first step; nothing to keep", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from roll_async.report import write_report, write_trace
+
+    print(write_report(args.run_dir))
+    if args.trace:
+        print(write_trace(args.run_dir))
     return 0
 
 
@@ -144,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. mode=async max_staleness=2")
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser("report", help="write RUN_DIR/report.html: env timeline, curves, staleness, trajectory browser")
+    p.add_argument("run_dir", help="a run directory (the output_dir of roll-async train or rollout)")
+    p.add_argument("--trace", action="store_true", help="also write RUN_DIR/trace.json (Chrome trace / Perfetto)")
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("make-env-dataset", help="write an env-config parquet (one row per env instance)")
     from roll_async.envs import dataset
 
@@ -168,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from roll_async.logs import configure_console
+
+    configure_console("INFO")  # pipelines narrow it to logging.level and add RUN_DIR/logs/ once they know the run
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
@@ -177,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"roll-async: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a Ctrl-C before a pipeline installed its own handling (e.g. during start-up)
+        print("roll-async: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -179,7 +180,21 @@ class LoggingConfig:
     wandb_project: str = "roll-async"
     #: Write trajectories.jsonl (with decoded text) in the run directory.
     save_trajectories: bool = True
-    level: str = "INFO"
+    #: Console level of roll-async's own messages (INFO adds start-up lines); vLLM, Ray and transformers reach
+    #: the console only at ERROR. Everything at INFO and above goes to RUN_DIR/logs/ (roll_async.logs).
+    level: str = "WARNING"
+    #: Write each step's collated training batch to RUN_DIR/batches/ (replay it with replay.from=RUN_DIR).
+    save_batches: bool = False
+
+
+@dataclass
+class ReplayConfig:
+    """Train on the batches a run saved (logging.save_batches) instead of rolling out: no engine, no env, no Ray.
+
+    Written ``replay.from=RUN_DIR`` (``from`` is the user-facing name of ``from_dir``).
+    """
+
+    from_dir: str | None = None
 
 
 @dataclass
@@ -211,6 +226,7 @@ class PipelineConfig:
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
     def staleness_bound(self) -> int:
@@ -241,7 +257,10 @@ def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictCon
         raise ConfigError(f"config file {str(path)!r} does not exist; pass a path to a YAML file, e.g. configs/sokoban.yaml")
     if path in seen:
         raise ConfigError(f"config 'defaults' form a cycle through {str(path)!r}; remove one of the includes")
-    raw = OmegaConf.load(path)
+    try:
+        raw = OmegaConf.load(path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error_line(path, exc)) from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     defaults = raw.pop("defaults", [])
@@ -256,6 +275,31 @@ def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictCon
     return OmegaConf.merge(merged, raw)
 
 
+def _yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:
+    """``file:line:column: YAML syntax error: problem`` (1-based, as editors count)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    return f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else "")
+
+
+def _sections_with_key(leaf: str, node: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted path in the schema whose last part is ``leaf`` (``custom_envs.<Tag>`` for env entries)."""
+    node = PipelineConfig() if node is None else node
+    found: list[str] = []
+    for f in dataclasses.fields(node):
+        path = f"{prefix}{f.name}"
+        value = getattr(node, f.name)
+        if f.name == leaf:
+            found.append(path)
+        if dataclasses.is_dataclass(value):
+            found.extend(_sections_with_key(leaf, value, path + "."))
+        elif f.name == "custom_envs":
+            found.extend(_sections_with_key(leaf, CustomEnvConfig(env_type="x"), path + ".<Tag>."))
+    return found
+
+
 def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
     full_key = getattr(exc, "full_key", None) or ""
     parts = full_key.split(".")
@@ -267,6 +311,13 @@ def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
         node = getattr(node, part, None)
     choices = _schema_keys(node)
     leaf = parts[-1]
+    elsewhere = [p for p in _sections_with_key(leaf) if p != full_key]
+    if elsewhere:
+        where = "the top level" if len(parts) == 1 else f"'{'.'.join(parts[:-1])}'"
+        return ConfigError(
+            f"unknown config key '{full_key}': '{leaf}' is not a key of {where}; it belongs in "
+            f"{' or '.join(elsewhere)}"
+        )
     return ConfigError(
         f"unknown config key '{full_key}'.{_suggest(leaf, choices)} "
         f"Valid keys here: {', '.join(choices) if choices else '(none)'}"
@@ -279,12 +330,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str]
     try:
         cfg = schema
         if path is not None:
-            cfg = OmegaConf.merge(cfg, _load_yaml_with_defaults(Path(path)))
+            cfg = OmegaConf.merge(cfg, _replay_from_alias(_load_yaml_with_defaults(Path(path))))
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise ConfigError(f"override {bad[0]!r} is not key=value; write it like mode=async")
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+            cfg = OmegaConf.merge(cfg, _replay_from_alias(OmegaConf.from_dotlist(list(overrides))))
         config: PipelineConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except ConfigKeyError as exc:
         raise _explain_unknown_key(exc) from None
@@ -294,6 +345,14 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str]
         raise ConfigError(f"config key '{key}': {msg}" if key else f"config error: {msg}") from None
     validate_config(config)
     return config
+
+
+def _replay_from_alias(raw: DictConfig) -> DictConfig:
+    """``replay.from`` (what users write) is stored as ``replay.from_dir`` (``from`` is a Python keyword)."""
+    replay = raw.get("replay") if isinstance(raw, DictConfig) else None
+    if isinstance(replay, DictConfig) and "from" in replay:
+        replay["from_dir"] = replay.pop("from")
+    return raw
 
 
 def config_to_yaml(config: PipelineConfig) -> str:
@@ -401,6 +460,11 @@ def validate_config(config: PipelineConfig) -> None:
     _validate_training(config)
     if config.num_batches < 1:
         raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
+    if config.replay.from_dir is not None and not (Path(config.replay.from_dir) / "batches").is_dir():
+        raise ConfigError(
+            f"replay.from={config.replay.from_dir!r} has no batches/ directory; replay needs a run made with "
+            "logging.save_batches=true"
+        )
 
 
 def _validate_sampling(config: PipelineConfig) -> None:

@@ -74,6 +74,11 @@ class TurnRecord:
     resumed_generations: int = 0
     #: Weight versions of every piece of this turn's generation, in order (``weight_version`` is the last).
     weight_versions: list[int] = field(default_factory=list)
+    #: Wall-clock spans of this turn (unix seconds; 0.0 when the phase did not run), for the report timeline.
+    generate_started_at: float = 0.0
+    generate_finished_at: float = 0.0
+    env_step_started_at: float = 0.0
+    env_step_finished_at: float = 0.0
 
 
 @dataclass
@@ -108,6 +113,8 @@ class Trajectory:
     started_at: float = 0.0
     finished_at: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    #: When the env asked the scheduler for this episode (unix seconds); until ``started_at`` it waited for one.
+    episode_requested_at: float = 0.0
 
     @property
     def num_turns(self) -> int:
@@ -134,6 +141,7 @@ class Trajectory:
             "newest_weight_version": self.newest_weight_version,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "episode_requested_at": self.episode_requested_at,
             "num_tokens": len(self.token_ids),
             "response_length": self.response_length,
             "metrics": self.metrics,

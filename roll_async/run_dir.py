@@ -29,6 +29,12 @@ class RunDirectory:
         self.config_path = self.root / "config.yaml"
         self.metrics_path = self.root / "metrics.jsonl"
         self.trajectories_path = self.root / "trajectories.jsonl"
+        #: Episodes that were played but not trained on (env errors, dropped or late groups), with their ``fate``.
+        self.unserved_path = self.root / "unserved_trajectories.jsonl"
+        #: Console-free logs of the driver, Ray workers and engines (roll_async.logs).
+        self.logs = self.root / "logs"
+        #: One file per training step when logging.save_batches is on (roll_async.batch_dump).
+        self.batches = self.root / "batches"
 
     @classmethod
     def create(cls, output_dir: str | None, run_name: str) -> RunDirectory:
@@ -46,15 +52,35 @@ class RunDirectory:
             f.write(json.dumps(record) + "\n")
 
     def append_trajectories(
-        self, trajectories: list[Trajectory], tokenizer: Any | None = None, served_step: int | None = None
+        self,
+        trajectories: list[Trajectory],
+        tokenizer: Any | None = None,
+        served_step: int | None = None,
+        served_at: float | None = None,
     ) -> None:
-        """One line per trajectory; ``served_step`` is the step whose batch it was in (staleness = served - created)."""
+        """One line per trajectory; ``served_step`` is the step whose batch it was in (staleness = served - created).
+
+        ``served_at`` (unix seconds) is when the batch left the scheduler: from ``finished_at`` until then the
+        trajectory was queued for the trainer.
+        """
         with self.trajectories_path.open("a") as f:
             for trajectory in trajectories:
                 text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
                 record = trajectory.to_record(decoded_text=text)
                 if served_step is not None:
                     record["served_step"] = served_step
+                if served_at is not None:
+                    record["served_at"] = served_at
+                f.write(json.dumps(record, default=_json_safe) + "\n")
+
+    def append_unserved(self, unserved: list[tuple[str, Trajectory]], tokenizer: Any | None = None, step: int | None = None) -> None:
+        """Episodes not trained on, one line each with ``fate`` (env_error, late, dropped_stale, filtered, dropped_errors)."""
+        if not unserved:
+            return
+        with self.unserved_path.open("a") as f:
+            for fate, trajectory in unserved:
+                text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
+                record = {"fate": fate, "recorded_step": step, **trajectory.to_record(decoded_text=text)}
                 f.write(json.dumps(record, default=_json_safe) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:

@@ -18,6 +18,15 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating $venv"
   "$python" -m venv "$venv"
 fi
+# Headless Chromium for the report's browser test (tests marked `browser` skip without it). Only as root
+# with apt; quiet; a no-op once /usr/bin/chromium exists. ROLL_ASYNC_NO_CHROMIUM=1 skips it.
+if [ ! -x /usr/bin/chromium ] && [ -z "${ROLL_ASYNC_NO_CHROMIUM:-}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing chromium (apt) for the report's browser test"
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+         || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
+    echo "[setup] chromium could not be installed; the browser test will be skipped" >&2
+  fi
+fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

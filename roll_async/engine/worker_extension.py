@@ -11,9 +11,54 @@ pre-packs the head's weight for the GEMM kernel (``cpu_linear``), so the engine
 would keep sampling from the *initial* output head while the input embedding
 moved on. After each reload on CPU, every LM head is processed again (idempotent
 there: it re-packs the current weight). GPU is left as vLLM does it.
+
+Reload warnings: vLLM's layerwise reload logs "<Layer>: Failed to load weights"
+for every layer that got no tensor from the reloaded checkpoint, and puts the
+layer's previous tensors back. Two layers never get one from us, by design:
+rotary embeddings (their cos/sin cache is computed, not a checkpoint entry) and,
+with tied embeddings, the ParallelLMHead (its weight is the embedding's, and is
+re-processed above). For exactly those two, the warning is expected and is
+demoted to DEBUG; the same warning for any other layer (a weight we failed to
+send) stays a warning.
 """
 
 from __future__ import annotations
+
+import logging
+
+#: vLLM's logger of the layerwise reload and its message (vllm/model_executor/model_loader/reload/layerwise.py).
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_FAILED_TO_LOAD = "%s: Failed to load weights"
+
+
+class ExpectedReloadWarningFilter(logging.Filter):
+    """Demote 'Failed to load weights' to DEBUG for layers that have no checkpoint entry by design."""
+
+    def __init__(self, tied_lm_head: bool) -> None:
+        super().__init__()
+        self.tied_lm_head = tied_lm_head
+
+    def expected(self, layer_name: str) -> bool:
+        return layer_name.endswith("RotaryEmbedding") or (self.tied_lm_head and layer_name == "ParallelLMHead")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _FAILED_TO_LOAD and record.args and self.expected(str(record.args[0])):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            logger = logging.getLogger(record.name)
+            return logger.isEnabledFor(logging.DEBUG)
+        return True
+
+
+def install_reload_warning_filter(tied_lm_head: bool) -> ExpectedReloadWarningFilter:
+    """Install the filter once on vLLM's reload logger (idempotent); returns it."""
+    logger = logging.getLogger(_RELOAD_LOGGER)
+    for existing in logger.filters:
+        if isinstance(existing, ExpectedReloadWarningFilter):
+            existing.tied_lm_head = tied_lm_head
+            return existing
+    installed = ExpectedReloadWarningFilter(tied_lm_head)
+    logger.addFilter(installed)
+    return installed
 
 
 class WeightSyncExtension:
@@ -23,11 +68,18 @@ class WeightSyncExtension:
         from safetensors.torch import load
 
         tensors = load(payload)
+        install_reload_warning_filter(_ties_word_embeddings(self.model_runner))  # type: ignore[attr-defined]
         self.model_runner.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=iter(tensors.items()), is_checkpoint_format=True
         )
         _reprocess_lm_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
         return len(tensors)
+
+
+def _ties_word_embeddings(model_runner) -> bool:
+    hf_config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
+    text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    return bool(getattr(text_config, "tie_word_embeddings", False) or getattr(hf_config, "tie_word_embeddings", False))
 
 
 def _reprocess_lm_heads(model) -> None:

@@ -111,6 +111,9 @@ logger = logging.getLogger(__name__)
 
 CancelCallback = Callable[[int, int, int], Any]
 
+#: Most unserved episodes kept between two batches (validation rounds never drain them).
+_MAX_UNSERVED_KEPT = 10_000
+
 
 class RolloutFatalError(RuntimeError):
     """The rollout cannot continue; the message carries the root cause."""
@@ -189,6 +192,9 @@ class ServedBatch:
     counters: dict[str, int] = field(default_factory=dict)
     #: Current state: stalled_envs, pending_groups, in_flight_episodes.
     gauges: dict[str, float] = field(default_factory=dict)
+    #: Episodes since the previous batch that were not served, as (fate, trajectory): env_error, late,
+    #: dropped_stale, filtered, dropped_errors. The run directory records them (unserved_trajectories.jsonl).
+    unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
     def rollout_metrics(self, engine_stats: Sequence[Mapping[str, Any]] = ()) -> dict[str, float]:
         """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics)."""
@@ -320,6 +326,8 @@ class GroupQueueManager:
         self.counters = SchedulerCounters()
         self._counters_at_last_batch = SchedulerCounters()
         self._window_start = clock()
+        #: Episodes not served (see ServedBatch.unserved); bounded so an undrained scheduler cannot grow without end.
+        self._unserved: deque[tuple[str, Trajectory]] = deque(maxlen=_MAX_UNSERVED_KEPT)
 
     # -- configuration -----------------------------------------------------------------
 
@@ -439,6 +447,7 @@ class GroupQueueManager:
         group = self._groups.get(trajectory.group_id)
         if group is None or trajectory.episode_id not in group.in_flight:
             self.counters.late_trajectories += 1
+            self._unserved.append(("late", trajectory))
             return
         del group.in_flight[trajectory.episode_id]
         if trajectory.stop_reason == "env_error":
@@ -456,6 +465,7 @@ class GroupQueueManager:
 
     def _on_env_error(self, group: _Group, trajectory: Trajectory) -> None:
         self.counters.env_errors += 1
+        self._unserved.append(("env_error", trajectory))
         group.env_errors += 1
         self._consecutive_env_errors += 1
         self._last_env_error = (
@@ -471,7 +481,7 @@ class GroupQueueManager:
         if group.env_errors > self.max_errors_per_group:
             if self.auto_create:
                 self.counters.dropped_error_groups += 1
-                self._drop(group)
+                self._drop(group, fate="dropped_errors")
             else:  # a fixed round must terminate: the error is this episode's result
                 group.trajectories.append(trajectory)
                 if len(group.trajectories) >= group.needed:
@@ -490,7 +500,7 @@ class GroupQueueManager:
             return
         self._filter_drops_this_batch += 1
         self.counters.filtered_groups += 1
-        self._drop(group)
+        self._drop(group, fate="filtered")
 
     def _cancel_seats(self, group: _Group) -> None:
         for episode_id, env_id in list(group.in_flight.items()):
@@ -509,7 +519,8 @@ class GroupQueueManager:
         if seats:
             self._seats_changed.notify()
 
-    def _drop(self, group: _Group) -> None:
+    def _drop(self, group: _Group, fate: str = "dropped") -> None:
+        self._unserved.extend((fate, t) for t in group.trajectories)
         self._cancel_seats(group)
         self._pending[group.tag].remove(group)
         self._groups.pop(group.group_id, None)
@@ -542,7 +553,7 @@ class GroupQueueManager:
             for group in list(self._pending[tag]):
                 if step - group.created_step > self.staleness_bound:
                     self.counters.dropped_stale_groups += 1
-                    self._drop(group)
+                    self._drop(group, fate="dropped_stale")
         if self._suspended:
             self.resume()
 
@@ -571,7 +582,7 @@ class GroupQueueManager:
             for tag in self.tags:
                 for group in list(self._pending[tag]):
                     self.counters.dropped_stale_groups += 1
-                    self._drop(group)
+                    self._drop(group, fate="dropped_stale")
         # Events caused by serving (cancelled redundant seats, leftovers) belong to this batch.
         counters = self.counters.minus(self._counters_at_last_batch)
         self._counters_at_last_batch = SchedulerCounters(**asdict(self.counters))
@@ -585,7 +596,13 @@ class GroupQueueManager:
             window_s=window,
             counters=counters,
             gauges=self.gauges(),
+            unserved=self._take_unserved(),
         )
+
+    def _take_unserved(self) -> list[tuple[str, Trajectory]]:
+        unserved = list(self._unserved)
+        self._unserved.clear()
+        return unserved
 
     async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
         """Play each given episode once (one seat each), wait for all, return them in the given order.

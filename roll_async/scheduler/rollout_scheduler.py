@@ -138,6 +138,7 @@ class RolloutScheduler:
         self.start_step = start_step
         self.initial_seed_state = seed_state
         self.last_metrics: dict[str, float] = {}
+        self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
         self._workers: list[Any] = []
         self._run_futures: list[asyncio.Future] = []
@@ -189,6 +190,7 @@ class RolloutScheduler:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
         self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        self.last_unserved = served.unserved  # episodes of this window not served: (fate, trajectory)
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
@@ -198,7 +200,11 @@ class RolloutScheduler:
 
     async def _unless_loops_die(self, ref: Any) -> Any:
         result_future = asyncio.wrap_future(ref.future())
-        done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller gave up (e.g. Ctrl-C): its answer, error or not, is not wanted
+            result_future.cancel()
+            raise
         if result_future in done:
             try:
                 return result_future.result()

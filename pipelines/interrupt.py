@@ -1,0 +1,92 @@
+"""Ctrl-C and SIGTERM that keep the work: the first one stops the run at a safe point, a second one exits at once.
+
+The first SIGINT/SIGTERM sets :class:`InterruptFlag`. Waits that may take long
+(engine start, rollout, validation, weight sync) are raced against it with
+:meth:`InterruptFlag.race`; a train step in progress is let finish, because
+stopping it halfway would leave the weights half-updated. The pipeline then
+saves a checkpoint of the last completed step, shuts its actors down and raises
+:class:`RunInterrupted`, which the CLI prints as one line and turns into exit
+status 130. A second signal while that happens exits the process immediately
+(``os._exit``); Ray's processes share the driver's fate and go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: Exit status of a run stopped by a signal (the shell's 128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+class SignalReceived(Exception):
+    """Raised inside the pipeline where a wait was stopped by the first signal (its name is the message)."""
+
+
+@dataclass
+class RunInterrupted(Exception):
+    """The run stopped on a signal; ``checkpoint`` is None when no step had completed."""
+
+    step: int
+    run_dir: str
+    checkpoint: str | None
+    signal_name: str = "SIGINT"
+
+    def __str__(self) -> str:
+        where = f"checkpoint at {self.checkpoint}" if self.checkpoint else "no completed step to checkpoint"
+        return f"interrupted at step {self.step} ({self.signal_name}); {where}"
+
+
+class InterruptFlag:
+    """Installed on the running loop for SIGINT and SIGTERM; ``uninstall`` restores the previous handlers."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.signal_name = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self) -> InterruptFlag:
+        self._loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
+        return self
+
+    def uninstall(self) -> None:
+        if self._loop is None:
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._loop.remove_signal_handler(signum)
+        self._loop = None
+
+    def _on_signal(self, signum: int) -> None:
+        if self.event.is_set():
+            os._exit(EXIT_INTERRUPTED)  # second signal: at once, no clean-up
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+    @property
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    async def race(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` unless a signal comes first; then cancel it and raise ``SignalReceived``."""
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(self.event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except BaseException:  # the cancelled wait's own error is not the story; the interrupt is
+            pass
+        raise SignalReceived(self.signal_name)

@@ -1,0 +1,44 @@
+"""Config mistakes in one line: YAML syntax errors with file:line:column, keys in the wrong section name the right one."""
+
+from __future__ import annotations
+
+import pytest
+
+from roll_async.config import ConfigError, load_config
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("mode: sync\ntrain_env_manager:\n  tags: [a\n  group_size: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:4:")  # the parser notices the unclosed list on line 4
+    assert "YAML syntax error" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("env_step_timeout_s=5", "train_env_manager.env_step_timeout_s or val_env_manager.env_step_timeout_s"),
+        ("trainer.group_size=2", "train_env_manager.group_size or val_env_manager.group_size"),
+        ("max_tokens_per_step=8", "custom_envs.<Tag>.max_tokens_per_step"),
+        ("engine.lr=0.1", "trainer.lr"),
+    ],
+)
+def test_key_in_the_wrong_section_names_the_sections_where_it_exists(override, expected):
+    with pytest.raises(ConfigError, match="it belongs in " + expected.replace(".", r"\.").replace("<", ".").replace(">", ".")):
+        load_config("configs/frozen_lake.yaml", [override])
+
+
+def test_a_misspelt_key_still_gets_did_you_mean():
+    with pytest.raises(ConfigError, match="Did you mean 'max_steps'"):
+        load_config("configs/frozen_lake.yaml", ["max_step=3"])
+
+
+def test_replay_from_is_the_user_facing_key(tmp_path):
+    (tmp_path / "batches").mkdir()
+    config = load_config("configs/frozen_lake.yaml", [f"replay.from={tmp_path}"])
+    assert config.replay.from_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match="logging.save_batches=true"):
+        load_config("configs/frozen_lake.yaml", [f"replay.from={tmp_path / 'nothing'}"])
