@@ -203,6 +203,8 @@ class EnvManager:
         executor: Executor | None = None,
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
+        agent_gateway: Any = None,
+        agent_model_name: str = "",
     ) -> None:
         self.env_id = env_id
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
@@ -226,6 +228,9 @@ class EnvManager:
         self._stopping = False
         self._request_counter = itertools.count()
         self._background: set[asyncio.Task] = set()
+        #: Agent tags (custom_envs.<Tag>.agent): the worker's loopback chat endpoint and the model id it serves.
+        self.agent_gateway = agent_gateway
+        self.agent_model_name = agent_model_name
 
     # -- loop --------------------------------------------------------------------------
 
@@ -303,6 +308,10 @@ class EnvManager:
             created_step=spec.created_step,
             started_at=time.time(),
         )
+        if cfg.agent:
+            from env_managers.agent_session import run_agent_episode
+
+            return await run_agent_episode(self, spec, trajectory)
         try:
             await self._ensure_env(spec.env_config_override)
             self._set_phase("reset")
@@ -423,10 +432,29 @@ class EnvManager:
 
     # -- engine ------------------------------------------------------------------------
 
-    async def _generate(self, trajectory: Trajectory, turn: int, max_new_tokens: int) -> _Generation:
-        """One turn's generation: retries on failure, continues after an abort; see module docstring."""
+    async def _generate(
+        self,
+        trajectory: Trajectory,
+        turn: int,
+        max_new_tokens: int,
+        *,
+        prompt_ids: list[int] | None = None,
+        sampling: Any = None,
+    ) -> _Generation:
+        """One turn's generation: retries on failure, continues after an abort; see module docstring.
+
+        Agent sessions pass their own ``prompt_ids`` and the request's ``sampling``
+        (temperature, top_p, top_k, stop, seed; None keeps the config's); validation stays greedy.
+        """
         gen_cfg = self.settings.generation
-        prompt = list(trajectory.token_ids)
+        prompt = list(trajectory.token_ids if prompt_ids is None else prompt_ids)
+        temperature, top_p, top_k = gen_cfg.temperature, gen_cfg.top_p, gen_cfg.top_k
+        stop, seed = list(self.settings.custom_env.stop), None
+        if sampling is not None:
+            temperature = temperature if sampling.temperature is None else sampling.temperature
+            top_p = top_p if sampling.top_p is None else sampling.top_p
+            top_k = top_k if sampling.top_k is None else sampling.top_k
+            stop, seed = list(sampling.stop), sampling.seed
         token_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -438,10 +466,11 @@ class EnvManager:
                 request_id=f"{self.request_prefix}{trajectory.traj_id}-env{self.env_id}-t{turn}-r{next(self._request_counter)}",
                 prompt_token_ids=prompt + token_ids,
                 max_tokens=max_new_tokens - len(token_ids),
-                temperature=0.0 if self.settings.greedy else gen_cfg.temperature,
-                top_p=1.0 if self.settings.greedy else gen_cfg.top_p,
-                top_k=-1 if self.settings.greedy else gen_cfg.top_k,
-                stop=list(self.settings.custom_env.stop),
+                temperature=0.0 if self.settings.greedy else temperature,
+                top_p=1.0 if self.settings.greedy else top_p,
+                top_k=-1 if self.settings.greedy else top_k,
+                stop=stop,
+                seed=seed,
                 logprobs=True,
             )
             try:

@@ -37,6 +37,8 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
+#: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
+AGENT_SEGMENT_BREAKS = "rollout/agent_segment_breaks"
 EPISODE_REWARD_MEAN = "rollout/episode_reward/mean"
 EPISODE_REWARD_STD = "rollout/episode_reward/std"
 ENGINE_RUNNING = "engine/running"
@@ -171,6 +173,7 @@ def rollout_metrics(
         EPISODE_REWARD_MEAN: mean(rewards),
         EPISODE_REWARD_STD: std(rewards),
         RESUMED_GENERATIONS: float(sum(turn.resumed_generations for t in batch for turn in t.turns)),
+        AGENT_SEGMENT_BREAKS: float(sum(t.metrics.get("agent_segment_breaks", 0.0) for t in batch)),
         TIME_GENERATE_MEAN: mean(generate_s),
         TIME_GENERATE_P99: percentile(generate_s, 99),
         TIME_ENV_STEP_MEAN: mean(env_step_s),
