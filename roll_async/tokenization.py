@@ -1,4 +1,4 @@
-"""Incremental, token-exact prompt building from a chat template.
+"""Incremental, token-exact prompt building from any chat template.
 
 Token-in/token-out: a conversation's ids are built once and only ever appended
 to. The first turn goes through the chat template (system, then the user
@@ -7,52 +7,114 @@ each model turn the engine's output ids are appended exactly as returned, then
 two pieces that come from the template, never from re-tokenizing history:
 
 * the turn closure: what the template puts after an assistant message's
-  content (ChatML: ``<|im_end|>\\n``). If the model already ended on the
-  closure's first token (its EOS, e.g. ``<|im_end|>``) only the rest is
-  appended (``\\n``); if it stopped on a stop string or ran out of tokens the
-  whole closure is appended. These tokens were not generated: response_mask 0.
-* the user delta: the next user message and the generation prompt, i.e. what
-  the template adds when one more user message follows the closed assistant
-  message.
+  content when another message follows (ChatML: ``<|im_end|>\\n``). If the
+  model already ended on the closure's first token (its EOS) only the rest is
+  appended; if it stopped on a stop string or ran out of tokens the whole
+  closure is appended. These tokens were not generated: response_mask 0.
+* the continuation: the next non-assistant message(s) and the generation
+  prompt, i.e. what the template renders for one more user (or tool) turn.
 
-Both are found by rendering a short reference conversation with a sentinel
-assistant reply and taking the text differences, which works for any template
-that renders a conversation as the concatenation of its messages (ChatML,
-Llama-3, Qwen, Mistral-style). A template that rewrites earlier messages when
-a new one is added is rejected with a clear error rather than silently
-producing ids the model never saw.
+Both are found by *locating sentinel messages inside one longer render*, not
+by requiring the longer render to start with the shorter one, so templates
+that rewrite other parts of the conversation still give exact pieces:
+
+* think stripping (Qwen3): earlier assistant turns lose their ``<think>``
+  block in a fresh render. The model's own generated ids stay in the context
+  (token-in/token-out); only the closure and the next user turn come from the
+  template. ``rollout/prefix_mismatch_rate`` reports how often a fresh render
+  differs.
+* a system prompt merged into the last user message (Mistral) or into the
+  first one (Gemma, no system role): the first turn is rendered as the template
+  renders it; later user turns are rendered as the template renders a user
+  message *followed by a reply*, so the system prompt is not repeated per turn.
+* BOS (Llama-3, Gemma, Mistral) belongs to the first render only; a
+  generation prompt that varies (``enable_thinking``) is taken from the
+  template's own ``add_generation_prompt`` output for the message's role.
+
+How a continuation is cut out of a render of ``H + messages + [reply2]``
+(``H`` = system, sentinel user, sentinel reply): the text between the end of
+the sentinel reply and the start of ``reply2`` is ``closure + messages + tail``,
+where ``tail`` (end of the last message plus the next assistant header) is
+measured once per role on a sentinel message; the generation-prompt ending is
+measured the same way from ``H + [sentinel message]`` with
+``add_generation_prompt=True``. A template that drops assistant content or
+cannot render the pieces consistently raises ``ChatTemplateError`` naming the
+behaviour; ``model.chat_template`` (a file) overrides the tokenizer's template.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Stands in for an assistant reply when measuring what the template puts around it.
+#: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
+_SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
+_SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
+
+_FIX = "set model.chat_template to a template file that keeps every message's content"
 
 
 class ChatTemplateError(ValueError):
-    """The tokenizer's chat template cannot be used incrementally."""
+    """The chat template cannot be used incrementally (the message names the behaviour and the fix)."""
+
+
+def _common_prefix(a: str, b: str) -> str:
+    """Longest common prefix, in characters."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+@dataclass
+class TemplateBehaviour:
+    """What the template does, as measured on a mock three-turn conversation (preflight, check-model)."""
+
+    #: A fresh render of the whole conversation equals the incremental ids (no rewrite of earlier turns).
+    append_only: bool
+    #: Text appended after an assistant reply (its first token is usually the model's EOS).
+    closure: str
+    #: Text of one more user turn, generation prompt included (with a placeholder user text).
+    user_turn: str
+    #: What the first render holds before the first message (BOS etc.).
+    leading_text: str
+    #: Human-readable findings, e.g. "rewrites earlier assistant turns (think stripping)".
+    notes: list[str] = field(default_factory=list)
 
 
 class ChatPromptBuilder:
-    """Builds first-turn ids, per-turn user deltas and turn closures for one tokenizer.
+    """Builds first-turn ids, turn closures and continuations (next user/tool turns) for one tokenizer.
 
     ``system_prompt`` is included in every rendering (first turn and the reference
     conversations), so templates that inject a default system message agree with
-    themselves. Thread-safe for reads; holds no per-conversation state.
+    themselves. ``chat_template`` overrides the tokenizer's template (the text of
+    ``model.chat_template``); ``template_kwargs`` go to every render (e.g.
+    ``{"enable_thinking": False}``). Thread-safe for reads; holds no per-conversation state.
     """
 
-    def __init__(self, tokenizer: Any, system_prompt: str | None = None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        system_prompt: str | None = None,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not self.chat_template:
             raise ChatTemplateError(
                 f"tokenizer {type(tokenizer).__name__} has no chat_template; use a chat model's tokenizer "
-                "or set tokenizer.chat_template"
+                "or set model.chat_template to a Jinja chat template file"
             )
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt or None
+        self.template_kwargs = dict(template_kwargs or {})
+        self._role_endings: dict[str, tuple[str, str]] = {}
         self._closure_text = self._measure_closure_text()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -63,10 +125,25 @@ class ChatPromptBuilder:
     def _system(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
 
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=self.chat_template,
+                **self.template_kwargs,
+            )
+        except Exception as exc:  # jinja2 TemplateError, raise_exception(...) in the template, TypeError, ...
+            roles = "/".join(str(m.get("role")) for m in messages)
+            raise ChatTemplateError(
+                f"the chat template cannot render the roles {roles} ({type(exc).__name__}: {exc}); "
+                f"{_FIX} and renders this role order"
+            ) from None
+
+    def render_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+        """A fresh full render of ``messages`` through the template, tokenized (BOS comes from the template)."""
+        return self.encode(self._render(list(messages), add_generation_prompt))
 
     def encode(self, text: str) -> list[int]:
         """Plain tokenization of template text (no BOS/EOS added: the template holds them)."""
@@ -76,20 +153,65 @@ class ChatPromptBuilder:
         """Text handed to the env: special tokens (EOS) removed."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _measure_closure_text(self) -> str:
-        history = self._system() + [{"role": "user", "content": _SENTINEL_USER}]
-        with_reply = self._render(history + [{"role": "assistant", "content": _SENTINEL_REPLY}], False)
-        position = with_reply.rfind(_SENTINEL_REPLY)
-        if position < 0:
-            raise ChatTemplateError("the chat template drops assistant message content; it cannot be used for multi-turn rollouts")
-        return with_reply[position + len(_SENTINEL_REPLY):]
+    def _reference(self) -> list[dict[str, str]]:
+        """System, a sentinel user message and a sentinel reply: the closed turn continuations follow."""
+        return self._system() + [
+            {"role": "user", "content": _SENTINEL_USER},
+            {"role": "assistant", "content": _SENTINEL_REPLY},
+        ]
 
-    # -- the three pieces ------------------------------------------------------------
+    @staticmethod
+    def _end_of(text: str, sentinel: str, what: str) -> int:
+        position = text.find(sentinel)
+        if position < 0:
+            raise ChatTemplateError(
+                f"the chat template drops {what} content (a sentinel {what} message does not appear in the render); "
+                f"it cannot be used for multi-turn rollouts; {_FIX}"
+            )
+        return position + len(sentinel)
+
+    def _measure_closure_text(self) -> str:
+        """What follows a reply: common to the reply as the last message and the reply followed by a user turn."""
+        reference = self._reference()
+        final = self._render(reference, add_generation_prompt=False)
+        closure_when_last = final[self._end_of(final, _SENTINEL_REPLY, "assistant"):]
+        followed = self._render(
+            reference + [{"role": "user", "content": _SENTINEL_NEXT}, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            add_generation_prompt=False,
+        )
+        after_reply = followed[self._end_of(followed, _SENTINEL_REPLY, "assistant"):]
+        if _SENTINEL_NEXT not in after_reply:
+            raise ChatTemplateError(f"the chat template drops user messages that follow an assistant reply; {_FIX}")
+        # Common to both, cut at a token boundary (``<|end|>\\n<|`` of ``<|endoftext|>`` / ``<|user|>`` is not a closure).
+        common = _common_prefix(closure_when_last, after_reply)
+        ids = self.encode(common)
+        while ids and not (after_reply.startswith(self.tokenizer.decode(ids)) and self.encode(after_reply)[: len(ids)] == ids):
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids) if ids else ""
+
+    def _role_ending(self, role: str) -> tuple[str, str]:
+        """(tail, prompt_ending) for a last message of ``role``: its end + the next assistant header, and
+        its end + the generation prompt, both measured on a sentinel message."""
+        if role not in self._role_endings:
+            probe = {"role": role, "content": _SENTINEL_NEXT}
+            followed = self._render(
+                self._reference() + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}], add_generation_prompt=False
+            )
+            tail_start = self._end_of(followed, _SENTINEL_NEXT, role)
+            tail_end = followed.rfind(_SENTINEL_NEXT_REPLY)
+            if tail_end < tail_start:
+                raise ChatTemplateError(f"the chat template drops assistant content after a {role} message; {_FIX}")
+            prompted = self._render(self._reference() + [probe], add_generation_prompt=True)
+            prompt_ending = prompted[self._end_of(prompted, _SENTINEL_NEXT, role):]
+            self._role_endings[role] = (followed[tail_start:tail_end], prompt_ending)
+        return self._role_endings[role]
+
+    # -- the pieces ------------------------------------------------------------------
 
     def first_turn_ids(self, user_text: str) -> list[int]:
         """System prompt + first user message + generation prompt, through the template."""
         messages = self._system() + [{"role": "user", "content": user_text}]
-        return self.encode(self._render(messages, add_generation_prompt=True))
+        return self.render_ids(messages, add_generation_prompt=True)
 
     def closure_ids_after(self, generated_ids: list[int]) -> list[int]:
         """Ids that close the assistant turn after ``generated_ids`` (see module docstring)."""
@@ -97,21 +219,110 @@ class ChatPromptBuilder:
             return list(self.closure_ids[1:])
         return list(self.closure_ids)
 
+    def continuation_text(self, messages: list[dict[str, Any]]) -> str:
+        """Template text of ``messages`` (user/tool/system) after a closed assistant turn, generation prompt included."""
+        if not messages:
+            raise ValueError("continuation needs at least one message")
+        roles = [m.get("role") for m in messages]
+        if "assistant" in roles:
+            raise ValueError(f"a continuation holds non-assistant messages only (got roles {roles})")
+        tail, prompt_ending = self._role_ending(str(roles[-1]))
+        rendered = self._render(
+            self._reference() + list(messages) + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            add_generation_prompt=False,
+        )
+        region = rendered[self._end_of(rendered, _SENTINEL_REPLY, "assistant"): rendered.rfind(_SENTINEL_NEXT_REPLY)]
+        if not region.startswith(self._closure_text) or not region.endswith(tail) or len(region) < len(self._closure_text) + len(tail):
+            raise ChatTemplateError(
+                f"the chat template renders a closed assistant turn followed by roles {roles} differently from the "
+                f"same turn followed by a single sentinel message, so the next turn's text cannot be cut out; {_FIX}"
+            )
+        return region[len(self._closure_text): len(region) - len(tail)] + prompt_ending
+
+    def continuation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Ids the template renders for ``messages`` (user/tool/system) appended after a closed assistant turn,
+        ending with the generation prompt."""
+        return self.encode(self.continuation_text(messages))
+
     def user_delta_ids(self, user_text: str) -> list[int]:
         """The next user message and the generation prompt, as the template renders them after a closed reply."""
-        history = self._system() + [
-            {"role": "user", "content": _SENTINEL_USER},
-            {"role": "assistant", "content": _SENTINEL_REPLY},
-        ]
-        before = self._render(history, add_generation_prompt=False)
-        after = self._render(history + [{"role": "user", "content": user_text}], add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ChatTemplateError(
-                "the chat template re-renders earlier messages when a user message is appended "
-                "(the longer conversation does not start with the shorter one), so incremental token ids "
-                "would differ from what the model sees; use a prefix-stable template"
-            )
-        return self.encode(after[len(before):])
+        return self.continuation_ids([{"role": "user", "content": user_text}])
+
+    # -- what the template does ------------------------------------------------------
+
+    def reply_prefix(self) -> str:
+        """What the template puts before a reply's content beyond the generation prompt (Mistral ``" "``,
+        Qwen3 ``<think>\\n\\n</think>\\n\\n`` on the last reply): a model trained on the template generates it."""
+        tail, prompt_ending = self._role_ending("user")
+        return tail[len(prompt_ending):] if tail.startswith(prompt_ending) else ""
+
+    def reply_text(self, generated_ids: list[int]) -> str:
+        """The assistant message content a fresh render would get for ``generated_ids``: all the generated
+        text, special tokens included, without the trailing end-of-turn token the closure supplies."""
+        ids = list(generated_ids)
+        if ids and (ids[-1] in self.eos_token_ids or (self.closure_ids and ids[-1] == self.closure_ids[0])):
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def incremental_ids(self, user_texts: list[str], generated: list[list[int]]) -> list[int]:
+        """The token-in/token-out ids of a conversation: first turn, then per reply its ids, closure, next user turn."""
+        ids = self.first_turn_ids(user_texts[0])
+        for index, reply_ids in enumerate(generated):
+            ids += list(reply_ids)
+            if index + 1 < len(user_texts):
+                ids += self.closure_ids_after(reply_ids) + self.user_delta_ids(user_texts[index + 1])
+        return ids
+
+    def fresh_render_text(self, user_texts: list[str], generated: list[list[int]]) -> str:
+        """A fresh render of the same conversation from its text (what re-templating the history gives)."""
+        messages = self._system()
+        for index, user_text in enumerate(user_texts):
+            messages = messages + [{"role": "user", "content": user_text}]
+            if index < len(generated):
+                messages = messages + [{"role": "assistant", "content": self.reply_text(generated[index])}]
+        return self._render(messages, add_generation_prompt=len(user_texts) > len(generated))
+
+    def fresh_render_differs(self, token_ids: list[int], user_texts: list[str], generated: list[list[int]]) -> bool:
+        """True when the text of ``token_ids`` is not a prefix of a fresh render of the conversation.
+
+        Compared as text, so a random model's non-canonical tokenizations do not count; what counts is
+        what the template does (think stripping, a system prompt moved, content trimmed).
+        """
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        return not self.fresh_render_text(user_texts, generated).startswith(text)
+
+    def describe(self) -> TemplateBehaviour:
+        """Render a mock three-turn conversation both ways and say what the template does.
+
+        Raises ChatTemplateError when a piece cannot be derived (preflight uses this).
+        """
+        user_texts = ["first user turn", "second user turn", "third user turn"]
+        prefix = self.reply_prefix()
+        generated = [self.encode(prefix + reply) + self.closure_ids[:1] for reply in ("reply one", "reply two")]
+        for text in user_texts[1:]:
+            if text not in self.continuation_text([{"role": "user", "content": text}]):
+                raise ChatTemplateError(f"the chat template drops the content of user messages after the first; {_FIX}")
+        ids = self.incremental_ids(user_texts, generated)
+        append_only = not self.fresh_render_differs(ids, user_texts, generated) and len(
+            self.fresh_render_text(user_texts, generated)
+        ) == len(self.tokenizer.decode(ids, skip_special_tokens=False))
+        notes: list[str] = []
+        first = self._render(self._system() + [{"role": "user", "content": _SENTINEL_USER}], add_generation_prompt=True)
+        leading = first[: first.find(_SENTINEL_USER)]
+        if self.system_prompt:
+            without = self._render([{"role": "user", "content": _SENTINEL_USER}], add_generation_prompt=True)
+            if leading.startswith(without[: without.find(_SENTINEL_USER)]):
+                notes.append("system prompt merged into the first user message")
+            fresh = self.fresh_render_text(user_texts, generated)
+            if fresh.count(self.system_prompt) and fresh.find(self.system_prompt) > fresh.find(user_texts[0]):
+                notes.append("a fresh render moves the system prompt to the last user message; it is kept once, in the first turn")
+        if "<think>" in prefix or "<think>" in self.tokenizer.decode(ids, skip_special_tokens=False):
+            notes.append("rewrites earlier assistant turns (think stripping); the model's own ids are kept")
+        if prefix.strip() == "" and prefix:
+            notes.append(f"reply starts with {prefix!r} after the generation prompt")
+        if not append_only and not notes:
+            notes.append("a fresh render differs from the incremental ids (the template rewrites earlier turns)")
+        return TemplateBehaviour(append_only, self._closure_text, self.continuation_text([{"role": "user", "content": "USER"}]), leading, notes)
 
     # -- arbitrary conversations (agent sessions) -----------------------------------
     # Minimal versions of the public methods issue-9's builder provides; that branch's

@@ -56,18 +56,39 @@ def test_decode_drops_special_tokens(chatml):
     assert builder.decode(encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]) == "<answer>Up</answer>"
 
 
-def test_a_template_that_rewrites_history_is_refused(chatml):
+def test_a_template_that_rewrites_earlier_text_still_gives_the_rendered_delta(chatml):
     import copy
 
     tokenizer = copy.deepcopy(chatml)
-    # Puts the number of messages first, so adding a message changes earlier text.
+    # Puts the number of messages first, so adding a message changes earlier text: the delta is still
+    # what the template renders for the new turn, found by locating the sentinel reply.
     tokenizer.chat_template = (
         "{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     builder = ChatPromptBuilder(tokenizer)
-    with pytest.raises(ChatTemplateError, match="prefix-stable"):
-        builder.user_delta_ids("next")
+    assert builder.user_delta_ids("next") == encode(tokenizer, "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n")
+    assert not builder.describe().append_only
+
+
+def test_a_template_that_drops_assistant_content_is_refused(chatml):
+    import copy
+
+    tokenizer = copy.deepcopy(chatml)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ChatTemplateError, match="drops assistant content.*model.chat_template"):
+        ChatPromptBuilder(tokenizer)
+
+
+def test_user_delta_is_the_continuation_of_one_user_message(chatml):
+    builder = ChatPromptBuilder(chatml, "sys")
+    assert builder.user_delta_ids("grid 2") == builder.continuation_ids([{"role": "user", "content": "grid 2"}])
+    assert builder.render_ids([{"role": "user", "content": "u"}], True) == encode(
+        chatml, "<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_tokenizer_without_chat_template_is_refused(chatml):
