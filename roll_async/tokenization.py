@@ -324,36 +324,6 @@ class ChatPromptBuilder:
             notes.append("a fresh render differs from the incremental ids (the template rewrites earlier turns)")
         return TemplateBehaviour(append_only, self._closure_text, self.continuation_text([{"role": "user", "content": "USER"}]), leading, notes)
 
-    # -- arbitrary conversations (agent sessions) -----------------------------------
-    # Minimal versions of the public methods issue-9's builder provides; that branch's
-    # implementation replaces these at merge (same signatures).
-
-    def render_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-        """Ids of a whole conversation as the template renders it (a first call, or a new segment)."""
-        return self.encode(self._render(list(messages), add_generation_prompt=add_generation_prompt))
-
-    def continuation_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """Ids of non-assistant ``messages`` appended after a closed assistant turn, ending with the generation prompt.
-
-        Measured like :meth:`user_delta_ids`: the difference between a reference
-        conversation ending in a sentinel assistant reply and the same one with
-        ``messages`` appended, so history is never re-rendered.
-        """
-        if any(m.get("role") == "assistant" for m in messages):
-            raise ValueError("continuation_ids takes only non-assistant messages (the assistant turn is the engine's ids)")
-        history = self._system() + [
-            {"role": "user", "content": _SENTINEL_USER},
-            {"role": "assistant", "content": _SENTINEL_REPLY},
-        ]
-        before = self._render(history, add_generation_prompt=False)
-        after = self._render(history + list(messages), add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ChatTemplateError(
-                "the chat template re-renders earlier messages when messages are appended, so incremental "
-                "token ids would differ from what the model sees; use a prefix-stable template"
-            )
-        return self.encode(after[len(before):])
-
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     """Load a Hugging Face tokenizer for rollouts.
