@@ -58,8 +58,9 @@ from typing import Any, Protocol
 
 from roll_async.config import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
+from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
 from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
-from roll_async.tokenization import ChatPromptBuilder
+from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +322,9 @@ class EnvManager:
 
         info = info if isinstance(info, dict) else {}
         fields = {"instruction": str(info.get("instruction") or ""), "observation": observation_text(observation), "reward": 0.0, "turn": 0}
-        prompt = self.prompts.first_turn_ids(self._render("instruction_template", fields))
+        user_texts = [self._render("instruction_template", fields)]
+        generated_per_turn: list[list[int]] = []
+        prompt = self.prompts.first_turn_ids(user_texts[0])
         prompt = prompt[:seq_len]
         self._append(trajectory, prompt, generated=False)
         trajectory.prompt_length = len(prompt)
@@ -335,6 +338,7 @@ class EnvManager:
             self._set_phase("generate", turn)
             generation = await self._generate(trajectory, turn, min(cfg.max_tokens_per_step, budget))
             self._append(trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs)
+            generated_per_turn.append(list(generation.token_ids))
             action_text = self.prompts.decode(generation.token_ids)
             record = TurnRecord(
                 turn=turn,
@@ -378,9 +382,8 @@ class EnvManager:
                 stop_reason = "max_length"
                 break
             fields = {**fields, "observation": record.observation, "reward": record.reward, "turn": turn + 1}
-            delta = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(
-                self._render("observation_template", fields)
-            )
+            user_texts.append(self._render("observation_template", fields))
+            delta = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(user_texts[-1])
             room = seq_len - len(trajectory.token_ids)
             if len(delta) >= room:  # no room left for even one generated token after this observation
                 self._append(trajectory, delta[:room], generated=False)
@@ -390,9 +393,19 @@ class EnvManager:
 
         trajectory.stop_reason = stop_reason
         trajectory.metrics = _episode_metrics(trajectory.turns)
+        if self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
+            self._check_prefix(trajectory, user_texts, generated_per_turn)
         trajectory.finished_at = time.time()
         self.stats.episodes += 1
         return trajectory
+
+    def _check_prefix(self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]) -> None:
+        """Does a fresh render of this conversation's text differ from its ids? (rollout/prefix_mismatch_rate)"""
+        try:
+            differs = self.prompts.fresh_render_differs(trajectory.token_ids, user_texts, generated)
+        except ChatTemplateError:
+            return  # the template cannot render this history from text at all; nothing to compare
+        trajectory.metrics[PREFIX_MISMATCH] = float(differs)
 
     def _render(self, template_name: str, fields: dict[str, Any]) -> str:
         template = getattr(self.settings.custom_env, template_name)

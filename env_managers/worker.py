@@ -79,7 +79,7 @@ def build_env_managers(
     for env_id, tag in env_specs:
         custom_env = config.custom_envs[tag]
         if tag not in builders:
-            builders[tag] = ChatPromptBuilder(tokenizer, custom_env.system_prompt)
+            builders[tag] = ChatPromptBuilder.for_model(tokenizer, config.model, custom_env.system_prompt)
         settings = EnvManagerSettings(
             tag=tag,
             custom_env=custom_env,

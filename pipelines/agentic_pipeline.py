@@ -31,6 +31,7 @@ from roll_async.config import ConfigError, PipelineConfig
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
 from roll_async.run_dir import RunDirectory
+from roll_async.sampling import SamplingSettings
 from roll_async.tracking import MetricsTracker
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,11 @@ class AgenticPipeline:
                     config.rollout_batch_size, step
                 )
                 step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
-                batch = collate_trajectories(trajectories, pad_token_id=self.tokenizer.pad_token_id)
+                batch = collate_trajectories(
+                    trajectories,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    sampling=SamplingSettings.from_generation(config.generation),  # what train rollouts sampled with
+                )
                 train_start = time.perf_counter()
                 step_metrics["timestamp/train_start"] = time.time()
                 try:

@@ -32,7 +32,7 @@ def env_prompt_ids(config: PipelineConfig, tokenizer: Any, num_prompts: int) -> 
         user = spec.instruction_template.format(
             instruction=info.get("instruction", ""), observation=observation_text(observation)
         )
-        prompts.append(ChatPromptBuilder(tokenizer, spec.system_prompt).first_turn_ids(user))
+        prompts.append(ChatPromptBuilder.for_model(tokenizer, config.model, spec.system_prompt).first_turn_ids(user))
     return prompts
 
 

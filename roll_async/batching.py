@@ -8,6 +8,10 @@ For a trajectory of L tokens, row i holds ``input_ids[i, :L]`` (then
 contiguous group number (0..num_groups-1, first appearance order) for
 group-relative advantages; identifiers come along as plain lists. Right
 padding, because training computes per-token losses over whole sequences.
+
+``sampling`` names the distribution the behaviour logprobs are of (the
+training rollouts' ``generation.*`` temperature / top_p / top_k); the trainer
+scores the batch under the same transformation (``roll_async.sampling``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 
 from roll_async.protocol import Trajectory
+from roll_async.sampling import SamplingSettings
 
 
 @dataclass
@@ -39,6 +44,8 @@ class TrajectoryBatch:
     traj_ids: list[str] = field(default_factory=list)
     created_steps: list[int] = field(default_factory=list)
     stop_reasons: list[str] = field(default_factory=list)
+    #: The sampling distribution of the behaviour logprobs (raw softmax at temperature 1 by default).
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -66,6 +73,7 @@ class TrajectoryBatch:
             traj_ids=self.traj_ids,
             created_steps=self.created_steps,
             stop_reasons=self.stop_reasons,
+            sampling=self.sampling,
         )
 
 
@@ -75,8 +83,12 @@ def collate_trajectories(
     pad_token_id: int,
     pad_to: int | None = None,
     pad_to_multiple_of: int | None = None,
+    sampling: SamplingSettings | None = None,
 ) -> TrajectoryBatch:
-    """Right-pad a batch; ``pad_to`` fixes the width (e.g. sequence_length) and must fit every trajectory."""
+    """Right-pad a batch; ``pad_to`` fixes the width (e.g. sequence_length) and must fit every trajectory.
+
+    ``sampling``: the settings the trajectories were sampled with (default: temperature 1, no top-k/top-p).
+    """
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
     for t in trajectories:
@@ -129,4 +141,5 @@ def collate_trajectories(
         traj_ids=[t.traj_id for t in trajectories],
         created_steps=[t.created_step for t in trajectories],
         stop_reasons=[t.stop_reason for t in trajectories],
+        sampling=sampling or SamplingSettings(),
     )

@@ -12,11 +12,31 @@ import sys
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    if args.family is not None:
+        from roll_async.model.families import UnknownFamilyError, build_family_model
+
+        try:
+            path = build_family_model(args.family, args.out, force=args.force)
+        except UnknownFamilyError as exc:
+            print(f"roll-async: {exc}", file=sys.stderr)
+            return 2
+        print(path)
+        return 0
     from roll_async.model.tiny import build_tiny_model
 
     path = build_tiny_model(args.out, force=args.force)
     print(path)
     return 0
+
+
+def _cmd_check_model(args: argparse.Namespace) -> int:
+    from roll_async.model.check import CheckSettings, main
+
+    settings = CheckSettings(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, chat_template=args.chat_template,
+        system_prompt=args.system_prompt,
+    )
+    return main(args.model_dir, settings)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -85,7 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-tiny-model", help="build the offline tiny model (idempotent) and print its path")
     p.add_argument("--out", default=None, help="directory (default: ~/.cache/roll_async/<build id>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the directory is up to date")
+    p.add_argument(
+        "--family", default=None,
+        help="build a tiny random-init model of a real family instead (qwen2_5, qwen3, qwen3_moe, llama3, mistral, gemma3, phi3)",
+    )
     p.set_defaults(func=_cmd_make_tiny_model)
+
+    from roll_async.model.check import DEFAULT_SYSTEM_PROMPT
+
+    p = sub.add_parser(
+        "check-model",
+        help="will this model work here? template behaviour, incremental ids, engine vs trainer logprobs, weight sync",
+    )
+    p.add_argument("model_dir", help="a Hugging Face model directory")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template file overriding the tokenizer's (model.chat_template)")
+    p.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="system prompt of the mock conversation ('' for none)")
+    p.set_defaults(func=_cmd_check_model)
 
     p = sub.add_parser(
         "demo", help="start the engine on the configured model and generate for a batch of env chat prompts"

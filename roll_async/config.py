@@ -18,6 +18,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from roll_async.sampling import SamplingSettings
+
 
 class ConfigError(ValueError):
     """A config mistake; the message names the key and the fix."""
@@ -28,6 +30,10 @@ class ModelConfig:
     #: Local HF model directory or hub id; None means the offline tiny model (built on first use).
     path: str | None = None
     trust_remote_code: bool = False
+    #: A Jinja chat template file that replaces the tokenizer's own (for templates that cannot be used as shipped).
+    chat_template: str | None = None
+    #: Extra variables for every chat-template render, e.g. {enable_thinking: false} for Qwen3.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -373,6 +379,7 @@ def validate_config(config: PipelineConfig) -> None:
         raise ConfigError(f"engine.num_replicas={config.engine.num_replicas}: must be >= 1")
     if config.generation.max_retries < 0:
         raise ConfigError(f"generation.max_retries={config.generation.max_retries}: must be >= 0")
+    _validate_sampling(config)
     for tag, env in config.custom_envs.items():
         if env.max_steps < 1:
             raise ConfigError(f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1")
@@ -399,6 +406,19 @@ def validate_config(config: PipelineConfig) -> None:
     _validate_training(config)
     if config.num_batches < 1:
         raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
+
+
+def _validate_sampling(config: PipelineConfig) -> None:
+    """generation.* shape the sampling distribution; the engine must report logprobs of that distribution."""
+    problem = SamplingSettings.from_generation(config.generation).problem()
+    if problem:
+        raise ConfigError(f"generation.{problem}")
+    mode = config.engine.engine_kwargs.get("logprobs_mode")
+    if mode is not None and mode != "processed_logprobs":
+        raise ConfigError(
+            f"engine.engine_kwargs.logprobs_mode={mode!r}: behaviour logprobs must be those of the sampling "
+            "distribution the trainer scores under; remove the key (roll-async uses processed_logprobs)"
+        )
 
 
 def _validate_training(config: PipelineConfig) -> None:

@@ -2,7 +2,8 @@
 
 validate_config() covers rules between fields; this covers what only building the
 pieces can tell: an env_config an env rejects, a model path that does not exist,
-a tokenizer without a chat template. Each failure names the key and the fix.
+a tokenizer without a chat template, a template that cannot be used turn by turn, an
+architecture the trainer or vLLM cannot load. Each failure names the key and the fix.
 """
 
 from __future__ import annotations
@@ -45,14 +46,63 @@ def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
     except Exception as exc:  # transformers raises OSError/ValueError/... for unusable paths
         raise ConfigError(f"model.path={config.model.path!r}: cannot load a tokenizer from {model_path!r}: {exc}") from None
-    if not getattr(tokenizer, "chat_template", None):
+    if not getattr(tokenizer, "chat_template", None) and not config.model.chat_template:
         raise ConfigError(
             f"model.path={config.model.path!r}: the tokenizer has no chat template; multi-turn prompts need one "
-            "(use an instruct/chat model or the offline tiny model)"
+            "(set model.chat_template to a Jinja template file, or use an instruct/chat model or the offline tiny model)"
         )
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"model.path={config.model.path!r}: the tokenizer defines no eos token")
     return tokenizer
+
+
+def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
+    """Render a mock three-turn conversation per used system prompt, so an unusable template fails here.
+
+    The error names what the template does (drops assistant content, cannot render the role order, ...)
+    and the fix (``model.chat_template``).
+    """
+    from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+
+    tags = set(config.train_env_manager.tags) | set(config.val_env_manager.tags if config.val_env_manager.num_env_groups > 0 else [])
+    for system_prompt in sorted({config.custom_envs[tag].system_prompt or "" for tag in tags}):
+        try:
+            ChatPromptBuilder.for_model(tokenizer, config.model, system_prompt).describe()
+        except ChatTemplateError as exc:
+            raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
+
+
+def check_architecture(config: PipelineConfig, model_path: str) -> None:
+    """The model's architecture must be one transformers (trainer) and vLLM (engine) can load."""
+    import json
+    from pathlib import Path
+
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return  # a hub id: its loaders report problems themselves
+    architectures = json.loads(config_file.read_text()).get("architectures") or []
+    if not architectures or config.model.trust_remote_code:
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    known = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for arch in architectures:
+        if arch not in known:
+            raise ConfigError(
+                f"model.path={config.model.path!r}: architecture {arch} is not a causal LM transformers can load; "
+                "use a supported architecture (roll-async make-tiny-model --family lists tested ones) or set model.trust_remote_code=true"
+            )
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+    except ImportError:
+        return
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch in architectures:
+        if arch not in supported:
+            raise ConfigError(
+                f"model.path={config.model.path!r}: vLLM has no implementation of architecture {arch}; "
+                "use an architecture in vLLM's supported-models list"
+            )
 
 
 def preflight(config: PipelineConfig) -> tuple[str, Any]:
@@ -62,4 +112,7 @@ def preflight(config: PipelineConfig) -> tuple[str, Any]:
         model_path = resolve_model_path(config.model.path)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
-    return model_path, load_checked_tokenizer(config, model_path)
+    check_architecture(config, model_path)
+    tokenizer = load_checked_tokenizer(config, model_path)
+    check_chat_template(config, tokenizer)
+    return model_path, tokenizer

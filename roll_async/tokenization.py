@@ -120,6 +120,18 @@ class ChatPromptBuilder:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids: set[int] = {eos} if isinstance(eos, int) else set()
 
+    @classmethod
+    def for_model(cls, tokenizer: Any, model: Any, system_prompt: str | None = None) -> ChatPromptBuilder:
+        """A builder honouring ``model.chat_template`` (a file) and ``model.chat_template_kwargs`` of a ModelConfig."""
+        template_file = getattr(model, "chat_template", None)
+        chat_template = None
+        if template_file:
+            path = Path(template_file).expanduser()
+            if not path.is_file():
+                raise ChatTemplateError(f"model.chat_template={template_file!r} does not exist; point it at a Jinja chat template file")
+            chat_template = path.read_text()
+        return cls(tokenizer, system_prompt, chat_template=chat_template, template_kwargs=dict(getattr(model, "chat_template_kwargs", None) or {}))
+
     # -- rendering -------------------------------------------------------------------
 
     def _system(self) -> list[dict[str, str]]:

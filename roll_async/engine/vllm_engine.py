@@ -21,6 +21,8 @@ from roll_async.protocol import GenerationRequest, GenerationResult
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "wait", "keep")
+#: vLLM ``logprobs_mode``: logprobs after temperature / top-k / top-p (see roll_async.sampling).
+BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
 GiB = 1 << 30
 
 
@@ -76,6 +78,9 @@ def build_engine_args(model_path: str, config: EngineConfig) -> Any:
         seed=config.seed,
         disable_log_stats=False,  # our stat logger needs the scheduler stats
         worker_extension_cls="roll_async.engine.worker_extension.WeightSyncExtension",
+        # Behaviour logprobs of the distribution that sampled (temperature, top-k, top-p applied and
+        # renormalised), the one the trainer scores under (roll_async.sampling); vLLM's default is raw.
+        logprobs_mode=BEHAVIOUR_LOGPROBS_MODE,
     )
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens

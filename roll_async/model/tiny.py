@@ -53,9 +53,23 @@ def tokenizer_training_corpus() -> list[str]:
     return [_BASE_TEXT] * 4 + sample_env_texts()
 
 
-def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _train_tokenizer(
+    vocab_size: int,
+    *,
+    special_tokens: list[str] | None = None,
+    chat_template: str = CHAT_TEMPLATE,
+    eos_token: str = "<|im_end|>",
+    pad_token: str = "<|endoftext|>",
+    bos_token: str | None = None,
+    additional_special_tokens: list[str] | None = None,
+    added_tokens: list[str] | None = None,
+):
+    """The byte-level BPE recipe; the defaults are the tiny Qwen2 model's, the family zoo passes its own tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
+    additional = ["<|im_start|>"] if additional_special_tokens is None else additional_special_tokens
 
     tok = Tokenizer(models.BPE(unk_token=None))
     # Byte-level: every string round-trips, even characters the corpus never showed.
@@ -63,19 +77,21 @@ def _train_tokenizer(vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(tokenizer_training_corpus(), trainer=trainer)
+    if added_tokens:  # ordinary (not special) added tokens, e.g. Qwen3's <think>: kept when decoding
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos_token,
+        pad_token=pad_token,
         unk_token=None,
-        bos_token=None,
-        additional_special_tokens=["<|im_start|>"],
-        chat_template=CHAT_TEMPLATE,
+        bos_token=bos_token,
+        additional_special_tokens=additional,
+        chat_template=chat_template,
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
     )
@@ -98,7 +114,6 @@ def build_tiny_model(
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir) if out_dir is not None else default_tiny_model_dir()
-    info_path = out / "roll_async_build.json"
     build_info = {
         "build_id": BUILD_ID,
         "vocab_size": vocab_size,
@@ -106,12 +121,8 @@ def build_tiny_model(
         "num_layers": num_layers,
         "seed": seed,
     }
-    if not force and info_path.is_file():
-        try:
-            if json.loads(info_path.read_text()) == build_info:
-                return out
-        except json.JSONDecodeError:
-            pass
+    if not force and is_current_build(out, build_info):
+        return out
 
     tokenizer = _train_tokenizer(vocab_size)
     head_dim = 64
@@ -137,8 +148,22 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
 
+    return write_model_dir(out, model, tokenizer, build_info)
+
+
+def is_current_build(out: Path, build_info: dict) -> bool:
+    """True when ``out`` holds a finished build with exactly ``build_info`` (so it is reused)."""
+    info_path = out / "roll_async_build.json"
+    try:
+        return info_path.is_file() and json.loads(info_path.read_text()) == build_info
+    except json.JSONDecodeError:
+        return False
+
+
+def write_model_dir(out: Path, model, tokenizer, build_info: dict) -> Path:
+    """Save model + tokenizer + build info; built beside the target and moved into place, so a crash
+    never leaves a half-written model."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and move into place, so a crash never leaves a half-written model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -19,6 +19,7 @@ from roll_async.trainer.checkpoint import (
 )
 from roll_async.trainer.grpo_trainer import GradientStats, GRPOTrainer
 from roll_async.trainer.losses import LossNormalizer, aggregate, clipped_surrogate, k3_kl, token_logprobs, truncated_importance_weights
+from roll_async.trainer.scoring import score_generated_tokens
 from roll_async.trainer.sft import SFTExample, build_sft_examples, run_sft
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "resolve_resume_dir",
     "rloo_advantages",
     "run_sft",
+    "score_generated_tokens",
     "token_logprobs",
     "truncated_importance_weights",
 ]

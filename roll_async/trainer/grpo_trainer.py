@@ -224,6 +224,7 @@ class GRPOTrainer:
                 batch.position_ids[rows, cols],
                 score_mask=mask,
                 with_entropy=True,
+                sampling=batch.sampling,
             )
             logp = out.logprobs
             prox = proximal_logprobs[rows, cols] if proximal_logprobs is not None else logp.detach()
@@ -246,6 +247,7 @@ class GRPOTrainer:
                         batch.attention_mask[rows, cols],
                         batch.position_ids[rows, cols],
                         score_mask=mask,
+                        sampling=batch.sampling,
                     ).logprobs
                 kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
                 loss = loss + cfg.kl_coef * kl
@@ -284,7 +286,10 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
-        """Current per-token log-probs of ``batch`` ([batch, seq], 0 off the response), micro-batched."""
+        """Current per-token log-probs of ``batch`` ([batch, seq], 0 off the response), micro-batched.
+
+        Scored under ``batch.sampling``, the distribution the behaviour logprobs are of.
+        """
         batch = batch.to(self.device)
         scored = _scored_mask(batch.response_mask)
         result = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
@@ -298,6 +303,7 @@ class GRPOTrainer:
                 batch.attention_mask[rows, cols],
                 batch.position_ids[rows, cols],
                 score_mask=scored[rows, cols],
+                sampling=batch.sampling,
             ).logprobs
         return result
 

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from roll_async.sampling import SamplingSettings, sampling_logits
+
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 
 
@@ -62,6 +64,7 @@ def token_logprobs(
     *,
     score_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
+    sampling: SamplingSettings | None = None,
 ) -> TokenLogprobs:
     """Log-probability of each token given its prefix, from one forward pass.
 
@@ -70,6 +73,11 @@ def token_logprobs(
     prefix). Only positions in ``score_mask`` (default: ``attention_mask``) go
     through the log-softmax, which keeps the ``[tokens, vocab]`` float32
     temporary as small as the response. Right padding is assumed.
+
+    ``sampling`` scores under the distribution the engine sampled from
+    (temperature, top-k, top-p, renormalised; :mod:`roll_async.sampling`), the
+    one whose logprobs the engine reports; None means the raw softmax. The
+    entropy is that of the same distribution.
     """
     outputs = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     logits = outputs.logits
@@ -78,14 +86,17 @@ def token_logprobs(
     shifted = torch.zeros(select.shape, dtype=torch.float32, device=logits.device)
     shifted_entropy = torch.zeros_like(shifted) if with_entropy else None
     if select.any():
-        picked = logits[:, :-1][select].float()  # [n, vocab]
-        log_norm = torch.logsumexp(picked, dim=-1)
         targets = input_ids[:, 1:][select]
+        picked = logits[:, :-1][select].float()  # [n, vocab]
+        if sampling is not None:
+            picked = sampling_logits(picked, sampling, keep_ids=targets)
+        log_norm = torch.logsumexp(picked, dim=-1)
         values = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
         shifted = shifted.masked_scatter(select, values)
         if shifted_entropy is not None:
             with torch.no_grad():
-                ent = log_norm - (torch.softmax(picked, dim=-1) * picked).sum(-1)
+                finite = picked.masked_fill(torch.isinf(picked), 0.0)  # removed tokens have p = 0
+                ent = log_norm - (torch.softmax(picked, dim=-1) * finite).sum(-1)
                 shifted_entropy = shifted_entropy.masked_scatter(select, ent)
     first = torch.zeros((select.shape[0], 1), dtype=torch.float32, device=logits.device)
     out = torch.cat([first, shifted], dim=1)

@@ -212,3 +212,24 @@ def test_bad_dtype_and_epochs_are_config_errors(tiny_model_path):
         GRPOTrainer(config(dtype="float8"), tiny_model_path)
     with pytest.raises(ConfigError, match="ppo_epochs"):
         GRPOTrainer(config(ppo_epochs=0), tiny_model_path)
+
+
+def test_batch_sampling_settings_shape_the_trained_distribution(tiny_model_path, batch):
+    """With T=0.7 / top_p=0.9 on the batch, the loss scores the processed distribution, as compute_logprobs does."""
+    import dataclasses
+
+    from roll_async.sampling import SamplingSettings
+
+    trainer = GRPOTrainer(config(), tiny_model_path)
+    raw = trainer.compute_logprobs(batch)
+    sampled = dataclasses.replace(batch, sampling=SamplingSettings(0.7, 0.9, -1))
+    processed = trainer.compute_logprobs(sampled)
+    mask = batch.response_mask.bool()
+    mask[:, 0] = False
+    assert (processed - raw)[mask].abs().mean() > 0.02
+    behaviour = dataclasses.replace(sampled, old_logprobs=processed * batch.response_mask)
+    assert trainer.train_step(behaviour, step=0)["train/importance_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    # the same behaviour logprobs scored without the transformation are visibly off-policy
+    mismatched = dataclasses.replace(behaviour, sampling=SamplingSettings())
+    fresh = GRPOTrainer(config(), tiny_model_path)
+    assert abs(fresh.train_step(mismatched, step=0)["train/importance_ratio/mean"] - 1.0) > 0.01
