@@ -139,6 +139,21 @@ class _Generation:
     resumed: int
     seconds: float
 
+    def turn_record(self, turn: int, action_text: str) -> TurnRecord:
+        """This generation as a turn (observation, reward and env time are filled in after the env step)."""
+        return TurnRecord(
+            turn=turn,
+            action_text=action_text,
+            observation="",
+            reward=0.0,
+            generated_tokens=len(self.token_ids),
+            weight_version=self.weight_versions[-1] if self.weight_versions else -1,
+            generate_s=self.seconds,
+            env_step_s=0.0,
+            finish_reason=self.finish_reason,
+            resumed_generations=self.resumed,
+        )
+
 
 def append_generation(
     result: GenerationResult, token_ids: list[int], logprobs: list[float], versions: list[int]
@@ -340,18 +355,7 @@ class EnvManager:
             self._append(trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs)
             generated_per_turn.append(list(generation.token_ids))
             action_text = self.prompts.decode(generation.token_ids)
-            record = TurnRecord(
-                turn=turn,
-                action_text=action_text,
-                observation="",
-                reward=0.0,
-                generated_tokens=len(generation.token_ids),
-                weight_version=generation.weight_versions[-1] if generation.weight_versions else -1,
-                generate_s=generation.seconds,
-                env_step_s=0.0,
-                finish_reason=generation.finish_reason,
-                resumed_generations=generation.resumed,
-            )
+            record = generation.turn_record(turn, action_text)
             trajectory.turns.append(record)
             self._note_versions(trajectory, generation.weight_versions)
             sequence_full = len(trajectory.token_ids) >= seq_len

@@ -60,12 +60,14 @@ class Sampling:
 
 
 class GenerationLike(Protocol):
+    """One call's engine output (the EnvManager's generation of a turn)."""
+
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     weight_versions: list[int]
-    resumed: int
-    seconds: float
+
+    def turn_record(self, turn: int, action_text: str) -> TurnRecord: ...
 
 
 #: (prompt ids, max new tokens, sampling, call index) -> the engine's generation for that call.
@@ -207,20 +209,7 @@ class AgentSession:
         segment.append(generation.token_ids, generated=True, logprobs=generation.logprobs)
         segment.weight_versions.extend(generation.weight_versions)
         text = self._reply_text(generation.token_ids, generation.finish_reason, sampling.stop)
-        segment.turns.append(
-            TurnRecord(
-                turn=len(segment.turns),
-                action_text=text,
-                observation="",
-                reward=0.0,
-                generated_tokens=len(generation.token_ids),
-                weight_version=generation.weight_versions[-1] if generation.weight_versions else -1,
-                generate_s=generation.seconds,
-                env_step_s=0.0,
-                finish_reason=generation.finish_reason,
-                resumed_generations=generation.resumed,
-            )
-        )
+        segment.turns.append(generation.turn_record(len(segment.turns), text))
         segment.messages, segment.reply, segment.last_generated = messages, text, list(generation.token_ids)
         self.calls += 1
         finish = "length" if generation.finish_reason == "length" else "stop"

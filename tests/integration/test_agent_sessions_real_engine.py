@@ -103,3 +103,39 @@ async def test_a_history_rewriting_agent_is_counted_not_silently_retokenized(eng
     )
     assert trajectory.token_ids == third.prompt_token_ids + third_out.output_token_ids  # the last segment, exact
     assert trajectory.metrics["agent_dropped_generated_tokens"] == float(len(first_out.output_token_ids))
+
+
+@pytest.mark.slow
+async def test_train_runs_three_steps_on_the_worked_example_agent(engine, tmp_path, tiny_model_path):
+    import glob
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from pipelines.agentic_pipeline import AgenticPipeline
+    from roll_async.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(
+        repo / "configs" / "agent_frozen_lake.yaml",
+        [f"output_dir={tmp_path}", "rollout_batch_size=4", "train_env_manager.num_env_groups=2",
+         "train_env_manager.group_size=2", "trainer.micro_batch_size=4", "logging.console=false", "eval_steps=0"],
+    )
+    try:
+        run = await AgenticPipeline(config, engines=[engine]).run()
+    finally:  # give the shared engine the tiny model's own weights back
+        version = await engine.get_weight_version.remote()
+        await engine.pause.remote("wait")
+        await engine.update_weights.remote(load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0]), version + 1)
+        await engine.resume.remote()
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [m for m in metrics if m["step"] >= 0]
+    assert [m["step"] for m in steps] == [0, 1, 2]
+    assert all(m["train/loss"] is not None for m in steps)
+    assert [m["weight_version"] for m in steps] == [steps[0]["weight_version"] + i for i in range(3)]
+    assert all("rollout/agent_segment_breaks" in m and m["rollout/agent_segment_breaks"] == 0.0 for m in steps)
+    trajectories = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    assert len(trajectories) == 12 and {t["tag"] for t in trajectories} == {"AgentFrozenLake"}
+    assert all(t["stop_reason"] in ("terminated", "max_steps", "max_length") for t in trajectories)
+    assert all(t["turns"] and t["metrics"]["agent_calls"] >= 1 for t in trajectories)
