@@ -191,7 +191,9 @@ async def three_turn_agent(client: Any, task: Any) -> dict:
         {"role": "user", "content": f"Task with seed {task.seed}. Say something."},
     ]
     for turn in range(3):
-        reply = await client.chat.completions.create(model=task.model, messages=messages, max_tokens=8, temperature=1.0)
+        reply = await client.chat.completions.create(
+            model=task.model, messages=messages, max_tokens=8, temperature=0.9, top_p=0.95, stop=["STOP"]
+        )
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         if turn < 2:
             messages.append({"role": "user", "content": f"Feedback {turn}: go on."})
@@ -207,7 +209,7 @@ async def history_rewriting_agent(client: Any, task: Any) -> float:
                  {"role": "user", "content": "Continue."}]
     reply = await client.chat.completions.create(model=task.model, messages=rewritten, max_tokens=8)
     extended = rewritten + [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "Finish."}]
-    await client.chat.completions.create(model=task.model, messages=extended, max_tokens=8)
+    await client.chat.completions.create(model=task.model, messages=extended, max_tokens=1000)  # capped by the config
     return 0.5
 
 
@@ -241,5 +243,10 @@ async def unservable_requests_agent(client: Any, task: Any) -> dict:
             statuses[name] = 200.0
         except openai.APIStatusError as exc:
             statuses[name] = float(exc.status_code)
+    try:  # an endpoint that is not served
+        await client.completions.create(model=task.model, prompt="Hi.")
+        statuses["completions_endpoint"] = 200.0
+    except openai.APIStatusError as exc:
+        statuses["completions_endpoint"] = float(exc.status_code)
     await client.chat.completions.create(model=task.model, messages=messages, max_tokens=4)
     return {"reward": 0.0, "metrics": statuses}

@@ -65,6 +65,8 @@ async def test_an_append_only_agent_is_one_token_exact_trajectory(tokenizer):
     assert [lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m] == [-0.5] * 8
     assert trajectory.metrics["agent_segment_breaks"] == 0.0 and trajectory.num_turns == 3
     assert trajectory.oldest_weight_version == 0 and trajectory.newest_weight_version == 0
+    request = engine.requests[0]  # the request's sampling is honoured
+    assert (request.max_tokens, request.temperature, request.top_p, request.stop) == (8, 0.9, 0.95, ["STOP"])
 
 
 async def test_a_history_rewrite_starts_a_counted_segment_and_the_last_segment_is_trained(tokenizer):
@@ -80,15 +82,17 @@ async def test_a_history_rewrite_starts_a_counted_segment_and_the_last_segment_i
     assert trajectory.token_ids == p2 + [5, 5, 5] and trajectory.num_turns == 2
     assert trajectory.metrics["agent_segment_breaks"] == 1.0 and trajectory.metrics["agent_segments"] == 2.0
     assert trajectory.metrics["agent_dropped_generated_tokens"] == 3.0
+    assert engine.requests[2].max_tokens == 16  # a request's max_tokens only lowers max_tokens_per_step
     assert metrics.rollout_metrics([trajectory], step=0)[metrics.AGENT_SEGMENT_BREAKS] == 1.0
 
 
 @pytest.mark.parametrize(
-    ("agent", "error"), [("raising_agent", "agent raised RuntimeError: agent bug"), ("idling_agent", "env_step_timeout_s=0.5s")]
+    ("agent", "timeout_s", "error"),
+    [("raising_agent", 60.0, "agent raised RuntimeError: agent bug"), ("idling_agent", 1.0, "env_step_timeout_s=1.0s")],
 )
-async def test_agent_exceptions_and_timeouts_are_counted_env_errors(tokenizer, agent, error):
+async def test_agent_exceptions_and_timeouts_are_counted_env_errors(tokenizer, agent, timeout_s, error):
     engine = FakeEngine(tokens_per_request=2)
-    trajectory, manager = await play_one(agent_config(agent, env_step_timeout_s=0.5), engine, tokenizer)
+    trajectory, manager = await play_one(agent_config(agent, env_step_timeout_s=timeout_s), engine, tokenizer)
     assert trajectory.stop_reason == "env_error" and error in trajectory.error
     assert manager.stats.env_errors == 1
 
@@ -97,7 +101,8 @@ async def test_unservable_requests_get_openai_errors_not_hangs(tokenizer):
     engine = FakeEngine(tokens_per_request=2)
     trajectory, _ = await play_one(agent_config("unservable_requests_agent"), engine, tokenizer)
     assert trajectory.stop_reason == "terminated", trajectory.error
-    assert {k: trajectory.metrics[k] for k in ("tools", "n2", "wrong_model")} == {"tools": 400.0, "n2": 400.0, "wrong_model": 404.0}
+    answered = {k: trajectory.metrics[k] for k in ("tools", "n2", "wrong_model", "completions_endpoint")}
+    assert answered == {"tools": 400.0, "n2": 400.0, "wrong_model": 404.0, "completions_endpoint": 404.0}
     assert len(engine.requests) == 1  # refused requests never reach the engine
 
 
