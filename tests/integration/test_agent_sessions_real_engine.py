@@ -120,7 +120,8 @@ async def test_train_runs_three_steps_on_the_worked_example_agent(engine, tmp_pa
     config = load_config(
         repo / "configs" / "agent_frozen_lake.yaml",
         [f"output_dir={tmp_path}", "rollout_batch_size=4", "train_env_manager.num_env_groups=2",
-         "train_env_manager.group_size=2", "trainer.micro_batch_size=4", "logging.console=false", "eval_steps=0"],
+         "train_env_manager.group_size=2", "trainer.micro_batch_size=4", "logging.console=false", "eval_steps=0",
+         "custom_envs.AgentFrozenLake.max_steps=3"],
     )
     try:
         run = await AgenticPipeline(config, engines=[engine]).run()
