@@ -145,6 +145,27 @@ class _Generation:
     seconds: float
     #: Version that sampled each of ``token_ids``.
     token_versions: list[int] = field(default_factory=list)
+    #: Wall clock (unix seconds) when the turn's first request was sent and its last result came back.
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    def turn_record(self, turn: int, action_text: str) -> TurnRecord:
+        """This generation as a turn (observation, reward and env time are filled in after the env step)."""
+        return TurnRecord(
+            turn=turn,
+            action_text=action_text,
+            observation="",
+            reward=0.0,
+            generated_tokens=len(self.token_ids),
+            weight_version=self.weight_versions[-1] if self.weight_versions else -1,
+            generate_s=self.seconds,
+            env_step_s=0.0,
+            finish_reason=self.finish_reason,
+            resumed_generations=self.resumed,
+            weight_versions=list(self.weight_versions),
+            generate_started_at=self.started_at,
+            generate_finished_at=self.finished_at,
+        )
 
 
 def append_generation(
@@ -224,6 +245,8 @@ class EnvManager:
         executor: Executor | None = None,
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
+        agent_gateway: Any = None,
+        agent_model_name: str = "",
     ) -> None:
         self.env_id = env_id
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
@@ -247,6 +270,9 @@ class EnvManager:
         self._stopping = False
         self._request_counter = itertools.count()
         self._background: set[asyncio.Task] = set()
+        #: Agent tags (custom_envs.<Tag>.agent): the worker's loopback chat endpoint and the model id it serves.
+        self.agent_gateway = agent_gateway
+        self.agent_model_name = agent_model_name
 
     # -- loop --------------------------------------------------------------------------
 
@@ -326,6 +352,10 @@ class EnvManager:
             started_at=time.time(),
         )
         trajectory.episode_requested_at = requested_at or trajectory.started_at
+        if cfg.agent:
+            from env_managers.agent_session import run_agent_episode
+
+            return await run_agent_episode(self, spec, trajectory)
         try:
             await self._ensure_env(spec.env_config_override)
             self._set_phase("reset")
@@ -349,30 +379,14 @@ class EnvManager:
                 stop_reason = "max_length"
                 break
             self._set_phase("generate", turn)
-            generate_started_at = time.time()
             generation = await self._generate(trajectory, turn, min(cfg.max_tokens_per_step, budget))
-            generate_finished_at = time.time()
             self._append(
                 trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs,
                 versions=generation.token_versions,
             )
             generated_per_turn.append(list(generation.token_ids))
             action_text = self.prompts.decode(generation.token_ids)
-            record = TurnRecord(
-                turn=turn,
-                action_text=action_text,
-                observation="",
-                reward=0.0,
-                generated_tokens=len(generation.token_ids),
-                weight_version=generation.weight_versions[-1] if generation.weight_versions else -1,
-                generate_s=generation.seconds,
-                env_step_s=0.0,
-                finish_reason=generation.finish_reason,
-                resumed_generations=generation.resumed,
-                weight_versions=list(generation.weight_versions),
-                generate_started_at=generate_started_at,
-                generate_finished_at=generate_finished_at,
-            )
+            record = generation.turn_record(turn, action_text)
             trajectory.turns.append(record)
             self._note_versions(trajectory, generation.weight_versions)
             sequence_full = len(trajectory.token_ids) >= seq_len
@@ -480,26 +494,47 @@ class EnvManager:
 
     # -- engine ------------------------------------------------------------------------
 
-    async def _generate(self, trajectory: Trajectory, turn: int, max_new_tokens: int) -> _Generation:
-        """One turn's generation: retries on failure, continues after an abort; see module docstring."""
+    async def _generate(
+        self,
+        trajectory: Trajectory,
+        turn: int,
+        max_new_tokens: int,
+        *,
+        prompt_ids: list[int] | None = None,
+        sampling: Any = None,
+    ) -> _Generation:
+        """One turn's generation: retries on failure, continues after an abort; see module docstring.
+
+        Agent sessions pass their own ``prompt_ids`` and the request's ``sampling``
+        (temperature, top_p, top_k, stop, seed; None keeps the config's); validation stays greedy.
+        """
         gen_cfg = self.settings.generation
-        prompt = list(trajectory.token_ids)
+        prompt = list(trajectory.token_ids if prompt_ids is None else prompt_ids)
+        temperature, top_p, top_k = gen_cfg.temperature, gen_cfg.top_p, gen_cfg.top_k
+        stop, seed = list(self.settings.custom_env.stop), None
+        if sampling is not None:
+            temperature = temperature if sampling.temperature is None else sampling.temperature
+            top_p = top_p if sampling.top_p is None else sampling.top_p
+            top_k = top_k if sampling.top_k is None else sampling.top_k
+            stop, seed = list(sampling.stop), sampling.seed
         token_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         token_versions: list[int] = []
         failures = resumed = idle_aborts = 0
         started = self._clock()
+        started_at = time.time()
         finish = "length"
         while len(token_ids) < max_new_tokens:
             request = GenerationRequest(
                 request_id=f"{self.request_prefix}{trajectory.traj_id}-env{self.env_id}-t{turn}-r{next(self._request_counter)}",
                 prompt_token_ids=prompt + token_ids,
                 max_tokens=max_new_tokens - len(token_ids),
-                temperature=0.0 if self.settings.greedy else gen_cfg.temperature,
-                top_p=1.0 if self.settings.greedy else gen_cfg.top_p,
-                top_k=-1 if self.settings.greedy else gen_cfg.top_k,
-                stop=list(self.settings.custom_env.stop),
+                temperature=0.0 if self.settings.greedy else temperature,
+                top_p=1.0 if self.settings.greedy else top_p,
+                top_k=-1 if self.settings.greedy else top_k,
+                stop=stop,
+                seed=seed,
                 logprobs=True,
             )
             error: Exception | None = None
@@ -534,7 +569,9 @@ class EnvManager:
             idle_aborts = 0 if added else idle_aborts + 1
             if idle_aborts:
                 await asyncio.sleep(min(_MAX_ABORT_BACKOFF_S, self.settings.abort_backoff_s * 2 ** (idle_aborts - 1)))
-        return _Generation(token_ids, logprobs, finish, versions, resumed, self._clock() - started, token_versions)
+        return _Generation(
+            token_ids, logprobs, finish, versions, resumed, self._clock() - started, token_versions, started_at, time.time()
+        )
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:

@@ -21,6 +21,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
+from roll_async.agent_gateway.server import AgentGateway
+from roll_async.agent_gateway.task import served_model_name
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.protocol import EpisodeSpec, Trajectory
@@ -70,6 +72,8 @@ def build_env_managers(
     em = env_manager_config(config, which)
     factory = env_factory or RegisteredEnvFactory(config.custom_envs)
     request_prefix = f"{which}-{uuid.uuid4().hex[:6]}-"
+    # One loopback chat endpoint per worker, for the agent tags (started on the first agent episode).
+    agent_gateway = AgentGateway() if any(config.custom_envs[tag].agent for _, tag in env_specs) else None
     builders: dict[str, ChatPromptBuilder] = {}
     managers = []
     for env_id, tag in env_specs:
@@ -94,6 +98,8 @@ def build_env_managers(
                 prompt_builder=builders[tag],
                 executor=executor,
                 request_prefix=request_prefix,
+                agent_gateway=agent_gateway,
+                agent_model_name=served_model_name(config.model.path),
             )
         )
     return managers
@@ -176,6 +182,9 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        gateways = {id(m.agent_gateway): m.agent_gateway for m in self.managers.values() if m.agent_gateway is not None}
+        for gateway in gateways.values():
+            await gateway.stop()
 
     def check_watchdog(self) -> tuple[dict[int, str], list[int]]:
         """(newly stalled envs with a description, envs that recovered since they were reported)."""

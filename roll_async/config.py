@@ -84,6 +84,9 @@ class CustomEnvConfig:
     observation_template: str = "{observation}"
     #: Stop strings for this env's turns (NeMo-RL style per-env stops); kept in the output.
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    #: Agent session (``env_type: agent``): ``pkg.module:function`` naming ``async def agent(client, task)``;
+    #: the agent's requests set their own messages and stop strings (system_prompt, templates, stop unused).
+    agent: str | None = None
 
 
 @dataclass
@@ -448,6 +451,11 @@ def validate_config(config: PipelineConfig) -> None:
             raise ConfigError(
                 f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step} must be below "
                 f"sequence_length={config.sequence_length}; lower it or raise sequence_length"
+            )
+        if (env.env_type == "agent") != bool(env.agent):
+            raise ConfigError(
+                f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "
+                f"(got env_type={env.env_type!r}, agent={env.agent!r})"
             )
     _validate_env_manager("train_env_manager", config.train_env_manager, config, train=True)
     _validate_env_manager("val_env_manager", config.val_env_manager, config, train=False)

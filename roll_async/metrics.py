@@ -37,6 +37,8 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
+#: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
+AGENT_SEGMENT_BREAKS = "rollout/agent_segment_breaks"
 #: Share of checked trajectories whose ids differ from a fresh render of their text (template rewrites history).
 PREFIX_MISMATCH_RATE = "rollout/prefix_mismatch_rate"
 #: Per-trajectory flag (Trajectory.metrics key) set by EnvManagers on every PREFIX_CHECK_EVERY_EPISODES-th episode.
@@ -179,6 +181,7 @@ def rollout_metrics(
         EPISODE_REWARD_MEAN: mean(rewards),
         EPISODE_REWARD_STD: std(rewards),
         RESUMED_GENERATIONS: float(sum(turn.resumed_generations for t in batch for turn in t.turns)),
+        AGENT_SEGMENT_BREAKS: float(sum(t.metrics.get("agent_segment_breaks", 0.0) for t in batch)),
         PREFIX_MISMATCH_RATE: mean([t.metrics[PREFIX_MISMATCH] for t in batch if PREFIX_MISMATCH in t.metrics]),
         TIME_GENERATE_MEAN: mean(generate_s),
         TIME_GENERATE_P99: percentile(generate_s, 99),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from roll_async.agent_gateway.task import load_agent_function
 from roll_async.config import ConfigError, PipelineConfig
 from roll_async.envs import make_env
 from roll_async.model.tiny import resolve_model_path
@@ -22,6 +23,12 @@ def check_envs(config: PipelineConfig) -> None:
         used |= set(config.val_env_manager.tags)
     for tag in sorted(used):
         spec = config.custom_envs[tag]
+        if spec.agent:
+            try:
+                load_agent_function(spec.agent, f"custom_envs.{tag}.agent")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            continue
         try:
             env = make_env(spec.env_type, dict(spec.env_config))
             env.reset(seed=config.seed)

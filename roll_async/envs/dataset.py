@@ -133,7 +133,9 @@ def load_env_dataset(path: str | Path) -> list[EnvDatasetRow]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``roll-async make-env-dataset``."""
-    parser.add_argument("--env", required=True, help="registered env name or package.module:ClassName")
+    parser.add_argument(
+        "--env", required=True, help="registered env name, package.module:ClassName, or gymnasium:/textarena:/reasoning_gym: id"
+    )
     parser.add_argument("--num", type=int, default=64, help="number of env instances (rows)")
     parser.add_argument("--seed", type=int, default=0, help="seed from which the rows' seeds are drawn")
     parser.add_argument("--split", default="train", help="split name stored in each row (e.g. train, val)")

@@ -4,7 +4,10 @@
 ``sliding_puzzle``, ``countdown``, ``retrieval_qa``, ``delayed`` (any of them
 with added latency) or one added with
 :func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
-that lives outside the project. An env class with a dataclass ``config_cls``
+that lives outside the project, or an adapter prefix for an env library the
+user already has: ``gymnasium:<EnvId>``, ``textarena:<EnvId>``,
+``reasoning_gym:<task>`` (:mod:`roll_async.envs.adapters`, the
+``roll-async[envs]`` extra). An env class with a dataclass ``config_cls``
 (every :class:`~roll_async.envs.base.BaseEnv`) gets its ``env_config`` checked
 against that dataclass; any other class is called with ``**env_config``, its
 keys checked against the constructor's signature.
@@ -18,6 +21,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from roll_async.envs.adapters import adapter_class, make_adapter_env, split_adapter_env_type
 from roll_async.envs.base import build_config
 from roll_async.envs.countdown import CountdownEnv
 from roll_async.envs.delayed import DelayedEnv
@@ -66,9 +70,12 @@ def registered_envs() -> list[str]:
 
 
 def resolve_env_class(env_type: str) -> type:
-    """The class for a registered name or a ``package.module:ClassName`` path."""
+    """The class for a registered name, an adapter prefix or a ``package.module:ClassName`` path."""
     if env_type in _REGISTRY:
         return _REGISTRY[env_type]
+    adapter = split_adapter_env_type(env_type)
+    if adapter is not None:
+        return adapter_class(adapter[0])
     if ":" in env_type:
         module_name, _, attr = env_type.partition(":")
         try:
@@ -85,12 +92,15 @@ def resolve_env_class(env_type: str) -> type:
         return obj
     raise ValueError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
-        "or give a dotted path 'package.module:ClassName'"
+        "or give a dotted path 'package.module:ClassName' or an adapter 'gymnasium:<EnvId>', "
+        "'textarena:<EnvId>', 'reasoning_gym:<task>'"
     )
 
 
 def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
     """Build an env instance; bad names and unknown config keys raise ``ValueError`` saying what is accepted."""
+    if split_adapter_env_type(env_type) is not None:
+        return make_adapter_env(env_type, dict(env_config or {}))
     cls = resolve_env_class(env_type)
     config_cls = getattr(cls, "config_cls", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):

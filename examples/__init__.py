@@ -1,0 +1,1 @@
+"""Worked examples (importable as ``examples.<module>`` from the repository root)."""

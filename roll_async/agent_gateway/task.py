@@ -1,0 +1,82 @@
+"""What an agent function receives (``AgentTask``), how it is found, and what it may return."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class AgentTask:
+    """One episode's task, handed to ``agent(client, task)``.
+
+    ``seed`` and ``env_config`` are the episode's (the group's seed, the tag's
+    ``env_config`` merged with any dataset row), so an agent that builds an env
+    from them plays the same instance as the rest of its group. ``model`` is the
+    served model id to pass as ``model=``; ``max_tokens`` and ``max_steps`` are
+    the per-call token cap and the number of calls allowed.
+    """
+
+    seed: int
+    env_config: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""
+    group_id: int = 0
+    episode_id: int = 0
+    model: str = ""
+    max_tokens: int = 0
+    max_steps: int = 0
+
+
+AgentFunction = Callable[[Any, AgentTask], Any]
+
+
+def load_agent_function(path: str, key: str = "agent") -> AgentFunction:
+    """Import ``pkg.module:function`` and check it is ``async def f(client, task)``; ValueError names the fix."""
+    module_name, sep, attr = (path or "").partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{key}={path!r} must be 'package.module:function' naming `async def function(client, task)`")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{key}={path!r}: cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not inspect.iscoroutinefunction(obj):
+        raise ValueError(f"{key}={path!r} is not an `async def` function; write `async def {attr}(client, task)`")
+    try:
+        inspect.signature(obj).bind(None, None)
+    except TypeError:
+        raise ValueError(f"{key}={path!r} must accept two arguments (client, task)") from None
+    return obj
+
+
+def agent_result(value: Any) -> tuple[float, dict[str, float]]:
+    """(reward, metrics) from what an agent returned: a number, or ``{"reward": x, "metrics": {...}}``."""
+    metrics: dict[str, float] = {}
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise ValueError(f"the agent returned a dict without 'reward' (keys: {sorted(value)})")
+        raw_metrics = value.get("metrics") or {}
+        if not isinstance(raw_metrics, dict):
+            raise ValueError(f"the agent's 'metrics' must be a dict of numbers, got {type(raw_metrics).__name__}")
+        for name, metric in raw_metrics.items():
+            if not isinstance(metric, (bool, int, float)):
+                raise ValueError(f"the agent's metric {name!r} is {metric!r}, not a number")
+            metrics[str(name)] = float(metric)
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ValueError(f"the agent returned {value!r}; return a finite float or {{'reward': float, 'metrics': {{...}}}}")
+    return float(value), metrics
+
+
+def served_model_name(model_path: str | None) -> str:
+    """The model id the gateway serves: the model directory's name (the offline tiny model when none is set)."""
+    return Path(model_path).name if model_path else "roll-async-tiny"

@@ -1,0 +1,74 @@
+"""Adapters for env libraries users already have: ``gymnasium:<EnvId>``, ``textarena:<EnvId>``, ``reasoning_gym:<task>``.
+
+Each is a registry *prefix*: ``make_env("gymnasium:FrozenLake-v1", {...})`` builds
+:class:`~roll_async.envs.adapters.gymnasium_env.GymnasiumEnv` for that id. The
+libraries are optional (``pip install 'roll-async[envs]'``) and imported only
+when such an env is built, so the core install stays small and a missing
+library is a one-line error naming the extra, not an ImportError at start-up.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+#: The pip extra that installs every adapter's library.
+ENVS_EXTRA = "roll-async[envs]"
+
+#: registry prefix -> "module:Class" of its adapter (imported lazily).
+ADAPTER_PREFIXES: dict[str, str] = {
+    "gymnasium": "roll_async.envs.adapters.gymnasium_env:GymnasiumEnv",
+    "textarena": "roll_async.envs.adapters.textarena_env:TextArenaEnv",
+    "reasoning_gym": "roll_async.envs.adapters.reasoning_gym_env:ReasoningGymEnv",
+}
+
+
+def split_adapter_env_type(env_type: str) -> tuple[str, str] | None:
+    """``("gymnasium", "FrozenLake-v1")`` for an adapter env_type, None for anything else."""
+    prefix, sep, name = env_type.partition(":")
+    if not sep or prefix not in ADAPTER_PREFIXES:
+        return None
+    if not name:
+        raise ValueError(f"env_type {env_type!r} names no env after '{prefix}:'; e.g. '{prefix}:{_EXAMPLES[prefix]}'")
+    return prefix, name
+
+
+_EXAMPLES = {"gymnasium": "FrozenLake-v1", "textarena": "GuessTheNumber-v0", "reasoning_gym": "basic_arithmetic"}
+
+
+def adapter_class(prefix: str) -> type:
+    module_name, _, attr = ADAPTER_PREFIXES[prefix].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:
+    """Build the adapter env named by ``env_type`` (``prefix:name``)."""
+    split = split_adapter_env_type(env_type)
+    assert split is not None, env_type
+    prefix, name = split
+    return adapter_class(prefix)(name, **env_config)
+
+
+def import_optional(module: str, pip_name: str, env_type: str) -> Any:
+    """Import an adapter's library or raise a ValueError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(
+            f"env_type {env_type!r} needs the package {pip_name!r}, which is not installed ({exc}); "
+            f"install it with: pip install '{ENVS_EXTRA}' (or pip install {pip_name})"
+        ) from None
+
+
+def unknown_name_error(kind: str, env_type: str, name: str, known: Iterable[str]) -> ValueError:
+    """'unknown <kind> id' with the closest registered names, so a typo is one edit away."""
+    known = sorted(set(known))
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    if not close:
+        lowered = name.lower().split("-")[0]
+        close = [k for k in known if lowered and lowered in k.lower()][:5]
+    hint = f"close matches: {', '.join(close)}" if close else f"{len(known)} ids are registered"
+    return ValueError(f"env_type {env_type!r}: unknown {kind} id {name!r}; {hint}")
+
