@@ -45,9 +45,14 @@ async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: 
     agent_fn = load_agent_function(cfg.agent or "", f"custom_envs.{settings.tag}.agent")
     await gateway.ensure_started()
 
+    sampling_overrides = 0
+
     async def generate(prompt: list[int], max_tokens: int, sampling: Sampling, call: int) -> Any:
+        nonlocal sampling_overrides
         manager._set_phase("generate", call)
-        return await manager._generate(trajectory, call, max_tokens, prompt_ids=prompt, sampling=sampling)
+        training_sampling, overridden = _training_sampling(sampling, settings.generation)
+        sampling_overrides += overridden
+        return await manager._generate(trajectory, call, max_tokens, prompt_ids=prompt, sampling=training_sampling)
 
     session = AgentSession(
         uuid.uuid4().hex[:12],
@@ -100,7 +105,7 @@ async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: 
     trajectory.episode_reward = reward
     trajectory.turns[-1].reward = reward
     trajectory.stop_reason = stop_reason
-    trajectory.metrics = {**_session_metrics(session), **metrics}
+    trajectory.metrics = {**_session_metrics(session), "agent_sampling_overrides": float(sampling_overrides), **metrics}
     trajectory.finished_at = time.time()
     manager.stats.episodes += 1
     return trajectory
@@ -141,6 +146,19 @@ def _fill(trajectory: Trajectory, session: AgentSession) -> Trajectory:
     trajectory.oldest_weight_version = min(versions) if versions else None
     trajectory.newest_weight_version = max(versions) if versions else None
     return trajectory
+
+
+def _training_sampling(requested: Sampling, generation: Any) -> tuple[Sampling, bool]:
+    """The request's sampling with temperature / top_p / top_k set to ``generation.*``; True if that changed them.
+
+    The trainer scores every batch under ``generation.*`` (roll_async.sampling), so the behaviour
+    logprobs must come from that distribution: an agent's own temperature would make the importance
+    ratios wrong without any sign. Stop strings and seed do not change the distribution and are kept.
+    """
+    asked = (requested.temperature, requested.top_p, requested.top_k)
+    trained = (generation.temperature, generation.top_p, generation.top_k)
+    overridden = any(value is not None and value != train for value, train in zip(asked, trained))
+    return Sampling(stop=list(requested.stop), seed=requested.seed), overridden
 
 
 def _session_metrics(session: AgentSession) -> dict[str, float]:

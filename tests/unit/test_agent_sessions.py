@@ -65,8 +65,12 @@ async def test_an_append_only_agent_is_one_token_exact_trajectory(tokenizer):
     assert [lp for lp, m in zip(trajectory.logprobs, trajectory.response_mask) if m] == [-0.5] * 8
     assert trajectory.metrics["agent_segment_breaks"] == 0.0 and trajectory.num_turns == 3
     assert trajectory.oldest_weight_version == 0 and trajectory.newest_weight_version == 0
-    request = engine.requests[0]  # the request's sampling is honoured
-    assert (request.max_tokens, request.temperature, request.top_p, request.stop) == (8, 0.9, 0.95, ["STOP"])
+    # max_tokens and stop come from the request; temperature / top_p are the config's (the trainer scores under them)
+    request = engine.requests[0]
+    generation = manager.settings.generation
+    assert (request.max_tokens, request.stop) == (8, ["STOP"])
+    assert (request.temperature, request.top_p) == (generation.temperature, generation.top_p) != (0.9, 0.95)
+    assert trajectory.metrics["agent_sampling_overrides"] == 3.0
 
 
 async def test_a_history_rewrite_starts_a_counted_segment_and_the_last_segment_is_trained(tokenizer):
