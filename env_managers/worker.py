@@ -23,6 +23,7 @@ from typing import Any
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
+from roll_async.env_service.placement import env_builder
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
@@ -42,13 +43,6 @@ class RegisteredEnvFactory:
         from roll_async.envs import make_env
 
         return make_env(self.env_types[tag], env_config)
-
-
-def _bind_tag(factory: EnvFactory, tag: str) -> Callable[[dict[str, Any]], Any]:
-    def make(env_config: dict[str, Any]) -> Any:
-        return factory(tag, env_config)
-
-    return make
 
 
 def env_manager_config(config: PipelineConfig, which: str):
@@ -88,7 +82,7 @@ def build_env_managers(
             EnvManager(
                 env_id,
                 settings,
-                make_env=_bind_tag(factory, tag),
+                make_env=env_builder(tag, custom_env, factory, call_timeout_s=em.env_step_timeout_s),
                 scheduler=scheduler,
                 engine=engine_for(env_id),
                 prompt_builder=builders[tag],

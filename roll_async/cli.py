@@ -50,6 +50,12 @@ def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
     return dataset.main(args)
 
 
+def _cmd_env_server(args: argparse.Namespace) -> int:
+    from roll_async.env_service.server import main as serve
+
+    return serve(args)
+
+
 class _PassThroughParser(argparse.ArgumentParser):
     """A subcommand that hands every argument after it to a benchmark's own parser (``bench_args``)."""
 
@@ -111,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     dataset.add_arguments(p)
     p.set_defaults(func=_cmd_make_env_dataset)
+
+    p = sub.add_parser(
+        "env-server", help="serve registered envs over HTTP (create/reset/step/close, /health) for custom_envs.<Tag>.service_url"
+    )
+    from roll_async.env_service.server import add_arguments as add_env_server_arguments
+
+    add_env_server_arguments(p)
+    p.set_defaults(func=_cmd_env_server)
 
     p = sub.add_parser("bench", help="throughput benchmarks (benchmarks/): env grouping, engine ceiling")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK", parser_class=_PassThroughParser)

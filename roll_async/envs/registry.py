@@ -2,7 +2,8 @@
 
 ``env_type`` is a registered name (``sokoban``, ``frozen_lake``,
 ``sliding_puzzle``, ``countdown``, ``retrieval_qa``, ``delayed`` (any of them
-with added latency) or one added with
+with added latency), ``faulty`` (any of them with injected hangs/crashes),
+``code`` (sandboxed Python tasks) or one added with
 :func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
 that lives outside the project. An env class with a dataclass ``config_cls``
 (every :class:`~roll_async.envs.base.BaseEnv`) gets its ``env_config`` checked
@@ -21,6 +22,7 @@ from typing import Any
 from roll_async.envs.base import build_config
 from roll_async.envs.countdown import CountdownEnv
 from roll_async.envs.delayed import DelayedEnv
+from roll_async.envs.faulty import FaultyEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
 from roll_async.envs.longtail import LongTailEnv
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
@@ -36,6 +38,7 @@ _REGISTRY: dict[str, type] = {
     "retrieval_qa": RetrievalQAEnv,
     "delayed": DelayedEnv,
     "longtail": LongTailEnv,
+    "faulty": FaultyEnv,
 }
 
 
