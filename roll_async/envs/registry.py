@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from roll_async.envs.base import build_config
+from roll_async.envs.code import CodeEnv
 from roll_async.envs.countdown import CountdownEnv
 from roll_async.envs.delayed import DelayedEnv
 from roll_async.envs.faulty import FaultyEnv
@@ -39,6 +40,7 @@ _REGISTRY: dict[str, type] = {
     "delayed": DelayedEnv,
     "longtail": LongTailEnv,
     "faulty": FaultyEnv,
+    "code": CodeEnv,
 }
 
 
