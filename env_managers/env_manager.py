@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 #: How long to wait for an engine abort or an env close before giving up on it.
 _CLEANUP_TIMEOUT_S = 5.0
+#: Least time an out-of-process env gets to start (``env.prepare()``: fork a process, create a server instance).
+_ENV_PREPARE_TIMEOUT_S = 120.0
 #: Longest pause between continuations when the engine keeps aborting without producing tokens.
 _MAX_ABORT_BACKOFF_S = 1.0
 
@@ -562,13 +564,20 @@ class EnvManager:
         self._set_phase("build_env")
         env = await self._run_with_timeout(self._make_env, desired, what="make_env")  # env=None: close what it builds
         self._env, self._env_config, self._env_dirty = env, desired, False
+        if inspect.iscoroutinefunction(getattr(env, "prepare", None)):
+            # An out-of-process env starts its process / server instance here, so reset/step timeouts
+            # measure only the env's own calls.
+            timeout = max(self.settings.env_step_timeout_s, _ENV_PREPARE_TIMEOUT_S)
+            await self._run_with_timeout(env.prepare, what="env.prepare", env=env, timeout=timeout)
         self.stats.env_builds += 1
 
     async def _call_env(self, method_name: str, *args: Any) -> Any:
         env = self._env
         return await self._run_with_timeout(getattr(env, method_name), *args, what=f"env.{method_name}", env=env)
 
-    async def _run_with_timeout(self, fn: Callable[..., Any], *args: Any, what: str, env: Any = None) -> Any:
+    async def _run_with_timeout(
+        self, fn: Callable[..., Any], *args: Any, what: str, env: Any = None, timeout: float | None = None
+    ) -> Any:
         """Await ``fn(*args)`` (async) or run it in the thread pool (sync), within env_step_timeout_s.
 
         The timeout counts from when the call starts running, not while it waits for a free thread. An
@@ -576,7 +585,7 @@ class EnvManager:
         for make_env, the env it built) is closed in that thread, so no env leaks. An interrupted async call
         is cancelled (a ProcessEnv kills its child process) and its env closed by ``_discard_env``.
         """
-        timeout = self.settings.env_step_timeout_s
+        timeout = timeout or self.settings.env_step_timeout_s
         thread_call: _ThreadCall | None = None
         try:
             if inspect.iscoroutinefunction(fn):

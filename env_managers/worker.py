@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -203,13 +204,18 @@ class EnvManagerHost:
 
 
 class RaySchedulerClient:
-    """The GroupQueueManager actor seen as an EpisodeScheduler."""
+    """The GroupQueueManager actor seen as an EpisodeScheduler.
 
-    def __init__(self, handle: Any) -> None:
+    ``incarnation`` numbers the worker's restarts: the queue actor gives back any
+    seat handed to a call from an earlier (dead) incarnation of the same envs.
+    """
+
+    def __init__(self, handle: Any, incarnation: int = 0) -> None:
         self.handle = handle
+        self.incarnation = incarnation
 
     async def next_episode(self, env_id: int) -> EpisodeSpec | None:
-        return await self.handle.next_episode.remote(env_id)
+        return await self.handle.next_episode.remote(env_id, self.incarnation)
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.handle.put_trajectory.remote(trajectory)
@@ -228,9 +234,11 @@ class EnvManagerWorker:
         engine_handles: list[Any],
         tokenizer_path: str,
         env_factory: EnvFactory | None = None,
+        incarnation: int = 0,
     ) -> None:
         em = env_manager_config(config, which)
         self.worker_index = worker_index
+        self.incarnation = incarnation
         self._scheduler_handle = scheduler_handle
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
@@ -239,7 +247,7 @@ class EnvManagerWorker:
             config,
             which,
             env_specs,
-            scheduler=RaySchedulerClient(scheduler_handle),
+            scheduler=RaySchedulerClient(scheduler_handle, incarnation),
             engine_for=self._router.client_for,
             tokenizer=tokenizer,
             env_factory=env_factory,
@@ -267,6 +275,8 @@ class EnvManagerWorker:
     async def describe(self) -> dict[str, Any]:
         return {
             "worker_index": self.worker_index,
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
             "router_load": self._router.load(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()

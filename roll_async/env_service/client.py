@@ -1,10 +1,9 @@
 """The rollout side of the env server: an aiohttp client and RemoteEnv, an async env proxy.
 
 ``RemoteEnv`` looks like any ``async def reset/step/close`` env to the
-EnvManager, so the rollout loop does not change. Its env instance is created on
-the server at the first ``reset`` (create and reset in one round trip) on the
-server of the tag's list with the fewest envs of this client (spread by load),
-and stays there. Each call carries ``timeout_s`` (the server kills the env past
+EnvManager, so the rollout loop does not change. Its env instance is created
+(``prepare``, or the first ``reset``) on the server of the tag's list with the
+fewest envs of this client (spread by load), and stays there. Each call carries ``timeout_s`` (the server kills the env past
 it) and has a client-side deadline a little longer. Transport errors
 (connection refused or reset, server disconnected) are retried
 ``max_retries`` times with backoff; after that the URL is marked down for a
@@ -168,22 +167,26 @@ class RemoteEnv:
             self._client = EnvServiceClient.shared(self.service_url, max_retries=self.max_retries)
         return self._client
 
-    async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
+    async def prepare(self) -> None:
+        """Create the instance on the least-loaded server (the EnvManager calls it after building the proxy)."""
+        if self.env_id is not None:
+            return
         client = self._get_client()
+        url = client.pick_url()
+        client.envs_on[url] += 1
+        try:
+            payload = await self._send(
+                url, "POST", f"{API}/envs", {"env_type": self.env_type, "env_config": self.env_config, "timeout_s": self.call_timeout_s}
+            )
+        except BaseException:
+            client.envs_on[url] -= 1
+            raise
+        self.url, self.env_id = url, payload["env_id"]
+
+    async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         if self.env_id is None:
-            url = client.pick_url()
-            client.envs_on[url] += 1
-            try:
-                payload = await self._send(
-                    url, "POST", f"{API}/envs",
-                    {"env_type": self.env_type, "env_config": self.env_config, "seed": int(seed), "timeout_s": self.call_timeout_s},
-                )
-            except BaseException:
-                client.envs_on[url] -= 1
-                raise
-            self.url, self.env_id = url, payload["env_id"]
-        else:
-            payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/reset", {"seed": int(seed), "timeout_s": self.call_timeout_s})
+            await self.prepare()
+        payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/reset", {"seed": int(seed), "timeout_s": self.call_timeout_s})
         return decode_observation(payload["observation"]), payload.get("info") or {}
 
     async def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:

@@ -3,7 +3,10 @@
 ``custom_envs.<Tag>.isolation: process`` wraps every env of the tag in a
 :class:`ProcessEnv`; ``custom_envs.<Tag>.service_url`` makes every env a
 :class:`RemoteEnv` on that server (list). Both are async envs, so the
-EnvManager's loop is the same for all three; only the builder differs.
+EnvManager's loop is the same for all three; only the builder differs. Both
+have an ``async prepare()`` (start the process / create the server's instance)
+that the EnvManager awaits after building, with a generous timeout, so that
+``env_step_timeout_s`` measures reset and step only.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from roll_async.env_service.client import RemoteEnv
 from roll_async.env_service.process_env import ProcessEnv
 
 EnvFactory = Callable[[str, dict[str, Any]], Any]
-#: A new env process may take this long to start (fork, build the env) on a loaded machine.
-_START_TIMEOUT_S = 60.0
 
 
 def env_builder(
@@ -40,9 +41,7 @@ def env_builder(
     if custom_env.isolation == "process":
 
         def isolated(env_config: dict[str, Any]) -> Any:
-            env = ProcessEnv(functools.partial(factory, tag, env_config), name=f"{tag}-env")
-            env.start(timeout_s=max(_START_TIMEOUT_S, call_timeout_s))  # runs as make_env, in an env thread
-            return env
+            return ProcessEnv(functools.partial(factory, tag, env_config), name=f"{tag}-env")  # started by prepare()
 
         return isolated
 

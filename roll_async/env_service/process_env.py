@@ -159,6 +159,7 @@ class ProcessEnv:
     async def close(self) -> None:
         """Ask the env to close itself (bounded), then make sure the process is gone."""
         if self._process is None:
+            self._dead_reason = self._dead_reason or "closed"  # a start still under way kills what it started
             return
         try:
             if self._dead_reason is None and self._process.is_alive():
@@ -167,6 +168,10 @@ class ProcessEnv:
             logger.debug("%s: close failed; killing its process", self.name, exc_info=True)
         finally:
             self.kill("closed")
+
+    async def prepare(self) -> None:
+        """Start the child and build the env without blocking the loop (the EnvManager calls it after make_env)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.start)
 
     @property
     def pid(self) -> int | None:
@@ -245,6 +250,9 @@ class ProcessEnv:
         if status == "error":
             self.kill("building the env failed")
             raise EnvProcessError(f"{self.name}: {value}")
+        if self._dead_reason is not None:  # closed or killed while it was starting
+            self._dead_reason = None
+            self.kill("closed while starting")
 
     async def _receive(self) -> tuple[str, Any]:
         """Wait (without blocking the loop) for the child's answer, or for its death."""

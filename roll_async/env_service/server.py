@@ -371,3 +371,29 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def launch_server_process(*extra_args: str, host: str = "127.0.0.1", timeout_s: float = 120.0) -> tuple[Any, str]:
+    """Start ``roll-async env-server`` as a subprocess on a free port; returns (Popen, url) once it listens.
+
+    For tests and benchmarks; the caller terminates the process.
+    """
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "roll_async.cli", "env-server", "--host", host, "--port", "0", *extra_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            break
+        lines.append(line)
+        if "listening on " in line:
+            url = line.split("listening on ", 1)[1].split()[0]
+            return process, url
+    process.kill()
+    raise RuntimeError("env-server did not start: " + "".join(lines[-20:]))
