@@ -76,6 +76,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(root))
     if args.bench == "grouping":
         from benchmarks.env_grouping import main as bench_main
+    elif args.bench == "env-server":
+        from benchmarks.env_server_load import main as bench_main
     else:
         from benchmarks.engine_ceiling import main as bench_main
     return int(bench_main(args.bench_args) or 0)
@@ -135,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=_cmd_bench)
     b = bench.add_parser("ceiling", add_help=False, help="bare-engine tokens/s vs concurrency; arguments go to benchmarks/engine_ceiling.py")
+    b.set_defaults(func=_cmd_bench)
+    b = bench.add_parser(
+        "env-server", add_help=False,
+        help="env server load test (sessions, requests/s, p99, errors); arguments go to benchmarks/env_server_load.py",
+    )
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_async.envs.delayed import InnerEnvWrapper
+
 FAULTS = ("hang", "crash", "segfault", "raise")
 
 
@@ -51,16 +53,13 @@ class FaultyEnvConfig:
             raise ValueError(f"faulty env: fault_probability={self.fault_probability} must be within [0, 1]")
 
 
-class FaultyEnv:
+class FaultyEnv(InnerEnvWrapper):
     """Delegates to the inner env; ``fault_probability`` of the chosen calls fault instead (see module doc)."""
 
     config_cls = FaultyEnvConfig
 
     def __init__(self, config: FaultyEnvConfig | None = None) -> None:
-        from roll_async.envs.registry import make_env
-
-        self.config = config or FaultyEnvConfig()
-        self.inner = make_env(self.config.inner_env_type, dict(self.config.inner_env_config))
+        super().__init__(config or FaultyEnvConfig())
         self._rng = random.Random(os.urandom(8))
 
     def _maybe_fault(self, call: str) -> None:
@@ -82,13 +81,3 @@ class FaultyEnv:
     def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._maybe_fault("step")
         return self.inner.step(action_text)
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

@@ -317,3 +317,19 @@ async def test_an_env_interrupted_mid_call_is_closed_once_the_call_returns():
     assert SlowEnv.closed_after_step is None
     pool.shutdown(wait=True)
     assert SlowEnv.closed_after_step is True
+
+
+async def test_the_server_builds_dotted_path_envs_importable_there(server_url):
+    env = RemoteEnv(server_url, "env_managers.testing:ScriptedEnv", {"episode_length": 2}, call_timeout_s=30)
+    observation, _ = await env.reset(1)
+    assert isinstance(observation, str)
+    reward = (await env.step("<answer>Up</answer>"))[1]
+    assert isinstance(reward, float)
+    await env.close()
+
+
+def test_env_server_import_flag_names_a_module_that_does_not_import():
+    from roll_async.env_service.server import launch_server_process
+
+    with pytest.raises(RuntimeError, match="--import no_such_module_xyz"):
+        launch_server_process("--import", "no_such_module_xyz", timeout_s=60)
