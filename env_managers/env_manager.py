@@ -354,6 +354,12 @@ class EnvManager:
         """Make the loop end; the host cancels the loop task after this."""
         self._stopping = True
 
+    async def wait_closed(self, timeout: float = _CLEANUP_TIMEOUT_S) -> None:
+        """Wait (bounded) for env closes still running in the background (a remote env's DELETE, a process kill)."""
+        pending = [task for task in self._background if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
     def _set_phase(self, phase: str, turn: int | None = None) -> None:
         current = self._current
         self.progress = EnvProgress(

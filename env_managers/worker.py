@@ -171,6 +171,8 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        # Envs elsewhere (a child process, an env server) must be closed before the worker goes away.
+        await asyncio.gather(*(m.wait_closed() for m in self.managers.values()), return_exceptions=True)
 
     def check_watchdog(self) -> tuple[dict[int, str], list[int]]:
         """(newly stalled envs with a description, envs that recovered since they were reported)."""

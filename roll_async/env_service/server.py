@@ -56,7 +56,7 @@ class _Hosted:
     env: Any
     env_type: str
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    created_at: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -68,6 +68,7 @@ class ServerStats:
     timeouts: int = 0
     crashes: int = 0
     bad_requests: int = 0
+    reaped_idle: int = 0
 
 
 class EnvServer:
@@ -81,6 +82,7 @@ class EnvServer:
         max_envs: int = 256,
         threads: int = 32,
         start_timeout_s: float = 60.0,
+        idle_timeout_s: float = 900.0,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation={isolation!r}; use one of {list(ISOLATION_MODES)}")
@@ -89,6 +91,9 @@ class EnvServer:
         self.max_envs = int(max_envs)
         #: A new env process may take this long to start and build its env (not counted in call timeouts).
         self.start_timeout_s = float(start_timeout_s)
+        #: An env nobody called for this long is closed (its client died without closing it); 0 disables.
+        self.idle_timeout_s = float(idle_timeout_s)
+        self._reaper: asyncio.Task | None = None
         self.envs: dict[str, _Hosted] = {}
         self.stats = ServerStats()
         self._ids = itertools.count()
@@ -106,8 +111,24 @@ class EnvServer:
                 web.post(f"{API}/batch", self.batch),
             ]
         )
+        app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        if self.idle_timeout_s > 0:
+            self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        """Close envs idle past idle_timeout_s: a client killed without closing them must not leak them."""
+        while True:
+            await asyncio.sleep(max(1.0, min(60.0, self.idle_timeout_s / 4)))
+            now = time.monotonic()
+            for env_id, hosted in list(self.envs.items()):
+                if not hosted.lock.locked() and now - hosted.last_used > self.idle_timeout_s:
+                    self.envs.pop(env_id, None)
+                    self.stats.reaped_idle += 1
+                    await self._dispose(hosted.env)
 
     # -- handlers --------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -245,7 +266,10 @@ class EnvServer:
             self.stats.calls += 1
             fn = getattr(hosted.env, method)
             call = fn(*args) if inspect.iscoroutinefunction(fn) else self._in_thread(fn, *args)
-            return await self._timed(call, timeout, method, env_id)
+            try:
+                return await self._timed(call, timeout, method, env_id)
+            finally:
+                hosted.last_used = time.monotonic()
 
     async def _timed(self, call: Any, timeout: float, method: str, env_id: str | None) -> Any:
         """Run ``call`` within ``timeout``; on failure the env is dropped (its process killed) and 500 names why."""
@@ -318,6 +342,8 @@ class EnvServer:
         return web.json_response({"error": message, "kind": kind}, status=status)
 
     async def _on_shutdown(self, app: web.Application) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
         for env_id in list(self.envs):
             hosted = self.envs.pop(env_id)
             if isinstance(hosted.env, ProcessEnv):
@@ -342,6 +368,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-timeout-s", type=float, default=60.0, help="default per-call timeout (a request may pass timeout_s)")
     parser.add_argument("--max-envs", type=int, default=256, help="most env instances held at once (429 beyond)")
     parser.add_argument("--threads", type=int, default=32, help="threads for in-thread envs (--isolation none)")
+    parser.add_argument(
+        "--idle-timeout-s", type=float, default=900.0,
+        help="close an env nobody called for this long (its client died); 0 disables (default 900)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -351,7 +381,8 @@ def main(args: argparse.Namespace) -> int:
         except ImportError as exc:
             raise SystemExit(f"roll-async env-server: --import {module}: {exc}") from None
     server = EnvServer(
-        isolation=args.isolation, env_timeout_s=args.env_timeout_s, max_envs=args.max_envs, threads=args.threads
+        isolation=args.isolation, env_timeout_s=args.env_timeout_s, max_envs=args.max_envs, threads=args.threads,
+        idle_timeout_s=args.idle_timeout_s,
     )
 
     async def serve() -> None:

@@ -333,3 +333,21 @@ def test_env_server_import_flag_names_a_module_that_does_not_import():
 
     with pytest.raises(RuntimeError, match="--import no_such_module_xyz"):
         launch_server_process("--import", "no_such_module_xyz", timeout_s=60)
+
+
+async def test_envs_abandoned_by_a_dead_client_are_reaped_when_idle():
+    server = EnvServer(isolation="none", idle_timeout_s=1.0)
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        env = RemoteEnv(url, "countdown", {}, call_timeout_s=30)
+        await env.reset(1)  # never closed, as if its worker was killed
+        deadline = time.monotonic() + 30
+        while server.envs and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert server.envs == {} and server.stats.reaped_idle == 1
+    finally:
+        await runner.cleanup()
