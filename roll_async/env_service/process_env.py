@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: How long a polite ``close`` may take before the child is killed.
 _CLOSE_TIMEOUT_S = 5.0
-_PRELOAD = ["roll_async.envs"]
+#: Imported once in the forkserver so a new env process is a bare fork (this module itself is needed to unpickle).
+_PRELOAD = ["roll_async.envs", "roll_async.env_service.process_env"]
 _context: Any = None
 
 
