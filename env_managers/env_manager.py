@@ -42,7 +42,14 @@ are awaited with the same timeout. An env call that was interrupted (timeout or
 episode cancelled mid-call) leaves the env in an unknown state, so that
 instance is abandoned and a fresh one built. After a timeout the hung thread
 cannot be killed; this manager then moves to a private one-thread executor so
-the shared pool does not shrink.
+the shared pool does not shrink, and the env is closed by that thread as soon
+as its call returns (never leaked). The timeout counts from when the call starts
+running, not while it waits for a free thread. For an env that must really be
+stopped, ``custom_envs.<Tag>.isolation: process`` runs it in a child process
+that is killed at the timeout (``roll_async.env_service``); a tag with
+``service_url`` runs on an env server. If no env server of a tag answers after
+the client's retries, ``EnvServiceUnavailable`` ends the loop like an engine
+failure: ``get_batch`` reports it as the root cause.
 
 The scheduler may cancel the current episode (``cancel_episode``: its group
 completed without it, or sync mode suspended): the in-flight engine request is
@@ -55,6 +62,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -64,6 +72,7 @@ from typing import Any, Protocol
 from roll_async.config import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
+from roll_async.env_service.protocol import EnvServiceUnavailable
 from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
 from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
 
@@ -71,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 #: How long to wait for an engine abort or an env close before giving up on it.
 _CLEANUP_TIMEOUT_S = 5.0
+#: Least time an out-of-process env gets to start (``env.prepare()``: fork a process, create a server instance).
+_ENV_PREPARE_TIMEOUT_S = 120.0
 #: Longest pause between continuations when the engine keeps aborting without producing tokens.
 _MAX_ABORT_BACKOFF_S = 1.0
 
@@ -230,6 +241,71 @@ def _episode_metrics(turns: list[TurnRecord]) -> dict[str, float]:
     return merged
 
 
+def _close_env_now(env: Any) -> None:
+    """Close ``env`` in the calling thread (an abandoned call's thread, once the call returned)."""
+    close = getattr(env, "close", None)
+    if not callable(close):
+        return
+    try:
+        result = close()
+        if inspect.isawaitable(result):
+            asyncio.run(_await(result))
+    except Exception:
+        logger.debug("closing an abandoned env failed", exc_info=True)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class _ThreadCall:
+    """One sync env call in a thread: timed from when it starts running; cleans up after itself if abandoned.
+
+    ``env`` is the env the call runs on; None means the call builds an env (make_env) and its result is the
+    env to close if nobody waits for it any more.
+    """
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any) -> None:
+        self.fn, self.args, self.env = fn, args, env
+        self._lock = threading.Lock()
+        self._finished = self._abandoned = False
+
+    async def run(self, executor: Executor | None, timeout: float) -> Any:
+        loop = asyncio.get_running_loop()
+        started = loop.create_future()
+
+        def mark_started() -> None:
+            if not started.done():
+                started.set_result(None)
+
+        def call() -> Any:
+            loop.call_soon_threadsafe(mark_started)
+            result = None
+            try:
+                result = self.fn(*self.args)
+                return result
+            finally:
+                with self._lock:
+                    self._finished = True
+                    abandoned = self._abandoned
+                if abandoned:
+                    _close_env_now(self.env if self.env is not None else result)
+
+        future = loop.run_in_executor(executor, call)
+        try:
+            await asyncio.wait({started, future}, return_when=asyncio.FIRST_COMPLETED)  # queued time does not count
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        return await asyncio.wait_for(future, timeout)
+
+    def abandon(self) -> bool:
+        """Nobody waits for the result any more; True if the call is still running (its thread cleans up)."""
+        with self._lock:
+            self._abandoned = True
+            return not self._finished
+
+
 class EnvManager:
     """Runs episodes of one env instance; see the module docstring for the rules."""
 
@@ -325,6 +401,12 @@ class EnvManager:
     def stop(self) -> None:
         """Make the loop end; the host cancels the loop task after this."""
         self._stopping = True
+
+    async def wait_closed(self, timeout: float = _CLEANUP_TIMEOUT_S) -> None:
+        """Wait (bounded) for env closes still running in the background (a remote env's DELETE, a process kill)."""
+        pending = [task for task in self._background if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     def _set_phase(self, phase: str, turn: int | None = None) -> None:
         current = self._current
@@ -587,33 +669,54 @@ class EnvManager:
             return
         self._discard_env()
         self._set_phase("build_env")
-        env = await self._run_with_timeout(self._make_env, desired, what="make_env")
+        env = await self._run_with_timeout(self._make_env, desired, what="make_env")  # env=None: close what it builds
         self._env, self._env_config, self._env_dirty = env, desired, False
+        if inspect.iscoroutinefunction(getattr(env, "prepare", None)):
+            # An out-of-process env starts its process / server instance here, so reset/step timeouts
+            # measure only the env's own calls.
+            timeout = max(self.settings.env_step_timeout_s, _ENV_PREPARE_TIMEOUT_S)
+            await self._run_with_timeout(env.prepare, what="env.prepare", env=env, timeout=timeout)
         self.stats.env_builds += 1
 
     async def _call_env(self, method_name: str, *args: Any) -> Any:
-        return await self._run_with_timeout(getattr(self._env, method_name), *args, what=f"env.{method_name}")
+        env = self._env
+        return await self._run_with_timeout(getattr(env, method_name), *args, what=f"env.{method_name}", env=env)
 
-    async def _run_with_timeout(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
-        """Await ``fn(*args)`` (async) or run it in the thread pool (sync), within env_step_timeout_s."""
-        timeout = self.settings.env_step_timeout_s
+    async def _run_with_timeout(
+        self, fn: Callable[..., Any], *args: Any, what: str, env: Any = None, timeout: float | None = None
+    ) -> Any:
+        """Await ``fn(*args)`` (async) or run it in the thread pool (sync), within env_step_timeout_s.
+
+        The timeout counts from when the call starts running, not while it waits for a free thread. An
+        interrupted sync call (timeout or cancellation) keeps its thread until it returns; then ``env`` (or,
+        for make_env, the env it built) is closed in that thread, so no env leaks. An interrupted async call
+        is cancelled (a ProcessEnv kills its child process) and its env closed by ``_discard_env``.
+        """
+        timeout = timeout or self.settings.env_step_timeout_s
+        thread_call: _ThreadCall | None = None
         try:
             if inspect.iscoroutinefunction(fn):
                 result = await asyncio.wait_for(fn(*args), timeout)
             else:
-                future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-                result = await asyncio.wait_for(future, timeout)
+                thread_call = _ThreadCall(fn, args, env)
+                result = await thread_call.run(self._executor, timeout)
                 if inspect.isawaitable(result):
                     result = await asyncio.wait_for(result, timeout)
             return result
         except asyncio.TimeoutError:
             self.stats.env_timeouts += 1
-            self._env_dirty = self._env_maybe_busy = True
-            self._move_off_hung_thread()
+            self._env_dirty = True
+            if thread_call is not None and thread_call.abandon():
+                self._env_maybe_busy = True  # its thread closes the env when the call returns
+                self._move_off_hung_thread()
             raise EnvCallError(f"{what} exceeded env_step_timeout_s={timeout}s") from None
         except asyncio.CancelledError:
-            self._env_dirty = self._env_maybe_busy = True  # interrupted mid-call: the env's state is unknown
+            self._env_dirty = True  # interrupted mid-call: the env's state is unknown
+            if thread_call is not None and thread_call.abandon():
+                self._env_maybe_busy = True
             raise
+        except EnvServiceUnavailable:
+            raise  # no env server of the tag answers: the rollout cannot go on (get_batch reports it)
         except Exception as exc:
             self._env_dirty = True
             raise EnvCallError(f"{what} raised {type(exc).__name__}: {exc}") from exc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
+from roll_async.env_service.placement import env_builder
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
@@ -44,13 +46,6 @@ class RegisteredEnvFactory:
         from roll_async.envs import make_env
 
         return make_env(self.env_types[tag], env_config)
-
-
-def _bind_tag(factory: EnvFactory, tag: str) -> Callable[[dict[str, Any]], Any]:
-    def make(env_config: dict[str, Any]) -> Any:
-        return factory(tag, env_config)
-
-    return make
 
 
 def env_manager_config(config: PipelineConfig, which: str):
@@ -92,7 +87,7 @@ def build_env_managers(
             EnvManager(
                 env_id,
                 settings,
-                make_env=_bind_tag(factory, tag),
+                make_env=env_builder(tag, custom_env, factory, call_timeout_s=em.env_step_timeout_s),
                 scheduler=scheduler,
                 engine=engine_for(env_id),
                 prompt_builder=builders[tag],
@@ -182,6 +177,8 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        # Envs elsewhere (a child process, an env server) must be closed before the worker goes away.
+        await asyncio.gather(*(m.wait_closed() for m in self.managers.values()), return_exceptions=True)
         gateways = {id(m.agent_gateway): m.agent_gateway for m in self.managers.values() if m.agent_gateway is not None}
         for gateway in gateways.values():
             await gateway.stop()
@@ -218,13 +215,18 @@ class EnvManagerHost:
 
 
 class RaySchedulerClient:
-    """The GroupQueueManager actor seen as an EpisodeScheduler."""
+    """The GroupQueueManager actor seen as an EpisodeScheduler.
 
-    def __init__(self, handle: Any) -> None:
+    ``incarnation`` numbers the worker's restarts: the queue actor gives back any
+    seat handed to a call from an earlier (dead) incarnation of the same envs.
+    """
+
+    def __init__(self, handle: Any, incarnation: int = 0) -> None:
         self.handle = handle
+        self.incarnation = incarnation
 
     async def next_episode(self, env_id: int) -> EpisodeSpec | None:
-        return await self.handle.next_episode.remote(env_id)
+        return await self.handle.next_episode.remote(env_id, self.incarnation)
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.handle.put_trajectory.remote(trajectory)
@@ -243,9 +245,11 @@ class EnvManagerWorker:
         engine_handles: list[Any],
         tokenizer_path: str,
         env_factory: EnvFactory | None = None,
+        incarnation: int = 0,
     ) -> None:
         em = env_manager_config(config, which)
         self.worker_index = worker_index
+        self.incarnation = incarnation
         self._scheduler_handle = scheduler_handle
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
@@ -254,7 +258,7 @@ class EnvManagerWorker:
             config,
             which,
             env_specs,
-            scheduler=RaySchedulerClient(scheduler_handle),
+            scheduler=RaySchedulerClient(scheduler_handle, incarnation),
             engine_for=self._router.client_for,
             tokenizer=tokenizer,
             env_factory=env_factory,
@@ -282,6 +286,8 @@ class EnvManagerWorker:
     async def describe(self) -> dict[str, Any]:
         return {
             "worker_index": self.worker_index,
+            "incarnation": self.incarnation,
+            "pid": os.getpid(),
             "router_load": self._router.load(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()

@@ -92,6 +92,12 @@ def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
     return dataset.main(args)
 
 
+def _cmd_env_server(args: argparse.Namespace) -> int:
+    from roll_async.env_service.server import main as serve
+
+    return serve(args)
+
+
 class _PassThroughParser(argparse.ArgumentParser):
     """A subcommand that hands every argument after it to a benchmark's own parser (``bench_args``)."""
 
@@ -112,6 +118,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(root))
     if args.bench == "grouping":
         from benchmarks.env_grouping import main as bench_main
+    elif args.bench == "env-server":
+        from benchmarks.env_server_load import main as bench_main
     else:
         from benchmarks.engine_ceiling import main as bench_main
     return int(bench_main(args.bench_args) or 0)
@@ -177,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     dataset.add_arguments(p)
     p.set_defaults(func=_cmd_make_env_dataset)
 
+    p = sub.add_parser(
+        "env-server", help="serve registered envs over HTTP (create/reset/step/close, /health) for custom_envs.<Tag>.service_url"
+    )
+    from roll_async.env_service.server import add_arguments as add_env_server_arguments
+
+    add_env_server_arguments(p)
+    p.set_defaults(func=_cmd_env_server)
+
     p = sub.add_parser("bench", help="throughput benchmarks (benchmarks/): env grouping, engine ceiling")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK", parser_class=_PassThroughParser)
     b = bench.add_parser(
@@ -186,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=_cmd_bench)
     b = bench.add_parser("ceiling", add_help=False, help="bare-engine tokens/s vs concurrency; arguments go to benchmarks/engine_ceiling.py")
+    b.set_defaults(func=_cmd_bench)
+    b = bench.add_parser(
+        "env-server", add_help=False,
+        help="env server load test (sessions, requests/s, p99, errors); arguments go to benchmarks/env_server_load.py",
+    )
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -87,6 +87,13 @@ class CustomEnvConfig:
     #: Agent session (``env_type: agent``): ``pkg.module:function`` naming ``async def agent(client, task)``;
     #: the agent's requests set their own messages and stop strings (system_prompt, templates, stop unused).
     agent: str | None = None
+    #: Run this tag's envs on env servers (``roll-async env-server``): one URL or a list, spread by load.
+    service_url: Any = None
+    #: Retries of transport errors per env-server call before the server counts as down.
+    service_max_retries: int = 3
+    #: none: envs run in the worker's threads; process: each env instance in its own child process
+    #: (a call past env_step_timeout_s kills it; a crash is contained).
+    isolation: str = "none"
 
 
 @dataclass
@@ -107,6 +114,8 @@ class EnvManagerConfig:
     group_filter: str = "none"
     #: An env that makes no progress for this long is reported by the watchdog.
     watchdog_timeout_s: float = 300.0
+    #: EnvManagerWorkers that die (process killed, crash) are restarted this many times in total; one more fails the run.
+    max_worker_restarts: int = 3
     #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
     dataset: str | None = None
 
@@ -377,6 +386,8 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
         raise ConfigError(f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0")
     if em.max_env_num_per_worker < 1:
         raise ConfigError(f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1")
+    if em.max_worker_restarts < 0:
+        raise ConfigError(f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0")
     if em.env_step_timeout_s <= 0:
         raise ConfigError(f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds")
     if not em.tags:
@@ -443,6 +454,7 @@ def validate_config(config: PipelineConfig) -> None:
         raise ConfigError(f"generation.max_retries={config.generation.max_retries}: must be >= 0")
     _validate_sampling(config)
     for tag, env in config.custom_envs.items():
+        _validate_env_placement(tag, env)
         if env.max_steps < 1:
             raise ConfigError(f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1")
         if env.max_tokens_per_step < 1:
@@ -486,6 +498,35 @@ def _validate_sampling(config: PipelineConfig) -> None:
             f"engine.engine_kwargs.logprobs_mode={mode!r}: behaviour logprobs must be those of the sampling "
             "distribution the trainer scores under; remove the key (roll-async uses processed_logprobs)"
         )
+
+
+ISOLATION_MODES = ("none", "process")
+
+
+def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:
+    """isolation and service_url of one custom env (see roll_async.env_service)."""
+    if env.isolation not in ISOLATION_MODES:
+        raise ConfigError(
+            f"custom_envs.{tag}.isolation='{env.isolation}' is unknown; use one of: {', '.join(ISOLATION_MODES)}"
+        )
+    if env.service_url is None or env.service_url == "":
+        return
+    urls = [env.service_url] if isinstance(env.service_url, str) else env.service_url
+    if not isinstance(urls, (list, tuple)) or not urls:
+        raise ConfigError(f"custom_envs.{tag}.service_url={env.service_url!r}: give a URL or a list of URLs")
+    for url in urls:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"custom_envs.{tag}.service_url has {url!r}; write each as http://host:port "
+                "(a roll-async env-server)"
+            )
+    if env.isolation != "none":
+        raise ConfigError(
+            f"custom_envs.{tag}: isolation='{env.isolation}' and service_url both set; the env server already runs "
+            "each env in its own process (its --isolation flag): remove isolation"
+        )
+    if env.service_max_retries < 0:
+        raise ConfigError(f"custom_envs.{tag}.service_max_retries={env.service_max_retries}: must be >= 0")
 
 
 def _validate_training(config: PipelineConfig) -> None:

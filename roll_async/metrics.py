@@ -35,6 +35,8 @@ FILTER_BYPASSED_GROUPS = "rollout/filter_bypassed_groups"
 ENV_ERRORS = "rollout/env_errors"
 DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
+#: EnvManagerWorkers restarted after they died (train_env_manager.max_worker_restarts bounds them).
+WORKER_RESTARTS = "rollout/worker_restarts"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
 #: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
@@ -82,6 +84,7 @@ COUNTER_METRICS: dict[str, str] = {
     "env_errors": ENV_ERRORS,
     "dropped_error_groups": DROPPED_ERROR_GROUPS,
     "cancelled_episodes": CANCELLED_EPISODES,
+    "worker_restarts": WORKER_RESTARTS,
 }
 
 

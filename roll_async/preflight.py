@@ -8,10 +8,13 @@ architecture the trainer or vLLM cannot load. Each failure names the key and the
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from roll_async.agent_gateway.task import load_agent_function
-from roll_async.config import ConfigError, PipelineConfig
+from roll_async.config import ConfigError, CustomEnvConfig, PipelineConfig
 from roll_async.envs import make_env
 from roll_async.model.tiny import resolve_model_path
 
@@ -29,6 +32,9 @@ def check_envs(config: PipelineConfig) -> None:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             continue
+        if spec.service_url or spec.isolation == "process":
+            check_env_out_of_process(tag, spec, config)
+            continue
         try:
             env = make_env(spec.env_type, dict(spec.env_config))
             env.reset(seed=config.seed)
@@ -37,6 +43,35 @@ def check_envs(config: PipelineConfig) -> None:
                 close()
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"custom_envs.{tag}: {exc}") from None
+
+
+def check_env_out_of_process(tag: str, spec: CustomEnvConfig, config: PipelineConfig) -> None:
+    """A tag on env servers: each URL answers and builds one env; an isolated tag: one env builds in a child."""
+    from roll_async.env_service.client import check_service
+    from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
+    from roll_async.env_service.protocol import EnvServiceError, EnvServiceUnavailable
+
+    timeout = config.train_env_manager.env_step_timeout_s
+    if spec.service_url:
+        try:
+            _run_blocking(check_service(spec.service_url, spec.env_type, dict(spec.env_config), config.seed, timeout))
+        except (EnvServiceUnavailable, EnvServiceError) as exc:
+            raise ConfigError(f"custom_envs.{tag}.service_url: {exc}") from None
+        return
+    env = ProcessEnv(functools.partial(make_env, spec.env_type, dict(spec.env_config)), name=f"{tag}-preflight")
+    try:
+        env.start(timeout_s=max(60.0, timeout))
+        _run_blocking(asyncio.wait_for(env.reset(config.seed), timeout))
+    except (EnvProcessError, asyncio.TimeoutError) as exc:
+        raise ConfigError(f"custom_envs.{tag} (isolation: process): {exc or 'reset timed out'}") from None
+    finally:
+        env.kill("preflight done")
+
+
+def _run_blocking(coroutine: Any) -> Any:
+    """Run ``coroutine`` to completion on a fresh event loop in a thread (preflight may run inside a loop)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:

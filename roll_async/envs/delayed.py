@@ -42,16 +42,36 @@ class DelayedEnvConfig:
                 raise ValueError(f"delayed env: {name}={getattr(self, name)} must be >= 0")
 
 
-class DelayedEnv:
+class InnerEnvWrapper:
+    """Base of envs that wrap a registered env (``config.inner_env_type`` / ``inner_env_config``).
+
+    Closing closes the inner env; solvers, action words and renders of the inner env stay reachable.
+    """
+
+    def __init__(self, config: Any) -> None:
+        from roll_async.envs.registry import make_env
+
+        self.config = config
+        self.inner = make_env(config.inner_env_type, dict(config.inner_env_config))
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class DelayedEnv(InnerEnvWrapper):
     """Sleeps (blocking, like a real simulator would compute) before delegating to the inner env."""
 
     config_cls = DelayedEnvConfig
 
     def __init__(self, config: DelayedEnvConfig | None = None) -> None:
-        from roll_async.envs.registry import make_env
-
-        self.config = config or DelayedEnvConfig()
-        self.inner = make_env(self.config.inner_env_type, dict(self.config.inner_env_config))
+        super().__init__(config or DelayedEnvConfig())
         self._rng = np.random.default_rng(0)
 
     def _step_delay(self) -> float:
@@ -73,14 +93,3 @@ class DelayedEnv:
         if delay > 0:
             time.sleep(delay)
         return self.inner.step(action_text)
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
-
-    def __getattr__(self, name: str) -> Any:
-        # Solvers, action words and renders of the inner env stay reachable.
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

@@ -2,7 +2,8 @@
 
 ``env_type`` is a registered name (``sokoban``, ``frozen_lake``,
 ``sliding_puzzle``, ``countdown``, ``retrieval_qa``, ``delayed`` (any of them
-with added latency) or one added with
+with added latency), ``faulty`` (any of them with injected hangs/crashes),
+``code`` (sandboxed Python tasks) or one added with
 :func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
 that lives outside the project, or an adapter prefix for an env library the
 user already has: ``gymnasium:<EnvId>``, ``textarena:<EnvId>``,
@@ -23,8 +24,10 @@ from typing import Any
 
 from roll_async.envs.adapters import adapter_class, make_adapter_env, split_adapter_env_type
 from roll_async.envs.base import build_config
+from roll_async.envs.code import CodeEnv
 from roll_async.envs.countdown import CountdownEnv
 from roll_async.envs.delayed import DelayedEnv
+from roll_async.envs.faulty import FaultyEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
 from roll_async.envs.longtail import LongTailEnv
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
@@ -40,6 +43,8 @@ _REGISTRY: dict[str, type] = {
     "retrieval_qa": RetrievalQAEnv,
     "delayed": DelayedEnv,
     "longtail": LongTailEnv,
+    "faulty": FaultyEnv,
+    "code": CodeEnv,
 }
 
 

@@ -85,6 +85,11 @@ Watchdog. Workers report envs that make no progress (``report_stalled``); the
 count is a gauge in every batch's metrics and the report is cleared when the
 env next talks to the scheduler or the worker sees it progress.
 
+Worker restarts. When an EnvManagerWorker dies (its process killed or crashed),
+the RolloutScheduler starts a replacement and calls ``on_worker_restart``: the
+episodes its envs had in flight end ``env_error`` (counted, seats re-opened and
+refilled) and ``worker_restarts`` is counted.
+
 Fatal errors. ``report_fatal`` (a worker's env loop died, e.g. an engine
 request failed after its retries) makes ``get_batch`` raise
 ``RolloutFatalError`` with the root cause and makes ``next_episode`` return None
@@ -172,6 +177,7 @@ class SchedulerCounters:
     late_trajectories: int = 0
     completed_groups: int = 0
     created_groups: int = 0
+    worker_restarts: int = 0
 
     def minus(self, earlier: SchedulerCounters) -> dict[str, int]:
         now, before = asdict(self), asdict(earlier)
@@ -663,6 +669,31 @@ class GroupQueueManager:
             self._fatal = RolloutFatalError(message)
             logger.error("rollout failed: %s", message)
         self._notify()
+
+    async def on_worker_restart(self, env_ids: Sequence[int], reason: str) -> int:
+        """A worker hosting ``env_ids`` died and is being replaced: count it, fail its in-flight episodes.
+
+        Each episode those envs were playing ends ``env_error`` (counted, its seat re-opens, the group is
+        refilled as for any env error); returns how many there were.
+        """
+        self.counters.worker_restarts += 1
+        dead = set(env_ids)
+        failed = 0
+        for group in list(self._groups.values()):
+            for episode_id, env_id in list(group.in_flight.items()):
+                if env_id not in dead:
+                    continue
+                failed += 1
+                await self.put_trajectory(
+                    Trajectory(
+                        tag=group.tag, group_id=group.group_id, episode_id=episode_id, env_id=env_id, seed=group.seed,
+                        traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}", created_step=group.created_step,
+                        stop_reason="env_error", error=f"its EnvManagerWorker died: {reason}",
+                    )
+                )
+        for env_id in dead:
+            self._stalled.pop(env_id, None)
+        return failed
 
     def report_stalled(self, env_id: int, description: str) -> None:
         self._stalled[env_id] = description

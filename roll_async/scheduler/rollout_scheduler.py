@@ -21,9 +21,13 @@ Typical use::
 ``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but
 calling it right after the weight update lets generation for the next step
 start while the pipeline does other work. ``get_batch`` raises
-RolloutFatalError with the root cause if the env loops die (a worker crashes,
-an engine request fails after its retries, every env keeps failing) instead of
-waiting forever.
+RolloutFatalError with the root cause if the env loops die (an engine request
+fails after its retries, every env keeps failing, an env server is gone)
+instead of waiting forever. A worker whose process dies (``kill -9``, a crash)
+is restarted instead: a new actor with the same envs, whose in-flight episodes
+end ``env_error`` and are refilled (``rollout/worker_restarts`` counts it); only
+past ``max_worker_restarts`` restarts does ``get_batch`` fail, naming the
+budget and the cause.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class GroupQueueActor:
         self, config: PipelineConfig, which: str, start_step: int, seed_state: dict[str, Any] | None = None
     ) -> None:
         self._workers_by_env: dict[int, Any] = {}
+        #: env_id -> incarnation of the worker that hosts it now (bumped on each restart).
+        self._incarnation: dict[int, int] = {}
         self.queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
         if seed_state:
             self.queue.load_seed_state(seed_state)
@@ -68,8 +74,25 @@ class GroupQueueActor:
     async def set_workers(self, workers_by_env: dict[int, Any]) -> None:
         self._workers_by_env = dict(workers_by_env)
 
-    async def next_episode(self, env_id: int) -> EpisodeSpec | None:
-        return await self.queue.next_episode(env_id)
+    async def next_episode(self, env_id: int, incarnation: int = 0) -> EpisodeSpec | None:
+        spec = await self.queue.next_episode(env_id)
+        if spec is not None and incarnation < self._incarnation.get(env_id, 0):
+            # The call came from a worker that died while it waited: nobody will play this seat, give it back.
+            await self.queue.put_trajectory(
+                Trajectory(
+                    tag=spec.tag, group_id=spec.group_id, episode_id=spec.episode_id, env_id=env_id, seed=spec.seed,
+                    traj_id=f"{spec.tag}-g{spec.group_id}-e{spec.episode_id}", created_step=spec.created_step,
+                    stop_reason="aborted",
+                )
+            )
+            return None
+        return spec
+
+    async def restart_envs(self, env_ids: list[int], reason: str, incarnation: int) -> int:
+        """Their worker died; its replacement is ``incarnation``. Fails their in-flight episodes (see group_queue)."""
+        for env_id in env_ids:
+            self._incarnation[env_id] = incarnation
+        return await self.queue.on_worker_restart(env_ids, reason)
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.queue.put_trajectory(trajectory)
@@ -113,6 +136,15 @@ def _unwrap_ray_error(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
+def _is_actor_death(exc: BaseException | None) -> bool:
+    """True when a worker's process is gone (killed, crashed), as opposed to its loops raising."""
+    if exc is None:
+        return False
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError))
+
+
 class RolloutScheduler:
     """Creates and drives the rollout actors; see the module docstring."""
 
@@ -142,6 +174,9 @@ class RolloutScheduler:
         self._queue: Any = None
         self._workers: list[Any] = []
         self._run_futures: list[asyncio.Future] = []
+        self._chunks: list[list[tuple[int, str]]] = []
+        self._incarnations: list[int] = []
+        self.worker_restarts = 0
         self._started = False
 
     @property
@@ -164,13 +199,9 @@ class RolloutScheduler:
             .options(num_cpus=0, max_concurrency=2 * len(layout) + 64)
             .remote(self.config, self.which, self.start_step, self.initial_seed_state)
         )
-        worker_cls = ray.remote(EnvManagerWorker)
-        self._workers = [
-            worker_cls.options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64).remote(
-                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path, self.env_factory
-            )
-            for index, chunk in enumerate(chunks)
-        ]
+        self._chunks = chunks
+        self._incarnations = [0] * len(chunks)
+        self._workers = [self._create_worker(index) for index in range(len(chunks))]
         try:
             await asyncio.gather(*(w.describe.remote() for w in self._workers))  # surfaces constructor errors now
         except Exception as exc:
@@ -180,6 +211,51 @@ class RolloutScheduler:
         self._run_futures = [asyncio.wrap_future(w.run.remote().future()) for w in self._workers]
         self._started = True
         logger.info("%s rollout: %d envs on %d EnvManagerWorkers", self.which, len(layout), len(self._workers))
+
+    def _create_worker(self, index: int) -> Any:
+        import ray
+
+        em = env_manager_config(self.config, self.which)
+        chunk = self._chunks[index]
+        return (
+            ray.remote(EnvManagerWorker)
+            .options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64)
+            .remote(
+                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path,
+                self.env_factory, self._incarnations[index],
+            )
+        )
+
+    async def _restart_worker(self, index: int, cause: BaseException) -> None:
+        """Replace dead worker ``index``: new actor, its envs' in-flight episodes fail, its loops start."""
+        import ray
+
+        self.worker_restarts += 1
+        self._incarnations[index] += 1
+        reason = f"{type(_unwrap_ray_error(cause)).__name__}: {_unwrap_ray_error(cause)}"
+        logger.warning(
+            "EnvManagerWorker %d died (%s); restarting it (restart %d of at most %d)",
+            index, reason.splitlines()[0], self.worker_restarts, env_manager_config(self.config, self.which).max_worker_restarts,
+        )
+        try:
+            ray.kill(self._workers[index], no_restart=True)
+        except Exception:
+            pass
+        worker = self._create_worker(index)
+        try:
+            await worker.describe.remote()  # constructor errors surface here
+        except Exception as exc:
+            raise RolloutFatalError(
+                f"EnvManagerWorker {index} died ({reason.splitlines()[0]}) and its replacement failed to start: "
+                f"{_unwrap_ray_error(exc)}"
+            ) from exc
+        env_ids = [env_id for env_id, _ in self._chunks[index]]
+        await self._queue.restart_envs.remote(env_ids, reason.splitlines()[0], self._incarnations[index])
+        self._workers[index] = worker
+        await self._queue.set_workers.remote(
+            {env_id: self._workers[i] for i, chunk in enumerate(self._chunks) for env_id, _ in chunk}
+        )
+        self._run_futures[index] = asyncio.wrap_future(worker.run.remote().future())
 
     async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
         """Block until ``batch_size`` trajectories in whole groups are ready; metrics go to ``last_metrics``."""
@@ -199,29 +275,42 @@ class RolloutScheduler:
         return await self._unless_loops_die(self._queue.run_fixed_round.remote(list(episodes), step))
 
     async def _unless_loops_die(self, ref: Any) -> Any:
+        """Await ``ref``; a worker whose process died is restarted (within the budget), any other end is fatal."""
         result_future = asyncio.wrap_future(ref.future())
-        try:
-            done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the caller gave up (e.g. Ctrl-C): its answer, error or not, is not wanted
-            result_future.cancel()
-            raise
-        if result_future in done:
+        while True:
             try:
-                return result_future.result()
-            except RolloutFatalError as exc:
-                raise RolloutFatalError(str(_unwrap_ray_error(exc))) from None
-        result_future.cancel()
-        ended = next(f for f in self._run_futures if f in done)
-        index = self._run_futures.index(ended)
-        exc = ended.exception()
-        try:  # the queue knows the root cause when a loop reported it before its worker stopped
-            reported = await asyncio.wait_for(self._queue.failure.remote(), _ENGINE_STATS_TIMEOUT_S)
-        except Exception:
-            reported = None
-        if reported:
-            raise RolloutFatalError(reported) from exc
-        reason = f"{type(_unwrap_ray_error(exc)).__name__}: {_unwrap_ray_error(exc)}" if exc else "its env loops exited"
-        raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
+                done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the caller gave up (e.g. Ctrl-C): its answer, error or not, is not wanted
+                result_future.cancel()
+                raise
+            if result_future in done:
+                try:
+                    return result_future.result()
+                except RolloutFatalError as exc:
+                    raise RolloutFatalError(str(_unwrap_ray_error(exc))) from None
+            ended = next(f for f in self._run_futures if f in done)
+            index = self._run_futures.index(ended)
+            exc = ended.exception()
+            try:  # the queue knows the root cause when a loop reported it before its worker stopped
+                reported = await asyncio.wait_for(self._queue.failure.remote(), _ENGINE_STATS_TIMEOUT_S)
+            except Exception:
+                reported = None
+            if reported:
+                result_future.cancel()
+                raise RolloutFatalError(reported) from exc
+            budget = env_manager_config(self.config, self.which).max_worker_restarts
+            if _is_actor_death(exc) and self.worker_restarts < budget:
+                await self._restart_worker(index, exc)
+                continue
+            result_future.cancel()
+            reason = f"{type(_unwrap_ray_error(exc)).__name__}: {_unwrap_ray_error(exc)}" if exc else "its env loops exited"
+            if _is_actor_death(exc):
+                which = "train_env_manager" if self.which == "train" else "val_env_manager"
+                raise RolloutFatalError(
+                    f"EnvManagerWorker {index} died after {self.worker_restarts} worker restarts, the budget "
+                    f"{which}.max_worker_restarts={budget} (raise it to tolerate more): {reason}"
+                ) from exc
+            raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
 
     async def _engine_stats(self) -> list[dict]:
         try:

@@ -1,0 +1,249 @@
+"""The rollout side of the env server: an aiohttp client and RemoteEnv, an async env proxy.
+
+``RemoteEnv`` looks like any ``async def reset/step/close`` env to the
+EnvManager, so the rollout loop does not change. Its env instance is created
+(``prepare``, or the first ``reset``) on the server of the tag's list with the
+fewest envs of this client (spread by load), and stays there. Each call carries ``timeout_s`` (the server kills the env past
+it) and has a client-side deadline a little longer. Transport errors
+(connection refused or reset, server disconnected) are retried
+``max_retries`` times with backoff; after that the URL is marked down for a
+while. If another URL of the tag is up, the episode just ends ``env_error``
+(the next one goes elsewhere); if none is, :class:`EnvServiceUnavailable` ends
+the rollout and ``get_batch`` reports it, naming the URLs.
+
+One ``EnvServiceClient`` (one connection pool) exists per event loop and URL
+list, shared by every RemoteEnv of that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from roll_async.env_service.protocol import (
+    API,
+    EnvServiceError,
+    EnvServiceUnavailable,
+    decode_observation,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Client deadline = the call's timeout_s + this, so the server's own timeout answers first.
+_DEADLINE_MARGIN_S = 10.0
+#: A URL whose retries all failed gets no new envs for this long.
+_DOWN_FOR_S = 30.0
+_TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+_clients: dict[tuple[int, tuple[str, ...], int, float], EnvServiceClient] = {}
+
+
+def normalize_urls(service_url: str | Sequence[str]) -> tuple[str, ...]:
+    urls = [service_url] if isinstance(service_url, str) else list(service_url)
+    return tuple(str(u).rstrip("/") for u in urls)
+
+
+class EnvServiceClient:
+    """Calls to one tag's env servers: retries, deadlines, load spreading. See the module docstring."""
+
+    def __init__(self, urls: Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5) -> None:
+        if not urls:
+            raise ValueError("EnvServiceClient needs at least one URL")
+        self.urls = tuple(urls)
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.envs_on = {url: 0 for url in self.urls}
+        self.in_flight = {url: 0 for url in self.urls}
+        self._down_until = {url: 0.0 for url in self.urls}
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def shared(cls, service_url: str | Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5) -> EnvServiceClient:
+        """The client of the running event loop for these URLs (one connection pool per loop)."""
+        loop = asyncio.get_running_loop()
+        key = (id(loop), normalize_urls(service_url), max_retries, retry_backoff_s)
+        client = _clients.get(key)
+        if client is None or client._closed_loop(loop):
+            client = _clients[key] = cls(key[1], max_retries=max_retries, retry_backoff_s=retry_backoff_s)
+        return client
+
+    def _closed_loop(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._session is not None and (self._session.closed or self._session._loop is not loop)
+
+    def _session_for_loop(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+        return self._session
+
+    def pick_url(self) -> str:
+        """The up URL with the fewest envs of this client (then fewest calls in flight); all down: the first."""
+        now = time.monotonic()
+        up = [u for u in self.urls if self._down_until[u] <= now] or list(self.urls)
+        return min(up, key=lambda u: (self.envs_on[u], self.in_flight[u]))
+
+    def others_up(self, url: str) -> bool:
+        now = time.monotonic()
+        return any(u != url and self._down_until[u] <= now for u in self.urls)
+
+    async def request(self, url: str, method: str, path: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        """One JSON call with retries of transport errors; server-reported failures raise EnvServiceError."""
+        session = self._session_for_loop()
+        deadline = aiohttp.ClientTimeout(total=timeout_s + _DEADLINE_MARGIN_S, connect=min(10.0, timeout_s + _DEADLINE_MARGIN_S))
+        attempt = 0
+        self.in_flight[url] += 1
+        try:
+            while True:
+                try:
+                    async with session.request(method, url + path, json=body, timeout=deadline) as response:
+                        try:
+                            payload = await response.json(content_type=None)
+                        except ValueError:
+                            payload = {"error": (await response.text())[:500], "kind": "bad_response"}
+                        if response.status >= 400:
+                            raise EnvServiceError(
+                                f"env server {url} answered {response.status} to {method} {path}: "
+                                f"{payload.get('error', payload) if isinstance(payload, dict) else payload}",
+                                kind=payload.get("kind", "env_error") if isinstance(payload, dict) else "env_error",
+                                status=response.status,
+                            )
+                        self._down_until[url] = 0.0
+                        return payload
+                except _TRANSPORT_ERRORS as exc:
+                    attempt += 1
+                    if attempt > self.max_retries:
+                        self._down_until[url] = time.monotonic() + _DOWN_FOR_S
+                        message = (
+                            f"env server {url} unreachable: {method} {path} failed {attempt} times "
+                            f"({type(exc).__name__}: {exc})"
+                        )
+                        if self.others_up(url):
+                            raise EnvServiceError(message + "; other servers of the tag take the next episodes", kind="unreachable") from exc
+                        raise EnvServiceUnavailable(message + "; no other server of the tag is up") from exc
+                    logger.warning("env server %s: %s %s failed (%s); retry %d/%d", url, method, path, exc, attempt, self.max_retries)
+                    await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+                except asyncio.TimeoutError:
+                    raise EnvServiceError(
+                        f"env server {url} did not answer {method} {path} within {timeout_s + _DEADLINE_MARGIN_S:g}s", kind="timeout"
+                    ) from None
+        finally:
+            self.in_flight[url] -= 1
+
+    async def health(self, url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        return await self.request(url, "GET", "/health", timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class RemoteEnv:
+    """An env instance on an env server, seen as an ordinary async env (see the module docstring)."""
+
+    def __init__(
+        self,
+        service_url: str | Sequence[str],
+        env_type: str,
+        env_config: dict[str, Any] | None = None,
+        *,
+        call_timeout_s: float = 60.0,
+        max_retries: int = 3,
+    ) -> None:
+        self.service_url = service_url
+        self.env_type = env_type
+        self.env_config = dict(env_config or {})
+        self.call_timeout_s = float(call_timeout_s)
+        self.max_retries = max_retries
+        self.url: str | None = None
+        self.env_id: str | None = None
+        self._client: EnvServiceClient | None = None
+
+    def _get_client(self) -> EnvServiceClient:
+        if self._client is None:
+            self._client = EnvServiceClient.shared(self.service_url, max_retries=self.max_retries)
+        return self._client
+
+    async def prepare(self) -> None:
+        """Create the instance on the least-loaded server (the EnvManager calls it after building the proxy)."""
+        if self.env_id is not None:
+            return
+        client = self._get_client()
+        url = client.pick_url()
+        client.envs_on[url] += 1
+        try:
+            payload = await self._send(
+                url, "POST", f"{API}/envs", {"env_type": self.env_type, "env_config": self.env_config, "timeout_s": self.call_timeout_s}
+            )
+        except BaseException:
+            client.envs_on[url] -= 1
+            raise
+        self.url, self.env_id = url, payload["env_id"]
+
+    async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
+        if self.env_id is None:
+            await self.prepare()
+        payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/reset", {"seed": int(seed), "timeout_s": self.call_timeout_s})
+        return decode_observation(payload["observation"]), payload.get("info") or {}
+
+    async def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if self.env_id is None:
+            raise RuntimeError(f"RemoteEnv({self.env_type}).step() called before reset()")
+        payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/step", {"action": action_text, "timeout_s": self.call_timeout_s})
+        return (
+            decode_observation(payload["observation"]),
+            float(payload["reward"]),
+            bool(payload["terminated"]),
+            bool(payload["truncated"]),
+            payload.get("info") or {},
+        )
+
+    async def close(self) -> None:
+        """Delete the server's instance (a failed env is already gone there: 404 is fine)."""
+        env_id, url = self.env_id, self.url
+        if env_id is None or url is None:
+            return
+        self.env_id = None
+        client = self._get_client()
+        client.envs_on[url] -= 1
+        try:
+            await client.request(url, "DELETE", f"{API}/envs/{env_id}", timeout_s=5.0)
+        except (EnvServiceError, EnvServiceUnavailable):
+            pass
+
+    async def _send(self, url: str, method: str, path: str, body: Any) -> dict[str, Any]:
+        try:
+            return await self._get_client().request(url, method, path, body, timeout_s=self.call_timeout_s)
+        except EnvServiceError as exc:
+            if exc.kind in ("timeout", "crashed", "env_error", "not_found", "unreachable") and self.env_id is not None:
+                self._forget()  # the server dropped the instance: nothing to close there
+            raise
+
+    def _forget(self) -> None:
+        if self.url is not None and self.env_id is not None:
+            self._get_client().envs_on[self.url] -= 1
+        self.env_id = None
+
+
+async def check_service(service_url: str | Sequence[str], env_type: str, env_config: dict[str, Any], seed: int, timeout_s: float) -> None:
+    """Preflight for a tag served remotely: every URL answers /health, and one env builds and resets there."""
+    client = EnvServiceClient(normalize_urls(service_url), max_retries=1, retry_backoff_s=0.2)
+    try:
+        for url in client.urls:
+            try:
+                health = await client.health(url, timeout_s=min(10.0, timeout_s))
+            except (EnvServiceUnavailable, EnvServiceError) as exc:
+                raise EnvServiceUnavailable(f"service_url {url} does not answer /health: {exc}") from None
+            if health.get("status") != "ok":
+                raise EnvServiceUnavailable(f"service_url {url}: /health says {health}")
+            payload = await client.request(
+                url, "POST", f"{API}/envs",
+                {"env_type": env_type, "env_config": env_config, "seed": int(seed), "timeout_s": timeout_s},
+                timeout_s=timeout_s,
+            )
+            await client.request(url, "DELETE", f"{API}/envs/{payload['env_id']}", timeout_s=timeout_s)
+    finally:
+        await client.close()

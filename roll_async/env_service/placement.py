@@ -1,0 +1,51 @@
+"""Where a tag's envs run: in the worker's threads (default), in a child process each, or on env servers.
+
+``custom_envs.<Tag>.isolation: process`` wraps every env of the tag in a
+:class:`ProcessEnv`; ``custom_envs.<Tag>.service_url`` makes every env a
+:class:`RemoteEnv` on that server (list). Both are async envs, so the
+EnvManager's loop is the same for all three; only the builder differs. Both
+have an ``async prepare()`` (start the process / create the server's instance)
+that the EnvManager awaits after building, with a generous timeout, so that
+``env_step_timeout_s`` measures reset and step only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from roll_async.config import CustomEnvConfig
+from roll_async.env_service.client import RemoteEnv
+from roll_async.env_service.process_env import ProcessEnv
+
+EnvFactory = Callable[[str, dict[str, Any]], Any]
+
+
+def env_builder(
+    tag: str, custom_env: CustomEnvConfig, factory: EnvFactory, *, call_timeout_s: float
+) -> Callable[[dict[str, Any]], Any]:
+    """``env_config -> env`` for one tag, honouring ``service_url`` and ``isolation``.
+
+    A remote tag is built by the server from ``custom_env.env_type`` (a custom
+    ``factory`` cannot travel there); a process-isolated one runs ``factory`` in
+    the child, so it must be picklable (the default RegisteredEnvFactory is).
+    """
+    if custom_env.service_url:
+        urls = custom_env.service_url
+
+        def remote(env_config: dict[str, Any]) -> Any:
+            return RemoteEnv(urls, custom_env.env_type, env_config, call_timeout_s=call_timeout_s, max_retries=custom_env.service_max_retries)
+
+        return remote
+    if custom_env.isolation == "process":
+
+        def isolated(env_config: dict[str, Any]) -> Any:
+            return ProcessEnv(functools.partial(factory, tag, env_config), name=f"{tag}-env")  # started by prepare()
+
+        return isolated
+
+    def in_thread(env_config: dict[str, Any]) -> Any:
+        return factory(tag, env_config)
+
+    return in_thread

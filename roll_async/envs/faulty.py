@@ -1,0 +1,83 @@
+"""FaultyEnv: any registered env that sometimes hangs, crashes or raises, to test fault containment.
+
+Real envs hang (a simulator deadlocks), segfault (a C extension), get OOM-killed
+or raise. This wrapper injects those faults into a built-in env so tests, the
+env server and users can check that a run survives them: each ``step`` (or
+``reset``) faults with ``fault_probability``, drawn from the OS's randomness, not
+the episode seed, so a group's retries do not fault the same way forever.
+
+    custom_envs:
+      Flaky:
+        env_type: faulty
+        isolation: process            # so a hang or segfault can be killed
+        env_config:
+          inner_env_type: countdown
+          fault: hang                 # hang | crash | segfault | raise
+          fault_probability: 0.2
+
+``hang`` sleeps (blocking) far past any timeout; ``crash`` ends the process with
+``os._exit(3)`` and ``segfault`` with SIGSEGV; run those two only with
+``isolation: process`` or on an env server, never in-thread.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from roll_async.envs.delayed import InnerEnvWrapper
+
+FAULTS = ("hang", "crash", "segfault", "raise")
+
+
+@dataclass
+class FaultyEnvConfig:
+    inner_env_type: str = "countdown"
+    inner_env_config: dict[str, Any] = field(default_factory=dict)
+    fault: str = "hang"
+    fault_probability: float = 0.1
+    #: reset | step: which call may fault.
+    fault_on: str = "step"
+    hang_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"faulty env: fault={self.fault!r} is not one of {list(FAULTS)}")
+        if self.fault_on not in ("reset", "step"):
+            raise ValueError(f"faulty env: fault_on={self.fault_on!r}; use reset or step")
+        if not 0.0 <= float(self.fault_probability) <= 1.0:
+            raise ValueError(f"faulty env: fault_probability={self.fault_probability} must be within [0, 1]")
+
+
+class FaultyEnv(InnerEnvWrapper):
+    """Delegates to the inner env; ``fault_probability`` of the chosen calls fault instead (see module doc)."""
+
+    config_cls = FaultyEnvConfig
+
+    def __init__(self, config: FaultyEnvConfig | None = None) -> None:
+        super().__init__(config or FaultyEnvConfig())
+        self._rng = random.Random(os.urandom(8))
+
+    def _maybe_fault(self, call: str) -> None:
+        cfg = self.config
+        if call != cfg.fault_on or self._rng.random() >= cfg.fault_probability:
+            return
+        if cfg.fault == "hang":
+            time.sleep(cfg.hang_s)
+        elif cfg.fault == "crash":
+            os._exit(3)
+        elif cfg.fault == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        raise RuntimeError(f"injected fault in {call}")
+
+    def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
+        self._maybe_fault("reset")
+        return self.inner.reset(seed=seed)
+
+    def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self._maybe_fault("step")
+        return self.inner.step(action_text)
