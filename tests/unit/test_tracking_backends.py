@@ -61,6 +61,7 @@ def test_wandb_offline_run_holds_every_step(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "300")  # wandb-core may start slowly on a loaded 2-core machine (default 30 s)
     run = RunDirectory(tmp_path)
     _log_steps(MetricsTracker(LoggingConfig(wandb=True), run, {"mode": "sync"}))
     (path,) = glob.glob(str(run.root / "wandb" / "offline-run-*" / "run-*.wandb"))
