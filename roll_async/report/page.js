@@ -182,7 +182,7 @@
       var pts = s.points.filter(function (p) { return p[1] !== null; });
       svg("polyline", { points: pts.map(function (p) { return px(p[0]) + "," + py(p[1]); }).join(" "), fill: "none", stroke: color, "stroke-width": 2 }, root);
       pts.forEach(function (p) { title(svg("circle", { cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: color }, root), s.label + " step " + p[0] + ": " + fmt(p[1], 4)); });
-      svg("text", { x: W - R, y: T + 2 + i * 14, "text-anchor": "end", fill: color }, root).textContent = s.label;
+      svg("text", { x: W - R, y: T + 2 + i * 14, "text-anchor": "end", style: "fill:" + color }, root).textContent = s.label;
     });
   }
   function renderCurves() {

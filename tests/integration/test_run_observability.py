@@ -191,13 +191,14 @@ def _chromium_page_check(report: Path, tmp_path: Path) -> dict:
     playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
     errors: list[str] = []
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
+        browser = p.chromium.launch_persistent_context(  # a fresh, empty profile directory per test
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            viewport={"width": 1400, "height": 900},
             args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'chromium-profile'}"],
+                  "--disable-component-update", "--disable-sync"],
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page()
             page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:", "about:")) else None)

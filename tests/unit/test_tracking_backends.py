@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import struct
+import time
 
 import pytest
 
@@ -47,6 +48,8 @@ def _wandb_records(path: str):
         if length == 0 and kind == 0:  # block padding
             pos += left
             continue
+        if pos + 7 + length > len(data):  # still being written
+            return
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -65,10 +68,15 @@ def test_wandb_offline_run_holds_every_step(tmp_path, monkeypatch):
     run = RunDirectory(tmp_path)
     _log_steps(MetricsTracker(LoggingConfig(wandb=True), run, {"mode": "sync"}))
     (path,) = glob.glob(str(run.root / "wandb" / "offline-run-*" / "run-*.wandb"))
-    history = []
-    for raw in _wandb_records(path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    deadline = time.monotonic() + 120
+    while True:  # wandb-core's writer may still be flushing the file after finish() returned
+        history = []
+        for raw in _wandb_records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "history":
+                history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+        if len(history) >= len(STEPS) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert [(h["_step"], h["train/loss"], h["rollout/tokens_per_s"]) for h in history] == [(0, 0.5, 100.0), (1, 0.25, 150.0)]
