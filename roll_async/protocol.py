@@ -38,7 +38,11 @@ class GenerationRequest:
 
 @dataclass
 class GenerationResult:
-    """Output of one generate call; ``weight_version`` is the version that produced it."""
+    """Output of one generate call; ``weight_version`` is the version that sampled its last token.
+
+    ``logprobs`` are those of the distribution that sampled each token (temperature, top-k,
+    top-p applied and renormalised; see ``roll_async.sampling``).
+    """
 
     request_id: str
     output_token_ids: list[int]

@@ -29,6 +29,10 @@ class Trainer(Protocol):
     def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         """One optimisation step on a rollout batch; returns ``train/...`` metrics.
 
+        ``batch.old_logprobs`` are of the distribution ``batch.sampling`` describes (score the
+        batch under it, e.g. ``token_logprobs(..., sampling=batch.sampling)``, for ratios ~1);
+        ``batch.token_versions`` / ``batch.policy_version`` give each token's weight-version lag.
+
         Raises :class:`NonFiniteLossError` (without changing the weights of the
         failing update) when the loss or gradient norm is NaN/inf.
         """
