@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 
 
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def _cell(rows, prefix: str) -> str:
     found = [r for r in rows if r.check.startswith(prefix)]
     if not found:
@@ -63,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared with other jobs (load average at the end "
         f"{load[0]:.1f}); vLLM CPU backend, float32, `enforce_eager`.",
         "",
+        "Reading it: \"fresh render\" is information, not a check: a fresh render of the sampled conversation's text",
+        "differs from the ids the model saw when the template re-renders history (Qwen3 strips/inserts `<think>`,",
+        "Mistral moves the system prompt, Llama-3 and Gemma trim whitespace the random model generated at the ends of",
+        "a reply). The ids trained on are always the ones the model saw (token-in/token-out). \"seconds\" includes the",
+        "engine start on the loaded machine.",
+        "",
         "| family | summary | append-only | template notes | token-in/token-out | fresh render | logprobs T=1 | logprobs T=0.7, top_p=0.9 | weight sync | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -71,15 +81,22 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "yes" if append.startswith("yes") else "no"
         notes = append.split(": ", 1)[1] if ": " in append else ""
         lines.append(
-            f"| {name} | {FAMILIES[name].summary} | {verdict} | {notes} | {_cell(rows, 'token-in/token-out')} | "
+            f"| {name} | {_escape(FAMILIES[name].summary)} | {verdict} | {_escape(notes)} | {_cell(rows, 'token-in/token-out')} | "
             f"{_cell(rows, 'fresh render')} | {_cell(rows, 'engine vs trainer logprobs (T=1.0')} | "
             f"{_cell(rows, 'engine vs trainer logprobs (T=0.7')} | {_cell(rows, 'weight sync')} | {seconds:.0f} |"
         )
         failed = [r for r in rows if r.status == "FAIL"]
         if failed:
             lines.append(f"| {name} failures | " + "; ".join(f"{r.check}: {r.detail} (fix: {r.fix})" for r in failed) + " |||||||||")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    if out.is_file():  # keep the rows of families not re-run now (a re-run of one family updates its row)
+        rerun = {name for name, _, _ in results}
+        kept = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| family")
+                and line.split(" | ")[0][2:].split(" ")[0] in set(FAMILIES) - rerun]
+        lines += kept
+        lines[9] = lines[9] + f" (rows of {', '.join(sorted(set(FAMILIES) - rerun))} from an earlier run of the same command)"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
     return 1 if any(r.status == "FAIL" for _, _, rows in results for r in rows) else 0
 

@@ -120,24 +120,21 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
         return
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    known = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    for arch in architectures:
-        if arch not in known:
-            raise ConfigError(
-                f"model.path={config.model.path!r}: architecture {arch} is not a causal LM transformers can load; "
-                "use a supported architecture (roll-async make-tiny-model --family lists tested ones) or set model.trust_remote_code=true"
-            )
+    loaders = [("transformers (the trainer)", set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))]
     try:
         from vllm.model_executor.models.registry import ModelRegistry
+
+        loaders.append(("vLLM (the engine)", set(ModelRegistry.get_supported_archs())))
     except ImportError:
-        return
-    supported = set(ModelRegistry.get_supported_archs())
-    for arch in architectures:
-        if arch not in supported:
-            raise ConfigError(
-                f"model.path={config.model.path!r}: vLLM has no implementation of architecture {arch}; "
-                "use an architecture in vLLM's supported-models list"
-            )
+        pass  # no engine installed here: the engine's own start reports it
+    for loader, supported in loaders:
+        for arch in architectures:
+            if arch not in supported:
+                raise ConfigError(
+                    f"model.path={config.model.path!r}: {loader} has no causal-LM implementation of architecture {arch}; "
+                    "use a supported architecture (`roll-async make-tiny-model --family` lists tested ones; "
+                    "model.trust_remote_code=true for custom code)"
+                )
 
 
 def preflight(config: PipelineConfig) -> tuple[str, Any]:

@@ -249,7 +249,7 @@ async def _conversation_rows(engine, builder, trainer, settings: CheckSettings, 
         )
         differs = builder.fresh_render_differs(conversation.token_ids, conversation.user_texts, conversation.generated)
         rows.append(CheckRow("fresh render vs incremental ids", "info",
-                             "differs (the template rewrites earlier turns; the model's own ids are kept)" if differs else "identical text"))
+                             "differs (the template re-renders earlier turns; the model's own ids are kept)" if differs else "identical text"))
     worst, average, count = trainer_logprob_gap(trainer, conversation, pad, _sampling_settings(settings))
     ok = count > 0 and worst <= LOGPROB_MAX_ABS_TOLERANCE and average <= LOGPROB_MEAN_ABS_TOLERANCE
     rows.append(CheckRow(
@@ -276,7 +276,7 @@ async def _weight_sync_round_trip(engine, trainer, builder, settings, pad, Gener
         not math.isclose(a, b, abs_tol=1e-3) for a, b in zip(before.logprobs, after.logprobs)
     )
     ok = changed and count > 0 and worst <= LOGPROB_MAX_ABS_TOLERANCE
-    detail = f"outputs {'changed' if changed else 'UNCHANGED'}; after sync max |engine - trainer| {worst:.4f} over {count} tokens"
+    detail = f"outputs {'changed' if changed else 'UNCHANGED'}; after sync max |engine - trainer| {worst:.2e} over {count} tokens"
     return CheckRow("weight sync round trip", "ok" if ok else "FAIL", detail,
                     "" if ok else "the engine did not take all weights (names, tied/fused layers) or reused a stale prefix cache")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roll_async.model.tiny import _train_tokenizer, is_current_build, tiny_shape, write_model_dir
+from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, is_current_build, tiny_shape, write_model_dir
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
 ZOO_BUILD_ID = "zoo-v1"
@@ -309,8 +309,8 @@ def get_family(name: str) -> Family:
 
 
 def default_family_dir(name: str) -> Path:
-    root = Path(os.environ.get("ROLL_ASYNC_CACHE", Path.home() / ".cache" / "roll_async"))
-    return root / f"{ZOO_BUILD_ID}-{name}"
+    """Beside the default tiny model (``$ROLL_ASYNC_CACHE`` or ~/.cache/roll_async), one directory per family."""
+    return default_tiny_model_dir().parent / f"{ZOO_BUILD_ID}-{name}"
 
 
 def build_family_model(

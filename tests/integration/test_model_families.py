@@ -20,7 +20,6 @@ import pytest
 from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, TrainerConfig
 from roll_async.model.families import FAMILIES, build_family_model
 from roll_async.protocol import GenerationRequest, GenerationResult
-from test_rollout_real_engine import RecordingEngine  # tests/integration is on sys.path (no __init__.py)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,23 +31,40 @@ THINK_STRIPPING_FAMILIES = {"qwen3", "qwen3_moe"}
 SOKOBAN = {"dim_room": [6, 6], "num_boxes": 1}
 
 
+class RecordingClient:
+    """The family's in-process engine as an EngineClient that keeps every request and result."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.calls: list[tuple[GenerationRequest, GenerationResult]] = []
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await self.engine.generate(request)
+        self.calls.append((request, result))
+        return result
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-async def family(request, ray_session):
-    """(name, model path, engine actor, trainer, tokenizer) for one family; the engine starts once."""
-    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+async def family(request):
+    """(name, model path, engine, trainer, tokenizer) for one family; the engine starts once, in this process
+    (no Ray actor: one process less to start on a loaded machine)."""
+    from roll_async.engine.vllm_engine import VLLMEngine
     from roll_async.tokenization import load_tokenizer
     from roll_async.trainer.grpo_trainer import GRPOTrainer
 
     name = request.param
     path = str(build_family_model(name))
-    engine_config = EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=16, cpu_kv_cache_space_gib=0.25)
-    (actor,) = await launch_engines(path, engine_config, name_prefix=f"family_{name}")
+    engine = VLLMEngine(path, EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=16, cpu_kv_cache_space_gib=0.25))
+    await engine.start()
     tokenizer = load_tokenizer(path)
     trainer = GRPOTrainer(TrainerConfig(device="cpu", dtype="float32", lr=1e-3, micro_batch_size=4), path, tokenizer=tokenizer)
     try:
-        yield name, path, actor, trainer, tokenizer
+        yield name, path, engine, trainer, tokenizer
     finally:
-        await shutdown_engines([actor])
+        await engine.shutdown()
 
 
 def _config(generation: GenerationConfig) -> PipelineConfig:
@@ -70,8 +86,8 @@ def _config(generation: GenerationConfig) -> PipelineConfig:
 async def _rollout(family, generation: GenerationConfig):
     from roll_async.scheduler import LocalRolloutScheduler
 
-    _, _, actor, _, tokenizer = family
-    client = RecordingEngine(actor)
+    _, _, engine, _, tokenizer = family
+    client = RecordingClient(engine)
     scheduler = LocalRolloutScheduler(_config(generation), engines=client, tokenizer=tokenizer)
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(2, 0)
@@ -116,7 +132,7 @@ async def test_three_turn_rollout_is_token_exact_and_trains_one_step(family):
     from roll_async.metrics import PREFIX_MISMATCH_RATE
     from roll_async.sampling import SamplingSettings
 
-    name, _, actor, trainer, tokenizer = family
+    name, _, engine, trainer, tokenizer = family
     generation = GenerationConfig(temperature=1.0)
     batch, metrics, calls = await _rollout(family, generation)
     _assert_token_in_token_out(batch, calls)
@@ -134,7 +150,7 @@ async def test_three_turn_rollout_is_token_exact_and_trains_one_step(family):
     train_metrics = trainer.train_step(collated, 0)
     assert train_metrics["train/importance_ratio/max"] == pytest.approx(1.0, abs=1e-2)
     assert any(not p.equal(before[n]) for n, p in trainer.model.named_parameters())
-    await actor.update_weights.remote(trainer.state_dict_for_engine(), 1)
+    await engine.update_weights(trainer.state_dict_for_engine(), 1)
     batch, _, _ = await _rollout(family, generation)
     assert _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE  # the engine has the new weights
 
@@ -147,8 +163,8 @@ async def test_logprobs_agree_at_temperature_0_7_top_p_0_9(family):
     assert _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
 
 
-async def _greedy(actor, prompt: list[int], tokens: int = 12) -> GenerationResult:
-    return await actor.generate.remote(
+async def _greedy(engine, prompt: list[int], tokens: int = 12) -> GenerationResult:
+    return await engine.generate(
         GenerationRequest(request_id=f"probe-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, max_tokens=tokens, temperature=0.0, ignore_eos=True)
     )
 
@@ -159,22 +175,22 @@ async def test_weight_sync_in_each_pause_mode_changes_outputs_without_stale_pref
     from roll_async.tokenization import ChatPromptBuilder
     from roll_async.trainer import score_generated_tokens
 
-    name, _, actor, trainer, tokenizer = family
+    name, _, engine, trainer, tokenizer = family
     builder = ChatPromptBuilder(tokenizer, "You are an agent solving a task step by step.")
     probe = builder.first_turn_ids("Probe the weights: move the box onto the target, then report the grid state.")
     assert len(probe) >= 32  # spans whole KV blocks, so the prefix cache holds it
-    before = await _greedy(actor, probe)
+    before = await _greedy(engine, probe)
     # A request in flight on the same prompt while the update happens (continues, waits or is aborted).
     in_flight = asyncio.ensure_future(
-        actor.generate.remote(GenerationRequest(request_id=f"inflight-{mode}-{uuid.uuid4().hex[:6]}", prompt_token_ids=probe, max_tokens=200, ignore_eos=True))
+        engine.generate(GenerationRequest(request_id=f"inflight-{mode}-{uuid.uuid4().hex[:6]}", prompt_token_ids=probe, max_tokens=64, ignore_eos=True))
     )
     await asyncio.sleep(0.5)
     perturb_weights(trainer.model, seed=hash(mode) % 1000)
-    version = int(await actor.get_weight_version.remote()) + 1
-    await actor.pause.remote(mode)
-    await actor.update_weights.remote(trainer.state_dict_for_engine(), version)
-    await actor.resume.remote()
-    after = await _greedy(actor, probe)
+    version = engine.get_weight_version() + 1
+    await engine.pause(mode)
+    await engine.update_weights(trainer.state_dict_for_engine(), version)
+    await engine.resume()
+    after = await _greedy(engine, probe)
     await asyncio.wait_for(in_flight, timeout=600)
     assert after.output_token_ids != before.output_token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
     assert after.token_versions == [version] * len(after.output_token_ids)
