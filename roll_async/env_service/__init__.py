@@ -4,10 +4,6 @@
 * :mod:`.server`: ``roll-async env-server`` (aiohttp), create/reset/step/close/batch and ``/health``.
 * :mod:`.client`: ``RemoteEnv``, an async env proxy with per-call timeouts and retries.
 * :mod:`.placement`: picks in-thread, process or remote per ``custom_envs.<Tag>``.
+
+Nothing is imported here, so a worker whose envs all run in-thread does not load aiohttp.
 """
-
-from roll_async.env_service.client import EnvServiceClient, RemoteEnv
-from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-from roll_async.env_service.protocol import EnvServiceError, EnvServiceUnavailable
-
-__all__ = ["EnvProcessError", "EnvServiceClient", "EnvServiceError", "EnvServiceUnavailable", "ProcessEnv", "RemoteEnv"]

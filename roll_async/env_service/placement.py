@@ -16,8 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from roll_async.config import CustomEnvConfig
-from roll_async.env_service.client import RemoteEnv
-from roll_async.env_service.process_env import ProcessEnv
 
 EnvFactory = Callable[[str, dict[str, Any]], Any]
 
@@ -32,6 +30,8 @@ def env_builder(
     the child, so it must be picklable (the default RegisteredEnvFactory is).
     """
     if custom_env.service_url:
+        from roll_async.env_service.client import RemoteEnv  # aiohttp only where a tag uses a server
+
         urls = custom_env.service_url
 
         def remote(env_config: dict[str, Any]) -> Any:
@@ -39,6 +39,7 @@ def env_builder(
 
         return remote
     if custom_env.isolation == "process":
+        from roll_async.env_service.process_env import ProcessEnv
 
         def isolated(env_config: dict[str, Any]) -> Any:
             return ProcessEnv(functools.partial(factory, tag, env_config), name=f"{tag}-env")  # started by prepare()
