@@ -58,6 +58,7 @@ from typing import Any, Protocol
 
 from roll_async.config import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
+from roll_async.multimodal import ObservationEncoder, VisionInputError, append_images, observation_images
 from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
 from roll_async.tokenization import ChatPromptBuilder
 
@@ -155,14 +156,6 @@ def append_generation(
     return len(new_ids)
 
 
-def observation_text(observation: Any) -> str:
-    """Text of an observation: a str, or an object with ``.text`` (roll_async.envs.base.Observation)."""
-    if isinstance(observation, str):
-        return observation
-    text = getattr(observation, "text", None)
-    return text if isinstance(text, str) else str(observation)
-
-
 def _numeric_metrics(info: Any) -> dict[str, float]:
     metrics = info.get("metrics", {}) if isinstance(info, dict) else {}
     out: dict[str, float] = {}
@@ -203,6 +196,7 @@ class EnvManager:
         executor: Executor | None = None,
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
+        observations: ObservationEncoder | None = None,
     ) -> None:
         self.env_id = env_id
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
@@ -212,6 +206,8 @@ class EnvManager:
         self.scheduler = scheduler
         self.engine = engine
         self.prompts = prompt_builder
+        #: Observation text and ids; with a VisionProcessor, images are expanded once here (roll_async.multimodal).
+        self.observations = observations or ObservationEncoder(None)
         self._executor = executor
         self._clock = clock
         self.stats = EnvManagerStats()
@@ -311,11 +307,15 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
-        fields = {"instruction": str(info.get("instruction") or ""), "observation": observation_text(observation), "reward": 0.0, "turn": 0}
-        prompt = self.prompts.first_turn_ids(self._render("instruction_template", fields))
-        prompt = prompt[:seq_len]
-        self._append(trajectory, prompt, generated=False)
-        trajectory.prompt_length = len(prompt)
+        fields = {"instruction": str(info.get("instruction") or ""), "observation": self.observations.text(observation), "reward": 0.0, "turn": 0}
+        try:
+            first = self.observations.encode(self.prompts.first_turn_ids(self._render("instruction_template", fields)), observation)
+        except VisionInputError as exc:
+            return self._fail(trajectory, exc)
+        first = first.fit(seq_len)  # never cuts an image in half
+        append_images(trajectory, 0, first)
+        self._append(trajectory, first.token_ids, generated=False)
+        trajectory.prompt_length = len(first.token_ids)
 
         stop_reason = "max_steps"
         for turn in range(cfg.max_steps):
@@ -354,7 +354,12 @@ class EnvManager:
                 record.env_step_s = self._clock() - started
                 return self._fail(trajectory, exc)
             record.env_step_s = self._clock() - started
-            record.observation = observation_text(observation)
+            try:
+                self.observations.check(observation)
+            except VisionInputError as exc:
+                return self._fail(trajectory, exc)
+            record.observation = self.observations.text(observation)
+            record.num_images = len(observation_images(observation))
             record.reward = float(reward)
             record.metrics = _numeric_metrics(info)
             trajectory.episode_reward += record.reward
@@ -369,15 +374,22 @@ class EnvManager:
                 stop_reason = "max_length"
                 break
             fields = {**fields, "observation": record.observation, "reward": record.reward, "turn": turn + 1}
-            delta = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(
+            delta_ids = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(
                 self._render("observation_template", fields)
             )
+            try:
+                delta = self.observations.encode(delta_ids, observation)
+            except VisionInputError as exc:
+                return self._fail(trajectory, exc)
             room = seq_len - len(trajectory.token_ids)
-            if len(delta) >= room:  # no room left for even one generated token after this observation
-                self._append(trajectory, delta[:room], generated=False)
+            if len(delta.token_ids) >= room:  # no room left for even one generated token after this observation
+                delta = delta.fit(room)  # an image that does not fit whole is left out
+                append_images(trajectory, len(trajectory.token_ids), delta)
+                self._append(trajectory, delta.token_ids, generated=False)
                 stop_reason = "max_length"
                 break
-            self._append(trajectory, delta, generated=False)
+            append_images(trajectory, len(trajectory.token_ids), delta)
+            self._append(trajectory, delta.token_ids, generated=False)
 
         trajectory.stop_reason = stop_reason
         trajectory.metrics = _episode_metrics(trajectory.turns)
@@ -426,7 +438,7 @@ class EnvManager:
     async def _generate(self, trajectory: Trajectory, turn: int, max_new_tokens: int) -> _Generation:
         """One turn's generation: retries on failure, continues after an abort; see module docstring."""
         gen_cfg = self.settings.generation
-        prompt = list(trajectory.token_ids)
+        prompt, multi_modal_data = self.observations.engine_prompt(trajectory)
         token_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -443,6 +455,7 @@ class EnvManager:
                 top_k=-1 if self.settings.greedy else gen_cfg.top_k,
                 stop=list(self.settings.custom_env.stop),
                 logprobs=True,
+                multi_modal_data=multi_modal_data,
             )
             try:
                 result = await asyncio.wait_for(self.engine.generate(request), timeout=gen_cfg.request_timeout_s)
@@ -461,6 +474,13 @@ class EnvManager:
                 logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, exc, failures, gen_cfg.max_retries)
                 await asyncio.sleep(gen_cfg.retry_backoff_s * 2 ** (failures - 1))
                 continue
+            expected_prompt = len(trajectory.token_ids) + len(token_ids)
+            if multi_modal_data and result.finish_reason != "abort" and result.num_prompt_tokens != expected_prompt:
+                raise EngineRequestError(
+                    f"engine expanded the images of request {request.request_id} to a {result.num_prompt_tokens}-id "
+                    f"prompt but the trajectory has {expected_prompt} ids: the engine's processor differs from the "
+                    "rollout's (model.path must name one model directory for both)"
+                )
             added = append_generation(result, token_ids, logprobs, versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason

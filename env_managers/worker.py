@@ -24,6 +24,7 @@ from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeSche
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def build_env_managers(
     tokenizer: Any,
     env_factory: EnvFactory | None = None,
     executor: Executor | None = None,
+    vision: VisionProcessor | None = None,
 ) -> list[EnvManager]:
     """One EnvManager per (env_id, tag); validation ('val') envs decode greedily."""
     em = env_manager_config(config, which)
@@ -94,6 +96,7 @@ def build_env_managers(
                 prompt_builder=builders[tag],
                 executor=executor,
                 request_prefix=request_prefix,
+                observations=observation_encoder(custom_env, vision),
             )
         )
     return managers
@@ -239,6 +242,9 @@ class EnvManagerWorker:
         self.worker_index = worker_index
         self._scheduler_handle = scheduler_handle
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
+        vision = None
+        if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
+            vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
         managers = build_env_managers(
@@ -250,6 +256,7 @@ class EnvManagerWorker:
             tokenizer=tokenizer,
             env_factory=env_factory,
             executor=self._executor,
+            vision=vision,
         )
         self._host = EnvManagerHost(
             managers,

@@ -39,6 +39,8 @@ class TrajectoryBatch:
     traj_ids: list[str] = field(default_factory=list)
     created_steps: list[int] = field(default_factory=list)
     stop_reasons: list[str] = field(default_factory=list)
+    #: Each row's observation images in placeholder order (vision envs; empty lists otherwise).
+    images: list[list[Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -66,6 +68,7 @@ class TrajectoryBatch:
             traj_ids=self.traj_ids,
             created_steps=self.created_steps,
             stop_reasons=self.stop_reasons,
+            images=self.images,
         )
 
 
@@ -129,4 +132,5 @@ def collate_trajectories(
         traj_ids=[t.traj_id for t in trajectories],
         created_steps=[t.created_step for t in trajectories],
         stop_reasons=[t.stop_reason for t in trajectories],
+        images=[list(t.images) for t in trajectories],
     )

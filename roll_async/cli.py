@@ -13,8 +13,10 @@ import sys
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from roll_async.model.tiny import build_tiny_model
+    from roll_async.model.tiny_vl import build_tiny_vl_family
 
-    path = build_tiny_model(args.out, force=args.force)
+    vl_path = build_tiny_vl_family(getattr(args, "family", None), args.out, force=args.force)
+    path = vl_path or build_tiny_model(args.out, force=args.force)
     print(path)
     return 0
 
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-tiny-model", help="build the offline tiny model (idempotent) and print its path")
     p.add_argument("--out", default=None, help="directory (default: ~/.cache/roll_async/<build id>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the directory is up to date")
+    p.add_argument("--family", default=None, help="model family; idefics3_vl builds the tiny vision-language model")
     p.set_defaults(func=_cmd_make_tiny_model)
 
     p = sub.add_parser(

@@ -12,6 +12,7 @@ from typing import Any
 from roll_async.config import ConfigError, PipelineConfig
 from roll_async.envs import make_env
 from roll_async.model.tiny import resolve_model_path
+from roll_async.multimodal import check_vision
 
 
 def check_envs(config: PipelineConfig) -> None:
@@ -55,4 +56,6 @@ def preflight(config: PipelineConfig) -> tuple[str, Any]:
         model_path = resolve_model_path(config.model.path)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
-    return model_path, load_checked_tokenizer(config, model_path)
+    tokenizer = load_checked_tokenizer(config, model_path)
+    check_vision(config, model_path)
+    return model_path, tokenizer

@@ -33,6 +33,9 @@ class GenerationRequest:
     seed: int | None = None
     logprobs: bool = True
     ignore_eos: bool = False
+    #: Images of the conversation so far in placeholder order, e.g. ``{"image": [PIL.Image, ...]}``; the
+    #: prompt ids then hold one image token per image (vLLM expands it; see roll_async.multimodal).
+    multi_modal_data: dict[str, list[Any]] | None = None
 
 
 @dataclass
@@ -64,6 +67,8 @@ class TurnRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     #: Times this turn's generation was aborted (engine pause/abort) and continued from its partial output.
     resumed_generations: int = 0
+    #: Images in the observation this turn's env step returned (render_mode: vision).
+    num_images: int = 0
 
 
 @dataclass
@@ -96,6 +101,9 @@ class Trajectory:
     started_at: float = 0.0
     finished_at: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    #: Observation images in placeholder order (vision envs), and each one's [start, end) span in token_ids.
+    images: list[Any] = field(default_factory=list)
+    image_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -123,6 +131,7 @@ class Trajectory:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "num_tokens": len(self.token_ids),
+            "num_images": len(self.images),
             "response_length": self.response_length,
             "metrics": self.metrics,
             "turns": [dataclasses.asdict(t) for t in self.turns],

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from roll_async.config import PipelineConfig, config_to_yaml
+from roll_async.multimodal import save_trajectory_images
 from roll_async.protocol import Trajectory
+
+
+#: Vision trajectories per run whose images are kept as PNG (the first ones written).
+MAX_IMAGE_TRAJECTORIES = 16
 
 
 def _json_safe(value: Any) -> Any:
@@ -29,6 +34,9 @@ class RunDirectory:
         self.config_path = self.root / "config.yaml"
         self.metrics_path = self.root / "metrics.jsonl"
         self.trajectories_path = self.root / "trajectories.jsonl"
+        #: PNGs of what the model saw, for a sample of vision trajectories (images/<traj_id>/image<k>.png).
+        self.images_dir = self.root / "images"
+        self._image_trajectories_saved = 0
 
     @classmethod
     def create(cls, output_dir: str | None, run_name: str) -> RunDirectory:
@@ -55,6 +63,9 @@ class RunDirectory:
                 record = trajectory.to_record(decoded_text=text)
                 if served_step is not None:
                     record["served_step"] = served_step
+                if trajectory.images and self._image_trajectories_saved < MAX_IMAGE_TRAJECTORIES:
+                    self._image_trajectories_saved += 1
+                    record["image_files"] = save_trajectory_images(trajectory, self.images_dir, self.root)
                 f.write(json.dumps(record, default=_json_safe) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ pause/resume, update_weights, stats, shutdown.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -116,6 +117,8 @@ class VLLMEngine:
         self._in_flight: set[str] = set()
         self._max_model_len = self.config.max_model_len
         self._info: dict[str, Any] = {}
+        self._images_received = 0
+        self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -228,8 +231,12 @@ class VLLMEngine:
         final = None
         self._in_flight.add(request.request_id)
         try:
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+            if request.multi_modal_data:
+                prompt["multi_modal_data"] = request.multi_modal_data
+                self._images_received += sum(len(items) for items in request.multi_modal_data.values())
             async for output in llm.generate(
-                TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
+                prompt,
                 params,
                 request_id=request.request_id,
             ):
@@ -248,6 +255,10 @@ class VLLMEngine:
         self._prompt_tokens += len(request.prompt_token_ids)
         self._generation_tokens += len(token_ids)
         self._finished_requests += 1
+        # With images vLLM expands each image token; its prompt is the one the model saw.
+        engine_prompt = list(final.prompt_token_ids or request.prompt_token_ids)
+        if request.multi_modal_data:
+            self._recent_multimodal_prompts.append((request.request_id, engine_prompt))
         return GenerationResult(
             request_id=request.request_id,
             output_token_ids=token_ids,
@@ -255,8 +266,12 @@ class VLLMEngine:
             finish_reason=finish,  # type: ignore[arg-type]
             weight_version=version,
             text=completion.text,
-            num_prompt_tokens=len(request.prompt_token_ids),
+            num_prompt_tokens=len(engine_prompt),
         )
+
+    def recent_multimodal_prompts(self) -> list[tuple[str, list[int]]]:
+        """(request id, prompt ids after vLLM's image expansion) of the last multimodal requests, newest last."""
+        return list(self._recent_multimodal_prompts)
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests; their generate calls return finish_reason 'abort'."""
@@ -315,6 +330,7 @@ class VLLMEngine:
             "generation_tokens": self._generation_tokens,
             "finished_requests": self._finished_requests,
             "weight_version": self._weight_version,
+            "images_received": self._images_received,
         }
 
     def ready(self) -> bool:

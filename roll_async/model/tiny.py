@@ -157,6 +157,10 @@ def resolve_model_path(path: str | None) -> str:
     """The model a config names: None means the tiny model (built if missing); a local path must exist."""
     if path is None or path == "tiny":
         return str(build_tiny_model())
+    if path == "tiny-vl":  # the offline tiny vision-language model (roll_async.model.tiny_vl)
+        from roll_async.model.tiny_vl import build_tiny_vl_model
+
+        return str(build_tiny_vl_model())
     looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1
     expanded = Path(path).expanduser()
     if expanded.exists():

@@ -62,6 +62,7 @@ def token_logprobs(
     *,
     score_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> TokenLogprobs:
     """Log-probability of each token given its prefix, from one forward pass.
 
@@ -69,9 +70,12 @@ def token_logprobs(
     ``log p(input_ids[:, t] | input_ids[:, :t])`` and ``out[:, 0]`` is 0 (no
     prefix). Only positions in ``score_mask`` (default: ``attention_mask``) go
     through the log-softmax, which keeps the ``[tokens, vocab]`` float32
-    temporary as small as the response. Right padding is assumed.
+    temporary as small as the response. Right padding is assumed. ``model_inputs`` adds inputs such as a
+    vision-language model's ``pixel_values``.
     """
-    outputs = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    outputs = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **(model_inputs or {})
+    )
     logits = outputs.logits
     wanted = (score_mask if score_mask is not None else attention_mask).bool()
     select = wanted[:, 1:]
