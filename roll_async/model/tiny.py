@@ -98,7 +98,6 @@ def build_tiny_model(
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir) if out_dir is not None else default_tiny_model_dir()
-    info_path = out / "roll_async_build.json"
     build_info = {
         "build_id": BUILD_ID,
         "vocab_size": vocab_size,
@@ -106,12 +105,8 @@ def build_tiny_model(
         "num_layers": num_layers,
         "seed": seed,
     }
-    if not force and info_path.is_file():
-        try:
-            if json.loads(info_path.read_text()) == build_info:
-                return out
-        except json.JSONDecodeError:
-            pass
+    if not force and model_dir_is_current(out, build_info):
+        return out
 
     tokenizer = _train_tokenizer(vocab_size)
     head_dim = 64
@@ -137,12 +132,29 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
 
+    write_model_dir(out, build_info, model, tokenizer)
+    return out
+
+
+def model_dir_is_current(out: Path, build_info: dict) -> bool:
+    """Whether ``out`` already holds a model built with exactly ``build_info``."""
+    info_path = out / "roll_async_build.json"
+    try:
+        return info_path.is_file() and json.loads(info_path.read_text()) == build_info
+    except json.JSONDecodeError:
+        return False
+
+
+def write_model_dir(out: Path, build_info: dict, *parts: object) -> None:
+    """``save_pretrained`` every part (model, tokenizer, processor) into ``out`` plus the build record.
+
+    Built beside the target and moved into place, so a crash never leaves a half-written model.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and move into place, so a crash never leaves a half-written model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        for part in parts:
+            part.save_pretrained(tmp)  # type: ignore[attr-defined]
         (tmp / "roll_async_build.json").write_text(json.dumps(build_info, indent=2))
         if out.exists():
             shutil.rmtree(out)
@@ -150,7 +162,6 @@ def build_tiny_model(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def resolve_model_path(path: str | None) -> str:

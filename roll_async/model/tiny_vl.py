@@ -18,13 +18,10 @@ both towers (vLLM's CPU attention rejects 16).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir
+from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, model_dir_is_current, write_model_dir
 
 #: Bump when the recipe changes, so caches rebuild.
 BUILD_ID = "tiny-idefics3-vl-v1"
@@ -61,7 +58,6 @@ def build_tiny_vl_model(
     if image_size % (patch_size * 2):
         raise ValueError(f"image_size={image_size} must be a multiple of 2 * patch_size={2 * patch_size}")
     out = Path(out_dir) if out_dir is not None else default_tiny_vl_model_dir()
-    info_path = out / "roll_async_build.json"
     build_info = {
         "build_id": BUILD_ID,
         "vocab_size": vocab_size,
@@ -71,12 +67,8 @@ def build_tiny_vl_model(
         "patch_size": patch_size,
         "seed": seed,
     }
-    if not force and info_path.is_file():
-        try:
-            if json.loads(info_path.read_text()) == build_info:
-                return out
-        except json.JSONDecodeError:
-            pass
+    if not force and model_dir_is_current(out, build_info):
+        return out
 
     tokenizer = _train_tokenizer(vocab_size)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *IMAGE_SPECIAL_TOKENS]})
@@ -128,19 +120,7 @@ def build_tiny_vl_model(
         chat_template=tokenizer.chat_template,
     )
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        processor.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "roll_async_build.json").write_text(json.dumps(build_info, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    write_model_dir(out, build_info, model, processor, tokenizer)
     return out
 
 

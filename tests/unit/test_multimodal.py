@@ -161,3 +161,30 @@ def test_preflight_rejects_an_image_limit_below_the_episode(vl_model_path):
     with pytest.raises(ConfigError, match=r"limit_mm_per_prompt.image=3 is below the 7 images"):
         check_vision(config, vl_model_path)
     check_vision(_vision_config(vl_model_path), vl_model_path)  # the shipped config passes
+
+
+def test_run_directory_keeps_png_images_and_num_images(tmp_path):
+    import json
+
+    from roll_async.protocol import Trajectory, TurnRecord
+    from roll_async.run_dir import RunDirectory
+
+    images = [Image.new("RGB", (48, 48), (i * 60, 0, 0)) for i in range(2)]
+    trajectory = Trajectory(tag="v", group_id=0, episode_id=0, env_id=0, seed=1, traj_id="v-g0-e0", created_step=0)
+    trajectory.images, trajectory.image_spans = images, [(0, 7), (9, 16)]
+    trajectory.turns = [TurnRecord(0, "a", "<image>", 0.0, 2, 0, 0.1, 0.01, num_images=1)]
+    run = RunDirectory(tmp_path)
+    run.append_trajectories([trajectory])
+    record = json.loads(run.trajectories_path.read_text())
+    assert record["num_images"] == 2 and record["turns"][0]["num_images"] == 1
+    assert record["image_files"] == ["images/v-g0-e0/image0.png", "images/v-g0-e0/image1.png"]
+    saved = Image.open(tmp_path / record["image_files"][1])
+    assert saved.size == (48, 48) and saved.getpixel((5, 5)) == (60, 0, 0)
+
+
+def test_unavailable_vl_family_names_the_working_one():
+    from roll_async.model.tiny_vl import build_tiny_vl_family
+
+    with pytest.raises(SystemExit, match="torchvision.*--family idefics3_vl"):
+        build_tiny_vl_family("qwen2_5_vl")
+    assert build_tiny_vl_family("qwen2_5") is None  # a text family is built elsewhere
