@@ -19,9 +19,9 @@ from roll_async.multimodal import (
     ObservationEncoder,
     VisionInputError,
     VisionProcessor,
-    check_vision,
     compact_prompt,
 )
+from roll_async.preflight import check_vision
 from roll_async.protocol import EpisodeSpec
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
