@@ -6,7 +6,9 @@ turns, hand the trajectory back. A turn is token-in/token-out: the prompt ids
 are the previous prompt ids, plus the engine's output ids exactly as returned,
 plus the chat-template closure and user delta (``roll_async.tokenization``);
 nothing already sent is ever re-tokenized. Text is decoded only to hand the
-action to the env.
+action to the env. Observation images (``render_mode: vision``) are expanded
+once into ids by the model's processor and sent with every later request
+(``roll_async.multimodal``).
 
 Per turn the engine gets ``max_tokens = min(max_tokens_per_step,
 sequence_length - current_length)`` and the env's stop strings. An episode ends

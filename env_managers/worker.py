@@ -23,8 +23,8 @@ from typing import Any
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
-from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
+from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
 logger = logging.getLogger(__name__)
