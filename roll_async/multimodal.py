@@ -81,14 +81,29 @@ def check_observation_mode(observation: Any, vision: bool) -> None:
         )
 
 
-def model_is_vision_language(model_path: str) -> bool:
-    """True when the model's config names a vision tower (HF VL configs carry ``vision_config``)."""
+def _model_config(model_path: str) -> dict[str, Any]:
     import json
 
     config_file = Path(model_path) / "config.json"
-    if not config_file.is_file():
-        return False
-    return "vision_config" in json.loads(config_file.read_text())
+    return json.loads(config_file.read_text()) if config_file.is_file() else {}
+
+
+def model_is_vision_language(model_path: str) -> bool:
+    """True when the model's config names a vision tower (HF VL configs carry ``vision_config``)."""
+    return "vision_config" in _model_config(model_path)
+
+
+def input_only_token_ids(model_path: str) -> list[int]:
+    """Token ids a VL model must never generate: its image placeholder (``image_token_id``/``image_token_index``).
+
+    A generated image token would be one more placeholder than images: vLLM's next prompt and the
+    trainer's forward would both fail. Untrained (random-init) models sample it readily.
+    """
+    config = _model_config(model_path)
+    if "vision_config" not in config:
+        return []
+    ids = {config.get("image_token_id"), config.get("image_token_index")}
+    return sorted(int(i) for i in ids if isinstance(i, int))
 
 
 class VisionProcessor:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config import EngineConfig
+from roll_async.multimodal import input_only_token_ids
 from roll_async.protocol import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class VLLMEngine:
         self._max_model_len = self.config.max_model_len
         self._info: dict[str, Any] = {}
         self._images_received = 0
+        #: A VL model's image token gets -100 logit bias (never sampled); logprobs stay raw, as the trainer scores.
+        self._input_only_bias: dict[int, float] | None = None
         self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
 
     # -- lifecycle -----------------------------------------------------------------
@@ -144,6 +147,7 @@ class VLLMEngine:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         self._max_model_len = self._llm.model_config.max_model_len
+        self._input_only_bias = {tid: -100.0 for tid in input_only_token_ids(self.model_path)} or None
         await self._warm_up()
         self._info = {
             "model": self.model_path,
@@ -199,6 +203,7 @@ class VLLMEngine:
             seed=request.seed,
             logprobs=0 if request.logprobs else None,
             ignore_eos=request.ignore_eos,
+            logit_bias=self._input_only_bias,
             include_stop_str_in_output=True,  # token ids and text must agree for token-in/token-out
             output_kind=RequestOutputKind.FINAL_ONLY,
         )

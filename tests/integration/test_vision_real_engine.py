@@ -104,6 +104,9 @@ async def test_three_turn_vision_episode_reaches_engine_and_trainer(vl_engine, v
     assert len(trajectory.images) == 3 and [t.num_images for t in trajectory.turns] == [1, 1, 1]
     for start, end in trajectory.image_spans:
         assert trajectory.token_ids[start:end].count(vision.image_token_id) == 4
+    # The image token is input-only: the engine never samples it (a random-init model otherwise would).
+    for t in trajectories:
+        assert t.token_ids.count(vision.image_token_id) == 4 * len(t.images)
 
     # Engine side: every turn's request carried all images so far (1 + 2 + 3 per episode) ...
     assert vl_engine.stats()["images_received"] - before == 2 * (1 + 2 + 3)
