@@ -188,3 +188,10 @@ def test_unavailable_vl_family_names_the_working_one():
     with pytest.raises(SystemExit, match="torchvision.*--family idefics3_vl"):
         build_tiny_vl_family("qwen2_5_vl")
     assert build_tiny_vl_family("qwen2_5") is None  # a text family is built elsewhere
+
+
+def test_image_token_is_input_only_for_vl_models(vl_model_path, tiny_model_path, vision):
+    from roll_async.multimodal import input_only_token_ids
+
+    assert input_only_token_ids(vl_model_path) == [vision.image_token_id]
+    assert input_only_token_ids(str(tiny_model_path)) == []
