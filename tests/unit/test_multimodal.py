@@ -195,3 +195,57 @@ def test_image_token_is_input_only_for_vl_models(vl_model_path, tiny_model_path,
 
     assert input_only_token_ids(vl_model_path) == [vision.image_token_id]
     assert input_only_token_ids(str(tiny_model_path)) == []
+
+
+class _ExpandingFakeEngine(FakeEngine):
+    """A fake engine that reports the prompt length vLLM would after expanding each image token."""
+
+    def __init__(self, ids_per_image: int) -> None:
+        super().__init__(tokens_per_request=4)
+        self.ids_per_image = ids_per_image
+        self.requests = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        result = await super().generate(request)
+        images = len((request.multi_modal_data or {}).get("image", []))
+        result.num_prompt_tokens += images * (self.ids_per_image - 1)
+        return result
+
+
+async def test_sequence_length_never_cuts_an_image(vision, builder):
+    ids_per_image = len(vision.image_ids(Image.new("RGB", (64, 64))))
+    custom = CustomEnvConfig(
+        env_type="sokoban", env_config={"render_mode": "vision"}, max_steps=3, max_tokens_per_step=4
+    )
+    first_len = None
+    dropped_images = 0
+    for extra in range(4, 100, 3):
+        engine = _ExpandingFakeEngine(ids_per_image)
+        scheduler = _OneEpisode()
+        length = (first_len or 2048) + extra
+        manager = EnvManager(
+            0,
+            EnvManagerSettings(tag="t", custom_env=custom, sequence_length=length, generation=GenerationConfig()),
+            make_env=lambda cfg: make_env("sokoban", cfg),
+            scheduler=scheduler,
+            engine=engine,
+            prompt_builder=builder,
+            observations=ObservationEncoder(vision),
+        )
+        await asyncio.wait_for(manager.run_rollout_loop(), 60)
+        (trajectory,) = scheduler.trajectories
+        if first_len is None:  # first pass: learn the first prompt's length, then sweep cuts through turn 2's image
+            first_len = trajectory.prompt_length
+            continue
+        assert len(trajectory.token_ids) <= length
+        assert trajectory.token_ids.count(vision.image_token_id) == 4 * len(trajectory.images)
+        for start, end in trajectory.image_spans:
+            assert end <= len(trajectory.token_ids)
+        # Every request carried exactly the images whose whole spans were in its prompt.
+        for request in engine.requests:
+            assert request.prompt_token_ids.count(vision.image_token_id) == len(request.multi_modal_data["image"])
+        if len(trajectory.images) < trajectory.num_turns + 1 and trajectory.stop_reason != "env_error":
+            assert trajectory.stop_reason == "max_length"
+            dropped_images += len(trajectory.token_ids) < length  # the cut fell inside the next image
+    assert dropped_images > 0  # the sweep really cut through an image
