@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config import EngineConfig
-from roll_async.multimodal import input_only_token_ids
+from roll_async.multimodal import input_only_token_ids, model_is_vision_language
 from roll_async.protocol import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -317,6 +317,10 @@ class VLLMEngine:
         payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
         await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
         await llm.reset_prefix_cache()
+        if model_is_vision_language(self.model_path):
+            # Image embeddings of the old vision tower must not be reused; this also keeps vLLM's
+            # scheduler-side and worker-side encoder caches in step (a miss kills the engine).
+            await llm.reset_encoder_cache()
         self._weight_version = version
         return time.perf_counter() - start
 
