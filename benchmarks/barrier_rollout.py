@@ -30,10 +30,11 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_managers.env_manager import EnvManager, _episode_metrics, _numeric_metrics, append_generation, observation_text
+from env_managers.env_manager import EnvManager, _episode_metrics, _numeric_metrics, append_generation
 from env_managers.worker import EnvFactory, RegisteredEnvFactory
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient
+from roll_async.multimodal import observation_text
 from roll_async.protocol import GenerationRequest, Trajectory, TurnRecord
 from roll_async.scheduler.group_queue import derive_seed, env_layout
 from roll_async.tokenization import ChatPromptBuilder

@@ -6,7 +6,9 @@ turns, hand the trajectory back. A turn is token-in/token-out: the prompt ids
 are the previous prompt ids, plus the engine's output ids exactly as returned,
 plus the chat-template closure and user delta (``roll_async.tokenization``);
 nothing already sent is ever re-tokenized. Text is decoded only to hand the
-action to the env.
+action to the env. Observation images (``render_mode: vision``) are expanded
+once into ids by the model's processor and sent with every later request
+(``roll_async.multimodal``).
 
 Per turn the engine gets ``max_tokens = min(max_tokens_per_step,
 sequence_length - current_length)`` and the env's stop strings. An episode ends
@@ -73,6 +75,7 @@ from roll_async.config import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
 from roll_async.env_service.protocol import EnvServiceUnavailable
+from roll_async.multimodal import ObservationEncoder, VisionInputError, append_images, observation_images
 from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
 from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
 
@@ -208,14 +211,6 @@ def append_generation(
     return len(new_ids)
 
 
-def observation_text(observation: Any) -> str:
-    """Text of an observation: a str, or an object with ``.text`` (roll_async.envs.base.Observation)."""
-    if isinstance(observation, str):
-        return observation
-    text = getattr(observation, "text", None)
-    return text if isinstance(text, str) else str(observation)
-
-
 def _numeric_metrics(info: Any) -> dict[str, float]:
     metrics = info.get("metrics", {}) if isinstance(info, dict) else {}
     out: dict[str, float] = {}
@@ -323,6 +318,7 @@ class EnvManager:
         clock: Callable[[], float] = time.monotonic,
         agent_gateway: Any = None,
         agent_model_name: str = "",
+        observations: ObservationEncoder | None = None,
     ) -> None:
         self.env_id = env_id
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
@@ -332,6 +328,8 @@ class EnvManager:
         self.scheduler = scheduler
         self.engine = engine
         self.prompts = prompt_builder
+        #: Observation text and ids; with a VisionProcessor, images are expanded once here (roll_async.multimodal).
+        self.observations = observations or ObservationEncoder(None)
         self._executor = executor
         self._clock = clock
         self.stats = EnvManagerStats()
@@ -446,13 +444,17 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
-        fields = {"instruction": str(info.get("instruction") or ""), "observation": observation_text(observation), "reward": 0.0, "turn": 0}
+        fields = {"instruction": str(info.get("instruction") or ""), "observation": self.observations.text(observation), "reward": 0.0, "turn": 0}
         user_texts = [self._render("instruction_template", fields)]
         generated_per_turn: list[list[int]] = []
-        prompt = self.prompts.first_turn_ids(user_texts[0])
-        prompt = prompt[:seq_len]
-        self._append(trajectory, prompt, generated=False)
-        trajectory.prompt_length = len(prompt)
+        try:
+            first = self.observations.encode(self.prompts.first_turn_ids(user_texts[0]), observation)
+        except VisionInputError as exc:
+            return self._fail(trajectory, exc)
+        first = first.fit(seq_len)  # never cuts an image in half
+        append_images(trajectory, 0, first)
+        self._append(trajectory, first.token_ids, generated=False)
+        trajectory.prompt_length = len(first.token_ids)
 
         stop_reason = "max_steps"
         for turn in range(cfg.max_steps):
@@ -487,7 +489,12 @@ class EnvManager:
                 return self._fail(trajectory, exc)
             record.env_step_s = self._clock() - started
             record.env_step_finished_at = time.time()
-            record.observation = observation_text(observation)
+            try:
+                self.observations.check(observation)
+            except VisionInputError as exc:
+                return self._fail(trajectory, exc)
+            record.observation = self.observations.text(observation)
+            record.num_images = len(observation_images(observation))
             record.reward = float(reward)
             record.metrics = _numeric_metrics(info)
             trajectory.episode_reward += record.reward
@@ -503,13 +510,20 @@ class EnvManager:
                 break
             fields = {**fields, "observation": record.observation, "reward": record.reward, "turn": turn + 1}
             user_texts.append(self._render("observation_template", fields))
-            delta = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(user_texts[-1])
+            delta_ids = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(user_texts[-1])
+            try:
+                delta = self.observations.encode(delta_ids, observation)
+            except VisionInputError as exc:
+                return self._fail(trajectory, exc)
             room = seq_len - len(trajectory.token_ids)
-            if len(delta) >= room:  # no room left for even one generated token after this observation
-                self._append(trajectory, delta[:room], generated=False)
+            if len(delta.token_ids) >= room:  # no room left for even one generated token after this observation
+                delta = delta.fit(room)  # an image that does not fit whole is left out
+                append_images(trajectory, len(trajectory.token_ids), delta)
+                self._append(trajectory, delta.token_ids, generated=False)
                 stop_reason = "max_length"
                 break
-            self._append(trajectory, delta, generated=False)
+            append_images(trajectory, len(trajectory.token_ids), delta)
+            self._append(trajectory, delta.token_ids, generated=False)
 
         trajectory.stop_reason = stop_reason
         trajectory.metrics = _episode_metrics(trajectory.turns)
@@ -521,6 +535,8 @@ class EnvManager:
 
     def _check_prefix(self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]) -> None:
         """Does a fresh render of this conversation's text differ from its ids? (rollout/prefix_mismatch_rate)"""
+        if trajectory.images:
+            return  # image placeholders are expanded by the processor: a text-only render is not comparable
         try:
             differs = self.prompts.fresh_render_differs(trajectory.token_ids, user_texts, generated)
         except ChatTemplateError:
@@ -591,7 +607,10 @@ class EnvManager:
         (temperature, top_p, top_k, stop, seed; None keeps the config's); validation stays greedy.
         """
         gen_cfg = self.settings.generation
-        prompt = list(trajectory.token_ids if prompt_ids is None else prompt_ids)
+        if prompt_ids is None:
+            prompt, multi_modal_data = self.observations.engine_prompt(trajectory)
+        else:  # an agent session's own prompt (text only)
+            prompt, multi_modal_data = list(prompt_ids), None
         temperature, top_p, top_k = gen_cfg.temperature, gen_cfg.top_p, gen_cfg.top_k
         stop, seed = list(self.settings.custom_env.stop), None
         if sampling is not None:
@@ -618,6 +637,7 @@ class EnvManager:
                 stop=stop,
                 seed=seed,
                 logprobs=True,
+                multi_modal_data=multi_modal_data,
             )
             error: Exception | None = None
             try:
@@ -642,6 +662,13 @@ class EnvManager:
                 logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, error, failures, gen_cfg.max_retries)
                 await asyncio.sleep(gen_cfg.retry_backoff_s * 2 ** (failures - 1))
                 continue
+            expected_prompt = len(trajectory.token_ids) + len(token_ids)
+            if multi_modal_data and result.finish_reason != "abort" and result.num_prompt_tokens != expected_prompt:
+                raise EngineRequestError(
+                    f"engine expanded the images of request {request.request_id} to a {result.num_prompt_tokens}-id "
+                    f"prompt but the trajectory has {expected_prompt} ids: the engine's processor differs from the "
+                    "rollout's (model.path must name one model directory for both)"
+                )
             added = append_generation(result, token_ids, logprobs, versions, token_versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason

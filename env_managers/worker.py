@@ -27,6 +27,7 @@ from roll_async.agent_gateway.task import served_model_name
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.env_service.placement import env_builder
+from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
 
@@ -62,6 +63,7 @@ def build_env_managers(
     tokenizer: Any,
     env_factory: EnvFactory | None = None,
     executor: Executor | None = None,
+    vision: VisionProcessor | None = None,
 ) -> list[EnvManager]:
     """One EnvManager per (env_id, tag); validation ('val') envs decode greedily."""
     em = env_manager_config(config, which)
@@ -95,6 +97,7 @@ def build_env_managers(
                 request_prefix=request_prefix,
                 agent_gateway=agent_gateway,
                 agent_model_name=served_model_name(config.model.path),
+                observations=observation_encoder(custom_env, vision),
             )
         )
     return managers
@@ -252,6 +255,9 @@ class EnvManagerWorker:
         self.incarnation = incarnation
         self._scheduler_handle = scheduler_handle
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
+        vision = None
+        if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
+            vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
         managers = build_env_managers(
@@ -263,6 +269,7 @@ class EnvManagerWorker:
             tokenizer=tokenizer,
             env_factory=env_factory,
             executor=self._executor,
+            vision=vision,
         )
         self._host = EnvManagerHost(
             managers,

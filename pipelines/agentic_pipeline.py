@@ -34,6 +34,7 @@ from roll_async.logs import attach_run_logs, configure_console
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
 from roll_async.run_dir import RunDirectory
+from roll_async.multimodal import input_only_logit_bias
 from roll_async.sampling import SamplingSettings
 from roll_async.tracking import MetricsTracker
 
@@ -72,6 +73,8 @@ class AgenticPipeline:
 
         config = self.config
         self.model_path, self.tokenizer = preflight(config)
+        # The distribution train rollouts sample from, engine-side logit bias included (the trainer scores under it).
+        self.train_sampling = SamplingSettings.from_generation(config.generation, input_only_logit_bias(self.model_path))
         try:
             self.trainer = build_trainer(config.trainer, self.model_path)
         except ConfigError:
@@ -254,7 +257,7 @@ class AgenticPipeline:
                     batch = collate_trajectories(
                         trajectories,
                         pad_token_id=self.tokenizer.pad_token_id,
-                        sampling=SamplingSettings.from_generation(config.generation),  # what train rollouts sampled with
+                        sampling=self.train_sampling,  # what train rollouts sampled with
                         policy_version=self.version_base + step,  # the trainer's weights now (trainer.max_token_lag)
                     )
                     if config.logging.save_batches:

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any
 
-from env_managers.env_manager import observation_text
+from roll_async.multimodal import observation_text
 from roll_async.config import PipelineConfig
 from roll_async.envs import make_env
 from roll_async.model.tiny import resolve_model_path

@@ -56,6 +56,8 @@ class TrajectoryBatch:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     #: Weight version of the trainer's policy at this step; None: unknown (no token-lag masking).
     policy_version: int | None = None
+    #: Each row's observation images in placeholder order (vision envs; empty lists otherwise).
+    images: list[list[Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -88,6 +90,7 @@ class TrajectoryBatch:
             stop_reasons=self.stop_reasons,
             sampling=self.sampling,
             policy_version=self.policy_version,
+            images=self.images,
         )
 
 
@@ -169,4 +172,5 @@ def collate_trajectories(
         stop_reasons=[t.stop_reason for t in trajectories],
         sampling=sampling or SamplingSettings(),
         policy_version=policy_version,
+        images=[list(t.images) for t in trajectories],
     )

@@ -11,19 +11,22 @@ import sys
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    if args.family is not None:
+    from roll_async.model.tiny_vl import build_tiny_vl_family
+
+    path = build_tiny_vl_family(args.family, args.out, force=args.force)  # None unless --family names a VL family
+    if path is None and args.family is not None:
         from roll_async.model.families import UnknownFamilyError, build_family_model
+        from roll_async.model.tiny_vl import FAMILY as VL_FAMILY
 
         try:
             path = build_family_model(args.family, args.out, force=args.force)
         except UnknownFamilyError as exc:
-            print(f"roll-async: {exc}", file=sys.stderr)
+            print(f"roll-async: {exc}; vision-language: {VL_FAMILY}", file=sys.stderr)
             return 2
-        print(path)
-        return 0
-    from roll_async.model.tiny import build_tiny_model
+    if path is None:
+        from roll_async.model.tiny import build_tiny_model
 
-    path = build_tiny_model(args.out, force=args.force)
+        path = build_tiny_model(args.out, force=args.force)
     print(path)
     return 0
 
@@ -137,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if the directory is up to date")
     p.add_argument(
         "--family", default=None,
-        help="build a tiny random-init model of a real family instead (qwen2_5, qwen3, qwen3_moe, llama3, mistral, gemma3, phi3)",
+        help="build a tiny random-init model of a real family instead (qwen2_5, qwen3, qwen3_moe, llama3, mistral, "
+        "gemma3, phi3; idefics3_vl: the tiny vision-language model)",
     )
     p.set_defaults(func=_cmd_make_tiny_model)
 

@@ -34,6 +34,9 @@ class GenerationRequest:
     seed: int | None = None
     logprobs: bool = True
     ignore_eos: bool = False
+    #: Images of the conversation so far in placeholder order, e.g. ``{"image": [PIL.Image, ...]}``; the
+    #: prompt ids then hold one image token per image (vLLM expands it; see roll_async.multimodal).
+    multi_modal_data: dict[str, list[Any]] | None = None
 
 
 @dataclass
@@ -79,6 +82,8 @@ class TurnRecord:
     generate_finished_at: float = 0.0
     env_step_started_at: float = 0.0
     env_step_finished_at: float = 0.0
+    #: Images in the observation this turn's env step returned (render_mode: vision).
+    num_images: int = 0
 
 
 @dataclass
@@ -115,6 +120,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     #: When the env asked the scheduler for this episode (unix seconds); until ``started_at`` it waited for one.
     episode_requested_at: float = 0.0
+    #: Observation images in placeholder order (vision envs), and each one's [start, end) span in token_ids.
+    images: list[Any] = field(default_factory=list)
+    image_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -143,6 +151,7 @@ class Trajectory:
             "finished_at": self.finished_at,
             "episode_requested_at": self.episode_requested_at,
             "num_tokens": len(self.token_ids),
+            "num_images": len(self.images),
             "response_length": self.response_length,
             "metrics": self.metrics,
             "turns": [dataclasses.asdict(t) for t in self.turns],

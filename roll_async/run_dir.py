@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from roll_async.config import PipelineConfig, config_to_yaml
+from roll_async.multimodal import save_trajectory_images
 from roll_async.protocol import Trajectory
+
+
+#: Vision trajectories per run whose images are kept as PNG (the first ones written).
+MAX_IMAGE_TRAJECTORIES = 16
 
 
 def _json_safe(value: Any) -> Any:
@@ -35,6 +40,9 @@ class RunDirectory:
         self.logs = self.root / "logs"
         #: One file per training step when logging.save_batches is on (roll_async.batch_dump).
         self.batches = self.root / "batches"
+        #: PNGs of what the model saw, for a sample of vision trajectories (images/<traj_id>/image<k>.png).
+        self.images_dir = self.root / "images"
+        self._image_trajectories_saved = 0
 
     @classmethod
     def create(cls, output_dir: str | None, run_name: str) -> RunDirectory:
@@ -71,6 +79,9 @@ class RunDirectory:
                     record["served_step"] = served_step
                 if served_at is not None:
                     record["served_at"] = served_at
+                if trajectory.images and self._image_trajectories_saved < MAX_IMAGE_TRAJECTORIES:
+                    self._image_trajectories_saved += 1
+                    record["image_files"] = save_trajectory_images(trajectory, self.images_dir, self.root)
                 f.write(json.dumps(record, default=_json_safe) + "\n")
 
     def append_unserved(self, unserved: list[tuple[str, Trajectory]], tokenizer: Any | None = None, step: int | None = None) -> None:

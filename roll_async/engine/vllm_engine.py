@@ -9,6 +9,7 @@ pause/resume, update_weights, stats, shutdown.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config import EngineConfig
+from roll_async.multimodal import input_only_logit_bias, model_is_vision_language
 from roll_async.protocol import FinishReason, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,10 @@ class VLLMEngine:
         self._in_flight: set[str] = set()
         self._max_model_len = self.config.max_model_len
         self._info: dict[str, Any] = {}
+        self._images_received = 0
+        #: A VL model's image token gets -100 logit bias (never sampled); logprobs stay raw, as the trainer scores.
+        self._input_only_bias: dict[int, float] | None = None
+        self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -150,6 +156,7 @@ class VLLMEngine:
         self._max_model_len = self._llm.model_config.max_model_len
         # vLLM labels every engine step's tokens with this version (per-token truth, see generate).
         await self._llm.update_weight_version(str(self._weight_version))
+        self._input_only_bias = input_only_logit_bias(self.model_path) or None
         await self._warm_up()
         self._info = {
             "model": self.model_path,
@@ -205,6 +212,7 @@ class VLLMEngine:
             seed=request.seed,
             logprobs=0 if request.logprobs else None,
             ignore_eos=request.ignore_eos,
+            logit_bias=self._input_only_bias,
             include_stop_str_in_output=True,  # token ids and text must agree for token-in/token-out
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
@@ -237,8 +245,12 @@ class VLLMEngine:
         final = None
         self._in_flight.add(request.request_id)
         try:
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+            if request.multi_modal_data:
+                prompt["multi_modal_data"] = request.multi_modal_data
+                self._images_received += sum(len(items) for items in request.multi_modal_data.values())
             async for output in llm.generate(
-                TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
+                prompt,
                 params,
                 request_id=request.request_id,
             ):
@@ -259,6 +271,10 @@ class VLLMEngine:
         self._prefix_cache_hit_tokens += int(final.num_cached_tokens or 0)
         self._generation_tokens += len(token_ids)
         self._finished_requests += 1
+        # With images vLLM expands each image token; its prompt is the one the model saw.
+        engine_prompt = list(final.prompt_token_ids or request.prompt_token_ids)
+        if request.multi_modal_data:
+            self._recent_multimodal_prompts.append((request.request_id, engine_prompt))
         return GenerationResult(
             request_id=request.request_id,
             output_token_ids=token_ids,
@@ -266,9 +282,13 @@ class VLLMEngine:
             finish_reason=finish,
             weight_version=token_versions[-1] if token_versions else version,
             text=completion.text,
-            num_prompt_tokens=len(request.prompt_token_ids),
+            num_prompt_tokens=len(engine_prompt),
             token_versions=token_versions,
         )
+
+    def recent_multimodal_prompts(self) -> list[tuple[str, list[int]]]:
+        """(request id, prompt ids after vLLM's image expansion) of the last multimodal requests, newest last."""
+        return list(self._recent_multimodal_prompts)
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in-flight requests; their generate calls return finish_reason 'abort'."""
@@ -321,6 +341,10 @@ class VLLMEngine:
                 f"vLLM could not reset its prefix cache after the update to version {version}; "
                 "KV computed under the old weights would be reused"
             )
+        if model_is_vision_language(self.model_path):
+            # Image embeddings of the old vision tower must not be reused; this also keeps vLLM's
+            # scheduler-side and worker-side encoder caches in step (a miss kills the engine).
+            await llm.reset_encoder_cache()
         self._weight_version = version
         return time.perf_counter() - start
 
@@ -340,6 +364,7 @@ class VLLMEngine:
             "generation_tokens": self._generation_tokens,
             "finished_requests": self._finished_requests,
             "weight_version": self._weight_version,
+            "images_received": self._images_received,
         }
 
     def ready(self) -> bool:

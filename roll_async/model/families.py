@@ -354,4 +354,4 @@ def build_family_model(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id)
-    return write_model_dir(out, model, tokenizer, build_info)
+    return write_model_dir(out, build_info, model, tokenizer)

@@ -154,7 +154,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
 
-    return write_model_dir(out, model, tokenizer, build_info)
+    return write_model_dir(out, build_info, model, tokenizer)
 
 
 def is_current_build(out: Path, build_info: dict) -> bool:
@@ -166,14 +166,16 @@ def is_current_build(out: Path, build_info: dict) -> bool:
         return False
 
 
-def write_model_dir(out: Path, model, tokenizer, build_info: dict) -> Path:
-    """Save model + tokenizer + build info; built beside the target and moved into place, so a crash
-    never leaves a half-written model."""
+def write_model_dir(out: Path, build_info: dict, *parts: object) -> Path:
+    """``save_pretrained`` every part (model, tokenizer, processor) into ``out`` plus the build record; returns ``out``.
+
+    Built beside the target and moved into place, so a crash never leaves a half-written model.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        for part in parts:
+            part.save_pretrained(tmp)  # type: ignore[attr-defined]
         (tmp / "roll_async_build.json").write_text(json.dumps(build_info, indent=2))
         if out.exists():
             shutil.rmtree(out)
@@ -188,6 +190,10 @@ def resolve_model_path(path: str | None) -> str:
     """The model a config names: None means the tiny model (built if missing); a local path must exist."""
     if path is None or path == "tiny":
         return str(build_tiny_model())
+    if path == "tiny-vl":  # the offline tiny vision-language model (roll_async.model.tiny_vl)
+        from roll_async.model.tiny_vl import build_tiny_vl_model
+
+        return str(build_tiny_vl_model())
     looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1
     expanded = Path(path).expanduser()
     if expanded.exists():

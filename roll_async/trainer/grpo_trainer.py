@@ -30,6 +30,7 @@ import torch
 from roll_async.batching import TrajectoryBatch
 from roll_async.config import ConfigError, TrainerConfig
 from roll_async.metrics import TRAIN_TOKEN_LAG_MASKED_FRACTION, TRAIN_TOKEN_LAG_MAX
+from roll_async.multimodal import VisionProcessor, model_is_vision_language
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.base import NonFiniteLossError
 from roll_async.trainer.checkpoint import (
@@ -77,10 +78,11 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 def load_causal_lm(model_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False) -> Any:
     """An HF causal LM on ``device`` with dropout off."""
     import transformers
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = AutoModelForCausalLM.from_pretrained(
+    auto_class = AutoModelForImageTextToText if model_is_vision_language(model_path) else AutoModelForCausalLM
+    model = auto_class.from_pretrained(
         model_path, trust_remote_code=trust_remote_code, **{dtype_key: dtype}
     ).to(device)
     disable_dropout(model)
@@ -136,6 +138,8 @@ class GRPOTrainer:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype)
         self.model = load_causal_lm(self.model_path, self.dtype, self.device, trust_remote_code)
+        #: The model's processor when it is vision-language: it turns a batch's images into pixel inputs.
+        self.vision = VisionProcessor.load(self.model_path, trust_remote_code) if model_is_vision_language(self.model_path) else None
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -231,6 +235,7 @@ class GRPOTrainer:
                 score_mask=mask,
                 with_entropy=True,
                 sampling=batch.sampling,
+                model_inputs=self._vision_inputs(batch, rows),
             )
             logp = out.logprobs
             prox = proximal_logprobs[rows, cols] if proximal_logprobs is not None else logp.detach()
@@ -254,6 +259,7 @@ class GRPOTrainer:
                         batch.position_ids[rows, cols],
                         score_mask=mask,
                         sampling=batch.sampling,
+                        model_inputs=self._vision_inputs(batch, rows),
                     ).logprobs
                 kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
                 loss = loss + cfg.kl_coef * kl
@@ -318,8 +324,16 @@ class GRPOTrainer:
                 batch.position_ids[rows, cols],
                 score_mask=scored[rows, cols],
                 sampling=batch.sampling,
+                model_inputs=self._vision_inputs(batch, rows),
             ).logprobs
         return result
+
+    def _vision_inputs(self, batch: TrajectoryBatch, rows: slice) -> dict[str, torch.Tensor]:
+        """Pixel inputs of the rows' images for a vision-language model ({} for text models or no images)."""
+        if self.vision is None or not batch.images:
+            return {}
+        inputs = self.vision.pixel_inputs(batch.images[rows])
+        return {name: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype) for name, t in inputs.items()}
 
     def reset_reference(self) -> None:
         """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""

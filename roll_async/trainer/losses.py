@@ -65,6 +65,7 @@ def token_logprobs(
     score_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
     sampling: SamplingSettings | None = None,
+    model_inputs: dict[str, torch.Tensor] | None = None,
 ) -> TokenLogprobs:
     """Log-probability of each token given its prefix, from one forward pass.
 
@@ -72,14 +73,17 @@ def token_logprobs(
     ``log p(input_ids[:, t] | input_ids[:, :t])`` and ``out[:, 0]`` is 0 (no
     prefix). Only positions in ``score_mask`` (default: ``attention_mask``) go
     through the log-softmax, which keeps the ``[tokens, vocab]`` float32
-    temporary as small as the response. Right padding is assumed.
+    temporary as small as the response. Right padding is assumed. ``model_inputs`` adds inputs such as a
+    vision-language model's ``pixel_values``.
 
     ``sampling`` scores under the distribution the engine sampled from
     (temperature, top-k, top-p, renormalised; :mod:`roll_async.sampling`), the
     one whose logprobs the engine reports; None means the raw softmax. The
     entropy is that of the same distribution.
     """
-    outputs = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    outputs = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **(model_inputs or {})
+    )
     logits = outputs.logits
     wanted = (score_mask if score_mask is not None else attention_mask).bool()
     select = wanted[:, 1:]
