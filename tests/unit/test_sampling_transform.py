@@ -92,3 +92,20 @@ def test_generation_settings_are_validated():
         load_config(overrides=["generation.top_p=0"])
     with pytest.raises(ConfigError, match="logprobs_mode"):
         load_config(overrides=["engine.engine_kwargs.logprobs_mode=raw_logprobs"])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logit_bias_is_added_before_temperature_like_vllm(temperature):
+    """The engine's logit bias (a VL model's input-only image token) is part of the processed distribution."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 32)
+    settings = SamplingSettings.from_generation(SamplingSettings(temperature, 1.0, -1), logit_bias={5: -100.0, 7: 2.0})
+    assert not settings.is_raw
+    expected = logits.clone()
+    expected[:, 5] -= 100.0
+    expected[:, 7] += 2.0
+    expected = (expected / temperature).log_softmax(-1)
+    got = sampling_logits(logits, settings).log_softmax(-1)
+    torch.testing.assert_close(got, expected)
+    unbiased = sampling_logits(logits, SamplingSettings(temperature, 1.0, -1)).log_softmax(-1)
+    assert (got[:, 7] - unbiased[:, 7]).min() > 0.5  # the bias really moves the distribution
