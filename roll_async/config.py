@@ -97,6 +97,10 @@ class EnvManagerConfig:
     group_filter: str = "none"
     #: An env that makes no progress for this long is reported by the watchdog.
     watchdog_timeout_s: float = 300.0
+    #: Train only. fifo: serve the oldest groups (no bias to short episodes; envs may idle behind a slow group).
+    #: first_complete: serve the first groups to complete; the rest continue into later steps within the
+    #: staleness bound, and every env group is kept busy (see roll_async.scheduler.group_queue "Serving").
+    serve_order: str = "fifo"
     #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
     dataset: str | None = None
 
@@ -336,6 +340,11 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
         raise ConfigError(
             f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
             f"raise num_env_groups or set num_groups_partition"
+        )
+    if em.serve_order not in ("fifo", "first_complete"):
+        raise ConfigError(
+            f"{name}.serve_order='{em.serve_order}' is unknown.{_suggest(em.serve_order, ['fifo', 'first_complete'])} "
+            "Choose fifo or first_complete"
         )
     from roll_async.scheduler.filters import GROUP_FILTERS  # local: filters import only protocol
 

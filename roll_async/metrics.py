@@ -37,6 +37,10 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
+#: Share of env-seconds in the batch window spent playing episodes (not waiting for a seat).
+ENV_BUSY_FRACTION = "rollout/env_busy_fraction"
+#: Share of the served groups that were already pending when the previous batch was served (carried over).
+GROUPS_STARTED_EARLIER_FRACTION = "rollout/groups_started_earlier_fraction"
 EPISODE_REWARD_MEAN = "rollout/episode_reward/mean"
 EPISODE_REWARD_STD = "rollout/episode_reward/std"
 ENGINE_RUNNING = "engine/running"
@@ -179,6 +183,9 @@ def rollout_metrics(
     for field_name, metric_name in COUNTER_METRICS.items():
         out[metric_name] = float((counters or {}).get(field_name, 0))
     out[STALLED_ENVS] = float((gauges or {}).get("stalled_envs", 0))
+    for gauge, metric_name in (("env_busy_fraction", ENV_BUSY_FRACTION), ("groups_started_earlier_fraction", GROUPS_STARTED_EARLIER_FRACTION)):
+        if gauge in (gauges or {}):
+            out[metric_name] = float(gauges[gauge])  # type: ignore[index]
     out.update(_env_metrics(batch))
     out.update(engine_metrics(engine_stats or []))
     return out
