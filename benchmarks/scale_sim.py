@@ -58,6 +58,51 @@ def _rss_bytes() -> int:
     return 0
 
 
+class QueueCpuMeter:
+    """CPU time (``time.thread_time`` of the event-loop thread) spent inside the GroupQueueManager's methods.
+
+    Each coroutine of ``next_episode`` / ``put_trajectory`` / ``get_batch`` is driven step by step and only its
+    own steps are timed (not the time it sleeps waiting for a seat or a batch), so this is the scheduler proper:
+    seat assignment, wake-ups, completion, readiness, serving, and the cancellation callbacks it makes.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.cpu_s = 0.0
+        for name in ("next_episode", "put_trajectory", "get_batch"):
+            method = getattr(queue, name)
+            setattr(queue, name, self._timed(method))
+
+    def _timed(self, method: Any) -> Any:
+        meter = self
+
+        class _Timed:
+            def __init__(self, coro: Any) -> None:
+                self.coro = coro
+
+            def __await__(self) -> Any:
+                coro, value, error = self.coro, None, None
+                while True:
+                    started = time.thread_time()
+                    try:
+                        yielded = coro.throw(error) if error is not None else coro.send(value)
+                    except StopIteration as stop:
+                        meter.cpu_s += time.thread_time() - started
+                        return stop.value
+                    except BaseException:
+                        meter.cpu_s += time.thread_time() - started
+                        raise
+                    meter.cpu_s += time.thread_time() - started
+                    try:
+                        value, error = (yield yielded), None
+                    except BaseException as exc:  # cancellation is thrown into the coroutine
+                        value, error = None, exc
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _Timed(method(*args, **kwargs))
+
+        return call
+
+
 def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
     from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, PipelineConfig, validate_config
 
@@ -134,6 +179,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     cpu_build0 = time.process_time()
     scheduler = LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer)
     build_cpu = time.process_time() - cpu_build0
+    queue_meter = QueueCpuMeter(scheduler.group_queue)
     rss_built = _rss_bytes()
     peak = [rss_built]
     in_flight: list[float] = []
@@ -156,6 +202,9 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             "tokens": engine.generation_tokens,
             "requests": engine.finished_requests,
             "episodes": sum(m.stats.episodes for m in scheduler.managers),
+            "queue_cpu": queue_meter.cpu_s,
+            "seat_wakeups": scheduler.group_queue.wakeups.seat,
+            "seat_events": scheduler.group_queue.wakeups.seat_events,
         }
 
     start = mark()
@@ -197,7 +246,11 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         "build_cpu_ms_per_env": 1000 * build_cpu / num_envs,
         "process_cpu_s": d["cpu"],
         "sim_engine_cpu_s": d["engine_cpu"],
+        # The whole rollout side (queue + env loops + prompt building + env thread hops), as recorded before.
         "scheduler_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"] if d["episodes"] else math.nan,
+        # The GroupQueueManager alone (QueueCpuMeter).
+        "queue_cpu_us_per_trajectory": 1e6 * d["queue_cpu"] / d["episodes"] if d["episodes"] else math.nan,
+        "seat_wakeups_per_trajectory": d["seat_wakeups"] / d["episodes"] if d["episodes"] else math.nan,
         "scheduler_cpu_us_per_turn": 1e6 * rollout_cpu / d["requests"] if d["requests"] else math.nan,
         "scheduler_cpu_share_of_wall": rollout_cpu / d["wall"] if d["wall"] > 0 else math.nan,
         "max_trajectories_per_cpu_s": d["episodes"] / rollout_cpu if rollout_cpu > 0 else math.nan,

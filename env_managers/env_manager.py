@@ -262,6 +262,9 @@ class EnvManager:
         finally:
             self._episode_task = None
             self._current = None
+            end_episode = getattr(self.engine, "end_episode", None)
+            if end_episode is not None:  # a Router releases the episode's replica binding
+                end_episode()
 
     def cancel_episode(self, group_id: int, episode_id: int) -> bool:
         """Cancel the current episode if it is (group_id, episode_id); True if something was cancelled."""
@@ -445,7 +448,8 @@ class EnvManager:
                 logprobs=True,
             )
             try:
-                result = await asyncio.wait_for(self.engine.generate(request), timeout=gen_cfg.request_timeout_s)
+                async with asyncio.timeout(gen_cfg.request_timeout_s):  # no extra Task per request, unlike wait_for
+                    result = await self.engine.generate(request)
             except asyncio.CancelledError:
                 await self._abort_quietly(request.request_id)
                 raise
@@ -497,13 +501,13 @@ class EnvManager:
         """Await ``fn(*args)`` (async) or run it in the thread pool (sync), within env_step_timeout_s."""
         timeout = self.settings.env_step_timeout_s
         try:
-            if inspect.iscoroutinefunction(fn):
-                result = await asyncio.wait_for(fn(*args), timeout)
-            else:
-                future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-                result = await asyncio.wait_for(future, timeout)
-                if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, timeout)
+            async with asyncio.timeout(timeout):  # one deadline for the call; no extra Task per call
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args)
+                else:
+                    result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+                    if inspect.isawaitable(result):
+                        result = await result
             return result
         except asyncio.TimeoutError:
             self.stats.env_timeouts += 1

@@ -270,10 +270,15 @@ class EnvManagerWorker:
         await self._host.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def router_stats(self) -> dict[str, Any]:
+        """This worker's Router counters per replica (summed over workers into router/* metrics)."""
+        return self._router.stats()
+
     async def describe(self) -> dict[str, Any]:
         return {
             "worker_index": self.worker_index,
             "router_load": self._router.load(),
+            "router": self._router.stats(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
             },

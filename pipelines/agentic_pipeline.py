@@ -136,6 +136,9 @@ class AgenticPipeline:
     async def _push_weights(self, version: int, in_flight: str) -> float:
         """Pause every replica (``in_flight`` decides what happens to running turns), load, resume."""
         start = time.perf_counter()
+        if getattr(self.trainer, "simulated", False):
+            await self._push_simulated_version(version, in_flight)
+            return time.perf_counter() - start
         weights = await asyncio.to_thread(self.trainer.state_dict_for_engine)
         await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
         try:
@@ -143,6 +146,15 @@ class AgenticPipeline:
         finally:
             await asyncio.gather(*(e.resume.remote() for e in self.engines))
         return time.perf_counter() - start
+
+    async def _push_simulated_version(self, version: int, in_flight: str) -> None:
+        """trainer.simulate_step_s: pause as for a real sync, take simulate_sync_s, advance the version, resume."""
+        await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
+        try:
+            await asyncio.sleep(self.config.trainer.simulate_sync_s)
+            await asyncio.gather(*(e.advance_weight_version.remote(version) for e in self.engines))
+        finally:
+            await asyncio.gather(*(e.resume.remote() for e in self.engines))
 
     async def _sync_weights(self, step: int) -> float:
         """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""

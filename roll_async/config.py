@@ -132,6 +132,11 @@ class TrainerConfig:
     #: token_mean: mean over all response tokens of the batch; seq_mean: mean of per-sequence means.
     loss_agg: str = "token_mean"
     gradient_checkpointing: bool = False
+    #: > 0: no model is trained; each step takes this many seconds without CPU and the version advances
+    #: (roll_async.trainer.simulated, SkyRL-style), for measuring the rollout side and async overlap.
+    simulate_step_s: float = 0.0
+    #: With simulate_step_s: seconds each weight sync takes (engines paused as for a real sync; no weights move).
+    simulate_sync_s: float = 0.0
 
 
 @dataclass
@@ -418,6 +423,15 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]")
     if trainer.tis_cap < 0 or trainer.kl_coef < 0:
         raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
+    if trainer.simulate_step_s < 0 or trainer.simulate_sync_s < 0:
+        raise ConfigError(
+            f"trainer.simulate_step_s={trainer.simulate_step_s} / simulate_sync_s={trainer.simulate_sync_s}: must be >= 0"
+        )
+    if trainer.simulate_step_s > 0 and (config.sft_warmup.enabled or trainer.trainer_cls):
+        raise ConfigError(
+            "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
+            "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
+        )
     if config.weight_sync.in_flight not in ("abort", "wait", "keep"):
         raise ConfigError(
             f"weight_sync.in_flight='{config.weight_sync.in_flight}' is unknown; use abort, wait or keep"

@@ -138,6 +138,31 @@ def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
     }
 
 
+def replica_metrics(
+    engine_stats: Sequence[Mapping[str, float]] = (), router_stats: Sequence[Mapping[str, object]] = ()
+) -> dict[str, float]:
+    """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
+    ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
+    Routers (``Router.stats``), plus ``router/dead_replicas``."""
+    out: dict[str, float] = {}
+    for i, stats in enumerate(engine_stats):
+        for key in ("running", "waiting", "in_flight"):
+            if key in stats:
+                out[f"engine/replica_{i}/{key}"] = float(stats[key])
+    dead: dict[int, bool] = {}
+    for worker in router_stats:
+        for i, replica in enumerate(worker.get("replicas", [])):  # type: ignore[union-attr]
+            for key in ("requests", "bound_episodes", "rebalanced_away", "failed_over"):
+                name = f"router/replica_{i}/{key}"
+                out[name] = out.get(name, 0.0) + float(replica.get(key, 0))
+            dead[i] = dead.get(i, False) or bool(replica.get("dead"))
+    for i, is_dead in dead.items():
+        out[f"router/replica_{i}/dead"] = float(is_dead)
+    if dead:
+        out["router/dead_replicas"] = float(sum(dead.values()))
+    return out
+
+
 def rollout_metrics(
     batch: Sequence[Trajectory],
     *,

@@ -303,6 +303,17 @@ class VLLMEngine:
     def get_weight_version(self) -> int:
         return self._weight_version
 
+    async def advance_weight_version(self, version: int) -> None:
+        """Record ``version`` without loading weights (trainer.simulate_step_s: no model is trained).
+
+        The prefix cache is reset as a real update resets it, so a simulated run pays the same recomputation.
+        """
+        llm = self._require_started()
+        if version < self._weight_version:
+            raise ValueError(f"advance_weight_version version={version} is older than the engine's {self._weight_version}")
+        await llm.reset_prefix_cache()
+        self._weight_version = version
+
     # -- observability -------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
 from roll_async.config import PipelineConfig, validate_config
+from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
 
@@ -188,7 +189,9 @@ class RolloutScheduler:
     async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
-        self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        engine_stats = await self._engine_stats()
+        self.last_metrics = served.rollout_metrics(engine_stats)
+        self.last_metrics.update(replica_metrics(engine_stats, await self._router_stats()))
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
@@ -218,15 +221,27 @@ class RolloutScheduler:
         raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
 
     async def _engine_stats(self) -> list[dict]:
+        """Stats per replica (an empty dict for a replica that does not answer, e.g. a dead one)."""
         try:
-            return list(
-                await asyncio.wait_for(
-                    asyncio.gather(*(h.stats.remote() for h in self.engine_handles)), _ENGINE_STATS_TIMEOUT_S
-                )
+            results = await asyncio.wait_for(
+                asyncio.gather(*(h.stats.remote() for h in self.engine_handles), return_exceptions=True),
+                _ENGINE_STATS_TIMEOUT_S,
             )
         except Exception:
             logger.debug("engine stats unavailable", exc_info=True)
             return []
+        return [r if isinstance(r, dict) else {} for r in results]
+
+    async def _router_stats(self) -> list[dict]:
+        """Every worker's Router counters (one call per worker per batch)."""
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(w.router_stats.remote() for w in self._workers), return_exceptions=True),
+                _ENGINE_STATS_TIMEOUT_S,
+            )
+        except Exception:
+            return []
+        return [r for r in results if isinstance(r, dict)]
 
     async def suspend(self, cancel_in_flight: bool = True) -> None:
         await self.start()
