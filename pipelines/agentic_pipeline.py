@@ -139,10 +139,13 @@ class AgenticPipeline:
         if getattr(self.trainer, "simulated", False):
             await self._push_simulated_version(version, in_flight)
             return time.perf_counter() - start
-        weights = await asyncio.to_thread(self.trainer.state_dict_for_engine)
+        from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+
+        # Packed once and put in the object store once for every replica (not one pickled copy per replica).
+        buckets = await asyncio.to_thread(lambda: put_buckets(pack_weight_buckets(self.trainer.state_dict_for_engine())))
         await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
         try:
-            await asyncio.gather(*(e.update_weights.remote(weights, version) for e in self.engines))
+            await asyncio.gather(*(e.update_weights.remote(buckets, version) for e in self.engines))
         finally:
             await asyncio.gather(*(e.resume.remote() for e in self.engines))
         return time.perf_counter() - start

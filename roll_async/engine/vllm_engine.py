@@ -281,10 +281,11 @@ class VLLMEngine:
 
     # -- weights -------------------------------------------------------------------
 
-    async def update_weights(self, weights: dict[str, Any] | bytes, version: int) -> float:
+    async def update_weights(self, weights: dict[str, Any] | bytes | list[Any], version: int) -> float:
         """Load new weights in place (no restart), reset the prefix cache, record ``version``.
 
-        ``weights`` is a name→tensor dict in HF checkpoint naming, or safetensors bytes.
+        ``weights`` is a name→tensor dict in HF checkpoint naming, safetensors bytes, or a list of
+        safetensors buckets (bytes or object refs; ``roll_async.engine.weight_transport``), loaded in order.
         Callers pause first when no request may see a mix of old and new weights.
         Returns the seconds spent.
         """
@@ -294,8 +295,14 @@ class VLLMEngine:
                 f"update_weights version={version} is older than the engine's version {self._weight_version}"
             )
         start = time.perf_counter()
-        payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
-        await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
+        if isinstance(weights, list):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
+            from roll_async.engine.weight_transport import resolve_bucket
+
+            buckets = [bytes(await resolve_bucket(bucket)) for bucket in weights]
+            await llm.collective_rpc("roll_async_load_weights", args=(buckets,))
+        else:
+            payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
+            await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
         await llm.reset_prefix_cache()
         self._weight_version = version
         return time.perf_counter() - start

@@ -19,10 +19,13 @@ from __future__ import annotations
 class WeightSyncExtension:
     """Mixed into vLLM's Worker; ``self`` is the worker."""
 
-    def roll_async_load_weights(self, payload: bytes) -> int:
+    def roll_async_load_weights(self, payload: bytes | list[bytes]) -> int:
+        """Load safetensors bytes, or a list of buckets, in ONE reload (a partial reload per bucket breaks the model)."""
         from safetensors.torch import load
 
-        tensors = load(payload)
+        tensors: dict = {}
+        for blob in payload if isinstance(payload, list) else [payload]:
+            tensors.update(load(blob))
         self.model_runner.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=iter(tensors.items()), is_checkpoint_format=True
         )
