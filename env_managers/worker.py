@@ -21,6 +21,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
+from roll_async import node_files
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.protocol import EpisodeSpec, Trajectory
@@ -208,6 +209,15 @@ class EnvManagerHost:
             await result
 
 
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 class RaySchedulerClient:
     """The GroupQueueManager actor seen as an EpisodeScheduler."""
 
@@ -234,10 +244,13 @@ class EnvManagerWorker:
         engine_handles: list[Any],
         tokenizer_path: str,
         env_factory: EnvFactory | None = None,
+        tokenizer_files: dict[str, bytes] | None = None,
     ) -> None:
         em = env_manager_config(config, which)
         self.worker_index = worker_index
         self._scheduler_handle = scheduler_handle
+        # The driver's path if this node has it (shared or same machine), else the files shipped through Ray.
+        tokenizer_path = node_files.local_dir(tokenizer_path, tokenizer_files)
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
@@ -279,6 +292,7 @@ class EnvManagerWorker:
             "worker_index": self.worker_index,
             "router_load": self._router.load(),
             "router": self._router.stats(),
+            "node_id": _node_id(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
             },

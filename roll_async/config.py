@@ -93,6 +93,9 @@ class EnvManagerConfig:
     env_threads_per_worker: int = 8
     #: Ray CPUs reserved by each EnvManagerWorker actor.
     num_cpus_per_worker: float = 0.0
+    #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
+    #: node first). With num_cpus_per_worker > 0, each worker also holds its CPUs wherever it lands.
+    worker_placement: str = "spread"
     #: Name of a group filter (see roll_async.scheduler.filters): none | zero_variance.
     group_filter: str = "none"
     #: An env that makes no progress for this long is reported by the watchdog.
@@ -346,6 +349,8 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
             f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
             f"raise num_env_groups or set num_groups_partition"
         )
+    if em.worker_placement not in ("spread", "pack"):
+        raise ConfigError(f"{name}.worker_placement='{em.worker_placement}' is unknown; use spread or pack")
     if em.serve_order not in ("fifo", "first_complete"):
         raise ConfigError(
             f"{name}.serve_order='{em.serve_order}' is unknown.{_suggest(em.serve_order, ['fifo', 'first_complete'])} "

@@ -36,6 +36,7 @@ from typing import Any
 
 from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
 from roll_async.config import PipelineConfig, validate_config
+from roll_async import node_files
 from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
@@ -165,9 +166,15 @@ class RolloutScheduler:
             .remote(self.config, self.which, self.start_step, self.initial_seed_state)
         )
         worker_cls = ray.remote(EnvManagerWorker)
+        # The tokenizer files go to the object store once; a worker on a node without the path uses them.
+        tokenizer_files = ray.put(node_files.tokenizer_files(self.tokenizer_path))
+        strategy = "SPREAD" if em.worker_placement == "spread" else "DEFAULT"
         self._workers = [
-            worker_cls.options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64).remote(
-                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path, self.env_factory
+            worker_cls.options(
+                num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64, scheduling_strategy=strategy
+            ).remote(
+                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path, self.env_factory,
+                tokenizer_files=tokenizer_files,
             )
             for index, chunk in enumerate(chunks)
         ]
