@@ -110,6 +110,15 @@ class GroupQueueActor:
         return str(self.queue.failure) if self.queue.failure is not None else None
 
 
+async def _gather_quietly(refs: list[Any]) -> list[Any]:
+    """Results of Ray calls for metrics: exceptions in place of failed ones, [] if they time out together."""
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), _ENGINE_STATS_TIMEOUT_S))
+    except Exception:
+        logger.debug("stats unavailable", exc_info=True)
+        return []
+
+
 def _unwrap_ray_error(exc: BaseException) -> BaseException:
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
@@ -229,26 +238,12 @@ class RolloutScheduler:
 
     async def _engine_stats(self) -> list[dict]:
         """Stats per replica (an empty dict for a replica that does not answer, e.g. a dead one)."""
-        try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(h.stats.remote() for h in self.engine_handles), return_exceptions=True),
-                _ENGINE_STATS_TIMEOUT_S,
-            )
-        except Exception:
-            logger.debug("engine stats unavailable", exc_info=True)
-            return []
+        results = await _gather_quietly([h.stats.remote() for h in self.engine_handles])
         return [r if isinstance(r, dict) else {} for r in results]
 
     async def _router_stats(self) -> list[dict]:
         """Every worker's Router counters (one call per worker per batch)."""
-        try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(w.router_stats.remote() for w in self._workers), return_exceptions=True),
-                _ENGINE_STATS_TIMEOUT_S,
-            )
-        except Exception:
-            return []
-        return [r for r in results if isinstance(r, dict)]
+        return [r for r in await _gather_quietly([w.router_stats.remote() for w in self._workers]) if isinstance(r, dict)]
 
     async def suspend(self, cancel_in_flight: bool = True) -> None:
         await self.start()
