@@ -126,6 +126,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             result = await run_once(mode, args, step_s, engine)
             result["role"] = "measured"
             runs.append(result)
+            write_json(f"{args.name}_partial", {"partial": True, "simulate_step_s": step_s, "runs": runs})
             print(f"{mode:>5}: {result['steps_per_s']:.3f} steps/s (step {result['step_total_s_median']:.2f}s, "
                   f"rollout wait {result['rollout_wait_s_median']:.2f}s, load {result['load1']})", flush=True)
     finally:
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = asyncio.run(main_async(args))
     path = write_json(args.name, result)
+    (path.parent / f"{args.name}_partial.json").unlink(missing_ok=True)
     saved = json.loads(path.read_text())
     path.with_suffix(".md").write_text(to_markdown(saved))
     print(f"async ÷ sync: {result['async_vs_sync']:.2f}x; wrote {path} and {path.with_suffix('.md')}")
