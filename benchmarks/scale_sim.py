@@ -58,6 +58,51 @@ def _rss_bytes() -> int:
     return 0
 
 
+class QueueCpuMeter:
+    """CPU time (``time.thread_time`` of the event-loop thread) spent inside the GroupQueueManager's methods.
+
+    Each coroutine of ``next_episode`` / ``put_trajectory`` / ``get_batch`` is driven step by step and only its
+    own steps are timed (not the time it sleeps waiting for a seat or a batch), so this is the scheduler proper:
+    seat assignment, wake-ups, completion, readiness, serving, and the cancellation callbacks it makes.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.cpu_s = 0.0
+        for name in ("next_episode", "put_trajectory", "get_batch"):
+            method = getattr(queue, name)
+            setattr(queue, name, self._timed(method))
+
+    def _timed(self, method: Any) -> Any:
+        meter = self
+
+        class _Timed:
+            def __init__(self, coro: Any) -> None:
+                self.coro = coro
+
+            def __await__(self) -> Any:
+                coro, value, error = self.coro, None, None
+                while True:
+                    started = time.thread_time()
+                    try:
+                        yielded = coro.throw(error) if error is not None else coro.send(value)
+                    except StopIteration as stop:
+                        meter.cpu_s += time.thread_time() - started
+                        return stop.value
+                    except BaseException:
+                        meter.cpu_s += time.thread_time() - started
+                        raise
+                    meter.cpu_s += time.thread_time() - started
+                    try:
+                        value, error = (yield yielded), None
+                    except BaseException as exc:  # cancellation is thrown into the coroutine
+                        value, error = None, exc
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _Timed(method(*args, **kwargs))
+
+        return call
+
+
 def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
     from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, PipelineConfig, validate_config
 
@@ -134,6 +179,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     cpu_build0 = time.process_time()
     scheduler = LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer)
     build_cpu = time.process_time() - cpu_build0
+    queue_meter = QueueCpuMeter(scheduler.group_queue)
     rss_built = _rss_bytes()
     peak = [rss_built]
     in_flight: list[float] = []
@@ -156,6 +202,9 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             "tokens": engine.generation_tokens,
             "requests": engine.finished_requests,
             "episodes": sum(m.stats.episodes for m in scheduler.managers),
+            "queue_cpu": queue_meter.cpu_s,
+            "seat_wakeups": scheduler.group_queue.wakeups.seat,
+            "seat_events": scheduler.group_queue.wakeups.seat_events,
         }
 
     start = mark()
@@ -197,7 +246,11 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         "build_cpu_ms_per_env": 1000 * build_cpu / num_envs,
         "process_cpu_s": d["cpu"],
         "sim_engine_cpu_s": d["engine_cpu"],
+        # The whole rollout side (queue + env loops + prompt building + env thread hops), as recorded before.
         "scheduler_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"] if d["episodes"] else math.nan,
+        # The GroupQueueManager alone (QueueCpuMeter).
+        "queue_cpu_us_per_trajectory": 1e6 * d["queue_cpu"] / d["episodes"] if d["episodes"] else math.nan,
+        "seat_wakeups_per_trajectory": d["seat_wakeups"] / d["episodes"] if d["episodes"] else math.nan,
         "scheduler_cpu_us_per_turn": 1e6 * rollout_cpu / d["requests"] if d["requests"] else math.nan,
         "scheduler_cpu_share_of_wall": rollout_cpu / d["wall"] if d["wall"] > 0 else math.nan,
         "max_trajectories_per_cpu_s": d["episodes"] / rollout_cpu if rollout_cpu > 0 else math.nan,
@@ -240,18 +293,21 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; 1-minute load average at the end of each run: "
         f"{[r.get('load1_end') for r in result['rows']]} (CPU figures are process CPU time: less affected by other work than wall times, not immune)",
         "",
-        "| envs | episodes | turns/episode | CPU µs / traj | CPU µs / turn | CPU share of wall | traj per CPU-s | KB / env built | KB / env peak | sim engine tok/s ÷ its ceiling | sim engine busy | wall s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| envs | episodes | turns/episode | CPU µs / traj | queue CPU µs / traj | seat wake-ups / traj | CPU µs / turn | CPU share of wall | traj per CPU-s | KB / env built | KB / env peak | sim engine tok/s ÷ its ceiling | sim engine busy | wall s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['num_envs']:,} | {r['episodes']:,} | {r['turns_mean']:.2f} | {r['scheduler_cpu_us_per_trajectory']:.0f} | "
+            f"{r.get('queue_cpu_us_per_trajectory', float('nan')):.0f} | {r.get('seat_wakeups_per_trajectory', float('nan')):.2f} | "
             f"{r['scheduler_cpu_us_per_turn']:.0f} | {r['scheduler_cpu_share_of_wall']:.2f} | {r['max_trajectories_per_cpu_s']:.0f} | "
             f"{r['rss_kb_per_env_built']:.1f} | {r['rss_kb_per_env_peak']:.1f} | {r['tokens_vs_sim_ceiling']:.2f} | "
             f"{r['sim_engine_busy_fraction']:.2f} | {r['wall_s']:.0f} |"
         )
     lines += [
         "",
+        "queue CPU µs / traj: the GroupQueueManager alone (its coroutines' own steps, `time.thread_time`; "
+        "`QueueCpuMeter`); seat wake-ups / traj: env loops woken while waiting for a seat. "
         "CPU µs / traj (/ turn): process CPU (all threads) minus the simulator's own bookkeeping, per episode the "
         "EnvManagers finished (per engine request) over the whole run after the scheduler was built (each env's first "
         "build and reset included; episodes still in flight at the end are not counted, so the figure errs high). CPU share of "
@@ -281,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", default=str(DEFAULT_CALIBRATION), help="engine ceiling JSON to calibrate from")
     parser.add_argument("--model", default=None, help="tokenizer's model dir (default: the offline tiny model)")
     parser.add_argument("--name", default=None, help="results file stem (default: scale_sim_<cpu|gpu>)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per env count (each a fresh subprocess)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -290,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return _child_main(args)
     rows = []
     passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
-    for n in args.envs:
+    for n in [n for n in args.envs for _ in range(args.repeats)]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "row.json"
             cmd = [sys.executable, "-m", "benchmarks.scale_sim", *_strip_envs(passthrough), "--child", str(n), "--child-out", str(out)]
@@ -318,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         "output_len_mean": args.output_len_mean,
         "time_scale": args.time_scale,
         "rows": rows,
+        "summary": summarize_repeats(rows),
     }
     path = write_json(stem, result)
     saved = json.loads(path.read_text())
@@ -336,6 +394,22 @@ def main(argv: list[str] | None = None) -> int:
     for p in written:
         print(f"wrote {p}")
     return 0
+
+
+def summarize_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per env count: median, min and max over the runs of the CPU figures."""
+    import statistics
+
+    out = []
+    for n in sorted({r["num_envs"] for r in rows}):
+        runs = [r for r in rows if r["num_envs"] == n]
+        entry: dict[str, Any] = {"num_envs": n, "runs": len(runs)}
+        for key in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory", "seat_wakeups_per_trajectory"):
+            values = [r[key] for r in runs if key in r]
+            if values:
+                entry[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        out.append(entry)
+    return out
 
 
 def _strip_envs(argv: list[str]) -> list[str]:

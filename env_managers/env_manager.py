@@ -384,6 +384,9 @@ class EnvManager:
         finally:
             self._episode_task = None
             self._current = None
+            end_episode = getattr(self.engine, "end_episode", None)
+            if end_episode is not None:  # a Router releases the episode's replica binding
+                end_episode()
 
     def cancel_episode(self, group_id: int, episode_id: int) -> bool:
         """Cancel the current episode if it is (group_id, episode_id); True if something was cancelled."""
@@ -641,7 +644,8 @@ class EnvManager:
             )
             error: Exception | None = None
             try:
-                result = await asyncio.wait_for(self.engine.generate(request), timeout=gen_cfg.request_timeout_s)
+                async with asyncio.timeout(gen_cfg.request_timeout_s):  # no extra Task per request, unlike wait_for
+                    result = await self.engine.generate(request)
             except asyncio.CancelledError:
                 await self._abort_quietly(request.request_id)
                 raise
@@ -723,12 +727,14 @@ class EnvManager:
         thread_call: _ThreadCall | None = None
         try:
             if inspect.iscoroutinefunction(fn):
-                result = await asyncio.wait_for(fn(*args), timeout)
+                async with asyncio.timeout(timeout):  # one deadline for the call; no extra Task per call
+                    result = await fn(*args)
             else:
                 thread_call = _ThreadCall(fn, args, env)
                 result = await thread_call.run(self._executor, timeout)
                 if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, timeout)
+                    async with asyncio.timeout(timeout):
+                        result = await result
             return result
         except asyncio.TimeoutError:
             self.stats.env_timeouts += 1

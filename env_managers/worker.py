@@ -24,6 +24,7 @@ from typing import Any
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
+from roll_async import node_files
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.env_service.placement import env_builder
@@ -217,6 +218,15 @@ class EnvManagerHost:
             await result
 
 
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 class RaySchedulerClient:
     """The GroupQueueManager actor seen as an EpisodeScheduler.
 
@@ -249,11 +259,14 @@ class EnvManagerWorker:
         tokenizer_path: str,
         env_factory: EnvFactory | None = None,
         incarnation: int = 0,
+        tokenizer_files: dict[str, bytes] | None = None,
     ) -> None:
         em = env_manager_config(config, which)
         self.worker_index = worker_index
         self.incarnation = incarnation
         self._scheduler_handle = scheduler_handle
+        # The driver's path if this node has it (shared or same machine), else the files shipped through Ray.
+        tokenizer_path = node_files.local_dir(tokenizer_path, tokenizer_files)
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         vision = None
         if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
@@ -290,12 +303,18 @@ class EnvManagerWorker:
         await self._host.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def router_stats(self) -> dict[str, Any]:
+        """This worker's Router counters per replica (summed over workers into router/* metrics)."""
+        return self._router.stats()
+
     async def describe(self) -> dict[str, Any]:
         return {
             "worker_index": self.worker_index,
             "incarnation": self.incarnation,
             "pid": os.getpid(),
             "router_load": self._router.load(),
+            "router": self._router.stats(),
+            "node_id": _node_id(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
             },

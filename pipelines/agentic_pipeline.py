@@ -147,13 +147,28 @@ class AgenticPipeline:
     async def _push_weights(self, version: int, in_flight: str) -> float:
         """Pause every replica (``in_flight`` decides what happens to running turns), load, resume."""
         start = time.perf_counter()
-        weights = await asyncio.to_thread(self.trainer.state_dict_for_engine)
+        if getattr(self.trainer, "simulated", False):
+            await self._push_simulated_version(version, in_flight)
+            return time.perf_counter() - start
+        from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+
+        # Packed once and put in the object store once for every replica (not one pickled copy per replica).
+        buckets = await asyncio.to_thread(lambda: put_buckets(pack_weight_buckets(self.trainer.state_dict_for_engine())))
         await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
         try:
-            await asyncio.gather(*(e.update_weights.remote(weights, version) for e in self.engines))
+            await asyncio.gather(*(e.update_weights.remote(buckets, version) for e in self.engines))
         finally:
             await asyncio.gather(*(e.resume.remote() for e in self.engines))
         return time.perf_counter() - start
+
+    async def _push_simulated_version(self, version: int, in_flight: str) -> None:
+        """trainer.simulate_step_s: pause as for a real sync, take simulate_sync_s, advance the version, resume."""
+        await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
+        try:
+            await asyncio.sleep(self.config.trainer.simulate_sync_s)
+            await asyncio.gather(*(e.advance_weight_version.remote(version) for e in self.engines))
+        finally:
+            await asyncio.gather(*(e.resume.remote() for e in self.engines))
 
     async def _sync_weights(self, step: int) -> float:
         """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""

@@ -110,12 +110,19 @@ class EnvManagerConfig:
     env_threads_per_worker: int = 8
     #: Ray CPUs reserved by each EnvManagerWorker actor.
     num_cpus_per_worker: float = 0.0
+    #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
+    #: node first). With num_cpus_per_worker > 0, each worker also holds its CPUs wherever it lands.
+    worker_placement: str = "spread"
     #: Name of a group filter (see roll_async.scheduler.filters): none | zero_variance.
     group_filter: str = "none"
     #: An env that makes no progress for this long is reported by the watchdog.
     watchdog_timeout_s: float = 300.0
     #: EnvManagerWorkers that die (process killed, crash) are restarted this many times in total; one more fails the run.
     max_worker_restarts: int = 3
+    #: Train only. fifo: serve the oldest groups (no bias to short episodes; envs may idle behind a slow group).
+    #: first_complete: serve the first groups to complete; the rest continue into later steps within the
+    #: staleness bound, and every env group is kept busy (see roll_async.scheduler.group_queue "Serving").
+    serve_order: str = "fifo"
     #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
     dataset: str | None = None
 
@@ -150,6 +157,11 @@ class TrainerConfig:
     #: Drop from the loss tokens sampled by weights more than this many versions older than the
     #: trainer's current ones (per-token versions; -1 disables). Masked share: train/token_lag/masked_fraction.
     max_token_lag: int = -1
+    #: > 0: no model is trained; each step takes this many seconds without CPU and the version advances
+    #: (roll_async.trainer.simulated, SkyRL-style), for measuring the rollout side and async overlap.
+    simulate_step_s: float = 0.0
+    #: With simulate_step_s: seconds each weight sync takes (engines paused as for a real sync; no weights move).
+    simulate_sync_s: float = 0.0
 
 
 @dataclass
@@ -419,6 +431,13 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
             f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
             f"raise num_env_groups or set num_groups_partition"
         )
+    if em.worker_placement not in ("spread", "pack"):
+        raise ConfigError(f"{name}.worker_placement='{em.worker_placement}' is unknown; use spread or pack")
+    if em.serve_order not in ("fifo", "first_complete"):
+        raise ConfigError(
+            f"{name}.serve_order='{em.serve_order}' is unknown.{_suggest(em.serve_order, ['fifo', 'first_complete'])} "
+            "Choose fifo or first_complete"
+        )
     from roll_async.scheduler.filters import GROUP_FILTERS  # local: filters import only protocol
 
     if em.group_filter not in GROUP_FILTERS:
@@ -547,6 +566,15 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions")
     if trainer.tis_cap < 0 or trainer.kl_coef < 0:
         raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
+    if trainer.simulate_step_s < 0 or trainer.simulate_sync_s < 0:
+        raise ConfigError(
+            f"trainer.simulate_step_s={trainer.simulate_step_s} / simulate_sync_s={trainer.simulate_sync_s}: must be >= 0"
+        )
+    if trainer.simulate_step_s > 0 and (config.sft_warmup.enabled or trainer.trainer_cls):
+        raise ConfigError(
+            "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
+            "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
+        )
     if config.weight_sync.in_flight not in ("abort", "wait", "keep"):
         raise ConfigError(
             f"weight_sync.in_flight='{config.weight_sync.in_flight}' is unknown; use abort, wait or keep"

@@ -46,6 +46,10 @@ PREFIX_MISMATCH_RATE = "rollout/prefix_mismatch_rate"
 #: Per-trajectory flag (Trajectory.metrics key) set by EnvManagers on every PREFIX_CHECK_EVERY_EPISODES-th episode.
 PREFIX_MISMATCH = "prefix_mismatch"
 PREFIX_CHECK_EVERY_EPISODES = 4
+#: Share of env-seconds in the batch window spent playing episodes (not waiting for a seat).
+ENV_BUSY_FRACTION = "rollout/env_busy_fraction"
+#: Share of the served groups that were already pending when the previous batch was served (carried over).
+GROUPS_STARTED_EARLIER_FRACTION = "rollout/groups_started_earlier_fraction"
 EPISODE_REWARD_MEAN = "rollout/episode_reward/mean"
 EPISODE_REWARD_STD = "rollout/episode_reward/std"
 ENGINE_RUNNING = "engine/running"
@@ -147,6 +151,31 @@ def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
     }
 
 
+def replica_metrics(
+    engine_stats: Sequence[Mapping[str, float]] = (), router_stats: Sequence[Mapping[str, object]] = ()
+) -> dict[str, float]:
+    """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
+    ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
+    Routers (``Router.stats``), plus ``router/dead_replicas``."""
+    out: dict[str, float] = {}
+    for i, stats in enumerate(engine_stats):
+        for key in ("running", "waiting", "in_flight"):
+            if key in stats:
+                out[f"engine/replica_{i}/{key}"] = float(stats[key])
+    dead: dict[int, bool] = {}
+    for worker in router_stats:
+        for i, replica in enumerate(worker.get("replicas", [])):  # type: ignore[union-attr]
+            for key in ("requests", "bound_episodes", "rebalanced_away", "failed_over"):
+                name = f"router/replica_{i}/{key}"
+                out[name] = out.get(name, 0.0) + float(replica.get(key, 0))
+            dead[i] = dead.get(i, False) or bool(replica.get("dead"))
+    for i, is_dead in dead.items():
+        out[f"router/replica_{i}/dead"] = float(is_dead)
+    if dead:
+        out["router/dead_replicas"] = float(sum(dead.values()))
+    return out
+
+
 def rollout_metrics(
     batch: Sequence[Trajectory],
     *,
@@ -194,6 +223,9 @@ def rollout_metrics(
     for field_name, metric_name in COUNTER_METRICS.items():
         out[metric_name] = float((counters or {}).get(field_name, 0))
     out[STALLED_ENVS] = float((gauges or {}).get("stalled_envs", 0))
+    for gauge, metric_name in (("env_busy_fraction", ENV_BUSY_FRACTION), ("groups_started_earlier_fraction", GROUPS_STARTED_EARLIER_FRACTION)):
+        if gauge in (gauges or {}):
+            out[metric_name] = float(gauges[gauge])  # type: ignore[index]
     out.update(_env_metrics(batch))
     out.update(engine_metrics(engine_stats or []))
     return out

@@ -115,6 +115,8 @@ class ChatPromptBuilder:
         self.system_prompt = system_prompt or None
         self.template_kwargs = dict(template_kwargs or {})
         self._role_endings: dict[str, tuple[str, str]] = {}
+        #: A fast tokenizer's Rust backend: encoding through it skips the Python wrapper (~half the cost per turn).
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._closure_text = self._measure_closure_text()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -159,6 +161,8 @@ class ChatPromptBuilder:
 
     def encode(self, text: str) -> list[int]:
         """Plain tokenization of template text (no BOS/EOS added: the template holds them)."""
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, token_ids: list[int]) -> str:

@@ -194,6 +194,7 @@ class FakeEngine:
         return {
             "running": len(self._in_flight),
             "waiting": self._waiting,
+            "in_flight": len(self._in_flight),
             "kv_cache_usage": 0.0,
             "prompt_tokens": self._prompt_tokens,
             "generation_tokens": self._generation_tokens,
@@ -202,6 +203,10 @@ class FakeEngine:
 
     async def get_weight_version(self) -> int:
         return self.weight_version
+
+    async def advance_weight_version(self, version: int) -> None:
+        """Record ``version`` without weights (the simulated trainer)."""
+        self.weight_version = version
 
     async def update_weights(self, weights: object, version: int) -> float:
         self.weight_version = version

@@ -313,10 +313,11 @@ class VLLMEngine:
 
     # -- weights -------------------------------------------------------------------
 
-    async def update_weights(self, weights: dict[str, Any] | bytes, version: int) -> float:
+    async def update_weights(self, weights: dict[str, Any] | bytes | list[Any], version: int) -> float:
         """Load new weights in place (no restart), drop every KV block of the old weights, record ``version``.
 
-        ``weights`` is a name→tensor dict in HF checkpoint naming, or safetensors bytes.
+        ``weights`` is a name→tensor dict in HF checkpoint naming, safetensors bytes, or a list of
+        safetensors buckets (bytes or object refs; ``roll_async.engine.weight_transport``), loaded in order.
         Callers pause first when no request may see a mix of old and new weights.
         Returns the seconds spent.
 
@@ -333,8 +334,14 @@ class VLLMEngine:
                 f"update_weights version={version} is older than the engine's version {self._weight_version}"
             )
         start = time.perf_counter()
-        payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
-        await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
+        if isinstance(weights, list):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
+            from roll_async.engine.weight_transport import resolve_bucket
+
+            buckets = [bytes(await resolve_bucket(bucket)) for bucket in weights]
+            await llm.collective_rpc("roll_async_load_weights", args=(buckets,))
+        else:
+            payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
+            await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
         await llm.update_weight_version(str(version))
         if not await llm.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError(
@@ -350,6 +357,17 @@ class VLLMEngine:
 
     def get_weight_version(self) -> int:
         return self._weight_version
+
+    async def advance_weight_version(self, version: int) -> None:
+        """Record ``version`` without loading weights (trainer.simulate_step_s: no model is trained).
+
+        The prefix cache is reset as a real update resets it, so a simulated run pays the same recomputation.
+        """
+        llm = self._require_started()
+        if version < self._weight_version:
+            raise ValueError(f"advance_weight_version version={version} is older than the engine's {self._weight_version}")
+        await llm.reset_prefix_cache()
+        self._weight_version = version
 
     # -- observability -------------------------------------------------------------
 

@@ -64,10 +64,13 @@ def install_reload_warning_filter(tied_lm_head: bool) -> ExpectedReloadWarningFi
 class WeightSyncExtension:
     """Mixed into vLLM's Worker; ``self`` is the worker."""
 
-    def roll_async_load_weights(self, payload: bytes) -> int:
+    def roll_async_load_weights(self, payload: bytes | list[bytes]) -> int:
+        """Load safetensors bytes, or a list of buckets, in ONE reload (a partial reload per bucket breaks the model)."""
         from safetensors.torch import load
 
-        tensors = load(payload)
+        tensors: dict = {}
+        for blob in payload if isinstance(payload, list) else [payload]:
+            tensors.update(load(blob))
         install_reload_warning_filter(_ties_word_embeddings(self.model_runner))  # type: ignore[attr-defined]
         self.model_runner.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=iter(tensors.items()), is_checkpoint_format=True

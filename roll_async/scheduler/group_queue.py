@@ -51,12 +51,35 @@ batch frees quota, dropping a group (filter, errors, staleness) frees quota and
 so refills it. Generation therefore never runs more than ``lookahead`` batches
 ahead of the trainer.
 
-Serving. ``get_batch(batch_size, step)`` waits until, for every tag, the
-``shares[tag]`` OLDEST pending groups are complete, then returns exactly those
-(strict FIFO per tag). A slow group is never skipped in favour of younger
-complete ones, so it cannot starve, and the batch is not biased towards short
-episodes. With the quota above this also bounds staleness: a group is served at
-most ``lookahead`` batches after it was created.
+Serving (``serve_order``). ``fifo`` (default): ``get_batch(batch_size, step)``
+waits until, for every tag, the ``shares[tag]`` OLDEST pending groups are
+complete, then returns exactly those (strict FIFO per tag). A slow group is
+never skipped in favour of younger complete ones, so it cannot starve, and the
+batch is not biased towards short episodes. With the quota above this also
+bounds staleness: a group is served at most ``lookahead`` batches after it was
+created. Its cost: envs whose tag is at quota idle until the slow head group
+completes (``rollout/env_busy_fraction`` shows it).
+
+``first_complete`` (ROLL's behaviour): ``get_batch`` returns the first
+``shares[tag]`` groups to COMPLETE (completion order), whatever their age; the
+groups still running stay pending and continue as partial rollouts into later
+steps while within the staleness bound (then they are dropped as stale and
+counted). The quota per tag is raised to the tag's env groups when that is
+larger (``max(shares * lookahead, env groups of the tag)``), so over-provisioned
+groups (more env groups than a batch needs) keep every env busy instead of
+idling. Its cost: a bias towards short (fast) episodes, and work lost on groups
+that go stale. ``rollout/groups_started_earlier_fraction`` is the share of
+served groups that were already pending when the previous batch was served.
+
+Wake-ups. Env loops waiting for a seat queue per tag; an event that can open
+seats (a seat given back, a group dropped or served, resume, a larger quota)
+wakes ONE waiter, and a waiter that takes a seat wakes the next only if another
+seat is available (a relay), so each event costs O(1) wake-ups however many envs
+wait. The trainer side (get_batch, run_fixed_round) is woken only by events that
+can make a batch ready (a group completes or is dropped, failure, shutdown), and
+readiness is checked in amortized O(1) (a cursor over the complete head groups
+for fifo, a count of complete groups for first_complete). ``wakeups`` counts
+them.
 
 Steps and staleness. Each group records ``created_step``: the scheduler's
 policy step when it was created. ``get_batch(batch_size, step)`` first moves the
@@ -101,6 +124,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -216,6 +240,21 @@ class ServedBatch:
 
 
 @dataclass
+class WakeupCounters:
+    """How many waiters the scheduler woke, and on how many events (tests check O(1) per event)."""
+
+    #: Env loops woken while waiting for a seat.
+    seat: int = 0
+    #: get_batch / run_fixed_round waiters woken.
+    batch: int = 0
+    #: Seat-opening events (seat given back, group dropped or served, resume, quota change).
+    seat_events: int = 0
+
+
+SERVE_ORDERS = ("fifo", "first_complete")
+
+
+@dataclass(eq=False)
 class _Group:
     group_id: int
     tag: str
@@ -225,6 +264,8 @@ class _Group:
     num_seats: int
     needed: int
     env_config_override: dict[str, Any] | None = None
+    #: Batches served before this group was created (a group served later than the next batch was carried over).
+    created_batch: int = 0
     trajectories: list[Trajectory] = field(default_factory=list)
     in_flight: dict[int, int] = field(default_factory=dict)  # episode_id -> env_id
     next_episode_id: int = 0
@@ -240,16 +281,24 @@ class _Group:
 
 
 class _Broadcast:
-    """Wake every waiter on any state change (check state, then wait; no lost wake-ups in one event loop)."""
+    """Wake every waiter on a state change (check state, then wait; no lost wake-ups in one event loop).
+
+    Only the trainer side waits here (one get_batch or run_fixed_round at a time), so a notify wakes at most one.
+    """
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.waiters = 0
 
-    def notify(self) -> None:
+    def notify(self) -> int:
+        woken = self.waiters
         self._event.set()
         self._event = asyncio.Event()
+        self.waiters = 0
+        return woken
 
     async def wait(self) -> None:
+        self.waiters += 1
         await self._event.wait()
 
 
@@ -276,9 +325,13 @@ class GroupQueueManager:
         max_filter_drops_per_batch: int | None = None,
         on_cancel: CancelCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
+        serve_order: str = "fifo",
+        env_groups_per_tag: Mapping[str, int] | None = None,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode={mode!r}: use 'sync' or 'async'")
+        if serve_order not in SERVE_ORDERS:
+            raise ValueError(f"serve_order={serve_order!r}: use one of {', '.join(SERVE_ORDERS)}")
         if group_size < 1 or group_size_redundancy < 0:
             raise ValueError(f"group_size={group_size} must be >= 1 and group_size_redundancy={group_size_redundancy} >= 0")
         unknown = sorted({t for t in env_tags.values() if t not in tags})
@@ -292,7 +345,10 @@ class GroupQueueManager:
         self.lookahead = max(1, self.staleness_bound)
         self.seed = seed
         self.auto_create = auto_create
+        self.serve_order = serve_order
         self._env_tags = dict(env_tags)
+        #: first_complete: a tag may keep as many groups pending as it has env groups (over-provisioning is used).
+        self._env_groups_per_tag = dict(env_groups_per_tag or {})
         self._partition = list(num_groups_partition) or [1] * len(self.tags)
         if len(self._partition) != len(self.tags):
             raise ValueError(f"num_groups_partition={list(num_groups_partition)} needs one entry per tag {self.tags}")
@@ -312,7 +368,19 @@ class GroupQueueManager:
         self._set_groups_per_batch(groups_per_batch)
 
         self._policy_step = start_step
+        #: Per tag, pending groups (created, not served or dropped) ordered by group_id (so by created_step too).
         self._pending: dict[str, list[_Group]] = {tag: [] for tag in self.tags}
+        #: fifo: per tag, how many groups at the head of _pending are known complete (a cursor; never rescans).
+        self._lead: dict[str, int] = {tag: 0 for tag in self.tags}
+        #: first_complete: per tag, complete (kept) pending groups in completion order.
+        self._complete_pending: dict[str, dict[int, _Group]] = {tag: {} for tag in self.tags}
+        #: Per tag, env loops waiting for a seat (woken one at a time; see "Wake-ups").
+        self._seat_waiters: dict[str, deque[asyncio.Future]] = {tag: deque() for tag in self.tags}
+        self.wakeups = WakeupCounters()
+        #: env_id -> when it began waiting for a seat; idle seconds in the current window (env_busy_fraction).
+        self._idle_since: dict[int, float] = {}
+        self._idle_s_in_window = 0.0
+        self._batches_served = 0
         #: Per tag, the pending groups that may have a free seat, oldest first; full ones are dropped lazily
         #: (so finding a seat does not rescan every pending group: 10,000 envs keep thousands pending).
         self._open: dict[str, deque[_Group]] = {tag: deque() for tag in self.tags}
@@ -326,9 +394,8 @@ class GroupQueueManager:
         self._last_env_error = ""
         self._filter_drops_this_batch = 0
         self._stalled: dict[int, str] = {}
+        #: The trainer side (get_batch, run_fixed_round) waits here; only batch-relevant events notify it.
         self._changed = _Broadcast()
-        #: Env loops waiting for a seat wake only on events that can open one (not on every trajectory).
-        self._seats_changed = _Broadcast()
         self.counters = SchedulerCounters()
         self._counters_at_last_batch = SchedulerCounters()
         self._window_start = clock()
@@ -374,16 +441,62 @@ class GroupQueueManager:
         except KeyError:
             raise KeyError(f"env_id {env_id} is not known to this scheduler") from None
         self._stalled.pop(env_id, None)
-        while True:
-            if self._closed or self._fatal is not None:
-                return None
-            if not self._suspended:
-                group = self._oldest_group_with_free_seat(tag)
-                if group is None and self._may_create(tag):
-                    group = self._create_group(tag)
-                if group is not None:
-                    return self._assign_seat(group, env_id)
-            await self._seats_changed.wait()
+        waiters = self._seat_waiters[tag]
+        woken = False
+        try:
+            while True:
+                if self._closed or self._fatal is not None:
+                    return None
+                if not self._suspended:
+                    group = self._oldest_group_with_free_seat(tag)
+                    if group is None and self._may_create(tag):
+                        group = self._create_group(tag)
+                    if group is not None:
+                        spec = self._assign_seat(group, env_id)
+                        if waiters and self._has_free_seat(tag):
+                            self._wake_one(tag)  # relay: the next waiter takes the next seat
+                        return spec
+                if env_id not in self._idle_since:
+                    self._idle_since[env_id] = self._clock()
+                future = asyncio.get_running_loop().create_future()
+                if woken:
+                    waiters.appendleft(future)  # woken but the seat was taken: keep its place in the queue
+                else:
+                    waiters.append(future)
+                await future
+                woken = True
+        finally:
+            since = self._idle_since.pop(env_id, None)
+            if since is not None:
+                self._idle_s_in_window += max(0.0, self._clock() - max(since, self._window_start))
+
+    def _has_free_seat(self, tag: str) -> bool:
+        return self._oldest_group_with_free_seat(tag) is not None or self._may_create(tag)
+
+    def _wake_one(self, tag: str) -> None:
+        """Wake the longest-waiting env loop of ``tag`` (skipping any whose wait was cancelled)."""
+        waiters = self._seat_waiters[tag]
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                self.wakeups.seat += 1
+                return
+
+    def _seat_event(self, tag: str | None = None) -> None:
+        """Seats may have opened for ``tag`` (every tag if None): wake one waiter each; the relay does the rest."""
+        self.wakeups.seat_events += 1
+        if self._suspended:
+            return
+        for t in self.tags if tag is None else (tag,):
+            if self._seat_waiters[t] and self._has_free_seat(t):
+                self._wake_one(t)
+
+    def _wake_all_seat_waiters(self) -> None:
+        """Shutdown or failure: every waiting loop must see it and stop."""
+        for tag in self.tags:
+            while self._seat_waiters[tag]:
+                self._wake_one(tag)
 
     def _oldest_group_with_free_seat(self, tag: str) -> _Group | None:
         open_groups = self._open[tag]
@@ -409,7 +522,13 @@ class GroupQueueManager:
             self._open[group.tag] = deque(ordered)
 
     def _may_create(self, tag: str) -> bool:
-        return self.auto_create and len(self._pending[tag]) < self.shares.get(tag, 0) * self.lookahead
+        return self.auto_create and len(self._pending[tag]) < self._max_pending(tag)
+
+    def _max_pending(self, tag: str) -> int:
+        quota = self.shares.get(tag, 0) * self.lookahead
+        if self.serve_order == "first_complete" and quota > 0:
+            return max(quota, self._env_groups_per_tag.get(tag, 0))
+        return quota
 
     def _create_group(
         self, tag: str, *, seed: int | None = None, env_config_override: dict[str, Any] | None = None, num_seats: int | None = None
@@ -422,6 +541,7 @@ class GroupQueueManager:
             tag_index=index,
             seed=derive_seed(self.seed, tag, index) if seed is None else seed,
             created_step=self._policy_step,
+            created_batch=self._batches_served,
             num_seats=num_seats or self.num_seats,
             needed=min(self.group_size, num_seats or self.num_seats),
             env_config_override=env_config_override,
@@ -467,7 +587,8 @@ class GroupQueueManager:
             if len(group.trajectories) >= group.needed:
                 self._complete(group)
         # Only a seat given back (error, abort) can unblock a waiting env; drops and failures notify on their own.
-        self._notify(seats=trajectory.stop_reason in ("env_error", "aborted"))
+        if trajectory.stop_reason in ("env_error", "aborted"):
+            self._seat_event(group.tag)
 
     def _on_env_error(self, group: _Group, trajectory: Trajectory) -> None:
         self.counters.env_errors += 1
@@ -497,16 +618,15 @@ class GroupQueueManager:
         group.complete = True
         self.counters.completed_groups += 1
         self._cancel_seats(group)
-        if not apply_filter or self._filter_is_none or not self.auto_create:
-            return
-        if self._filter(group.trajectories[: group.needed]):
-            return
-        if self._filter_drops_this_batch >= self._max_filter_drops:
+        if apply_filter and not self._filter_is_none and self.auto_create and not self._filter(group.trajectories[: group.needed]):
+            if self._filter_drops_this_batch < self._max_filter_drops:
+                self._filter_drops_this_batch += 1
+                self.counters.filtered_groups += 1
+                self._drop(group, fate="filtered")
+                return
             self.counters.filter_bypassed_groups += 1
-            return
-        self._filter_drops_this_batch += 1
-        self.counters.filtered_groups += 1
-        self._drop(group, fate="filtered")
+        self._complete_pending[group.tag][group.group_id] = group
+        self._notify_trainer()
 
     def _cancel_seats(self, group: _Group) -> None:
         for episode_id, env_id in list(group.in_flight.items()):
@@ -519,18 +639,27 @@ class GroupQueueManager:
         group.in_flight.clear()
         self._list_open(group)
 
-    def _notify(self, seats: bool = True) -> None:
-        """Wake get_batch/run_fixed_round waiters, and (``seats``) env loops waiting for a seat."""
-        self._changed.notify()
-        if seats:
-            self._seats_changed.notify()
+    def _notify_trainer(self) -> None:
+        """Wake a waiting get_batch / run_fixed_round (at most one waits)."""
+        self.wakeups.batch += self._changed.notify()
+
+    def _remove_pending(self, group: _Group) -> None:
+        """Take a group out of the pending list in O(log n) (bisect by group_id), keeping the fifo cursor right."""
+        pending = self._pending[group.tag]
+        index = bisect.bisect_left(pending, group.group_id, key=lambda g: g.group_id)
+        if index < len(pending) and pending[index] is group:
+            del pending[index]
+            if index < self._lead[group.tag]:
+                self._lead[group.tag] -= 1
+        self._complete_pending[group.tag].pop(group.group_id, None)
+        self._groups.pop(group.group_id, None)
 
     def _drop(self, group: _Group, fate: str = "dropped") -> None:
         self._unserved.extend((fate, t) for t in group.trajectories)
         self._cancel_seats(group)
-        self._pending[group.tag].remove(group)
-        self._groups.pop(group.group_id, None)
-        self._notify()
+        self._remove_pending(group)
+        self._notify_trainer()
+        self._seat_event(group.tag)  # its quota slot is free: a new group may be created
 
     # -- trainer side ------------------------------------------------------------------
 
@@ -543,7 +672,7 @@ class GroupQueueManager:
         started = self._clock()
         if batch_size // self.group_size != self.groups_per_batch:
             self._set_groups_per_batch(batch_size // self.group_size)
-            self._notify()  # a larger quota lets waiting envs create groups
+            self._seat_event()  # a larger quota lets waiting envs create groups
         self._enter_step(step)
         while True:
             self._raise_if_unusable()
@@ -556,32 +685,50 @@ class GroupQueueManager:
     def _enter_step(self, step: int) -> None:
         self._policy_step = max(self._policy_step, step)
         for tag in self.tags:
-            for group in list(self._pending[tag]):
-                if step - group.created_step > self.staleness_bound:
-                    self.counters.dropped_stale_groups += 1
-                    self._drop(group, fate="dropped_stale")
+            pending = self._pending[tag]  # ordered by created_step: the stale groups are a prefix
+            while pending and step - pending[0].created_step > self.staleness_bound:
+                self.counters.dropped_stale_groups += 1
+                self._drop(pending[0], fate="dropped_stale")
         if self._suspended:
             self.resume()
 
     def _ready_heads(self) -> list[_Group] | None:
+        """The groups to serve if a batch is ready (see serve_order), else None; amortized O(1) per call."""
+        for tag in self.tags:
+            share = self.shares.get(tag, 0)
+            if self.serve_order == "first_complete":
+                if len(self._complete_pending[tag]) < share:
+                    return None
+                continue
+            pending, lead = self._pending[tag], self._lead[tag]
+            while lead < len(pending) and pending[lead].complete:
+                lead += 1
+            self._lead[tag] = lead
+            if lead < share:
+                return None
         heads: list[_Group] = []
         for tag in self.tags:
             share = self.shares.get(tag, 0)
-            oldest = self._pending[tag][:share]
-            if len(oldest) < share or not all(g.complete for g in oldest):
-                return None
-            heads.extend(oldest)
+            if self.serve_order == "first_complete":
+                heads.extend(itertools.islice(self._complete_pending[tag].values(), share))
+            else:
+                heads.extend(self._pending[tag][:share])
         return heads
 
     def _serve(self, groups: list[_Group], step: int, started: float) -> ServedBatch:
         groups = sorted(groups, key=lambda g: g.group_id)
         trajectories: list[Trajectory] = []
+        carried_over = 0
         for group in groups:
-            self._pending[group.tag].remove(group)
-            self._groups.pop(group.group_id, None)
+            self._remove_pending(group)
             trajectories.extend(group.trajectories[: group.needed])
+            carried_over += group.created_batch < self._batches_served
+        self._batches_served += 1
         now = self._clock()
         window = now - self._window_start
+        idle_s = self._idle_s_in_window + sum(now - max(since, self._window_start) for since in self._idle_since.values())
+        env_seconds = len(self._env_tags) * window
+        self._idle_s_in_window = 0.0
         if self.mode == "sync" and self.auto_create:
             self._policy_step = step + 1
             self.suspend(cancel_in_flight=True)
@@ -594,14 +741,17 @@ class GroupQueueManager:
         self._counters_at_last_batch = SchedulerCounters(**asdict(self.counters))
         self._filter_drops_this_batch = 0
         self._window_start = now
-        self._notify()
+        self._seat_event()  # served groups free their quota slots
+        gauges = self.gauges()
+        gauges["env_busy_fraction"] = max(0.0, 1.0 - idle_s / env_seconds) if env_seconds > 0 else 0.0
+        gauges["groups_started_earlier_fraction"] = carried_over / len(groups) if groups else 0.0
         return ServedBatch(
             trajectories=trajectories,
             step=step,
             wait_s=now - started,
             window_s=window,
             counters=counters,
-            gauges=self.gauges(),
+            gauges=gauges,
             unserved=self._take_unserved(),
         )
 
@@ -655,20 +805,21 @@ class GroupQueueManager:
             for tag in self.tags:
                 for group in self._pending[tag]:
                     self._cancel_seats(group)
-        self._notify()
 
     def resume(self) -> None:
         if self._suspended:
             self._suspended = False
             self._window_start = self._clock()
-        self._notify()
+            self._idle_s_in_window = 0.0
+        self._seat_event()
 
     def report_fatal(self, message: str) -> None:
         """Fail the rollout: get_batch raises ``message``; env loops get no more episodes."""
         if self._fatal is None:
             self._fatal = RolloutFatalError(message)
             logger.error("rollout failed: %s", message)
-        self._notify()
+        self._notify_trainer()
+        self._wake_all_seat_waiters()
 
     async def on_worker_restart(self, env_ids: Sequence[int], reason: str) -> int:
         """A worker hosting ``env_ids`` died and is being replaced: count it, fail its in-flight episodes.
@@ -723,7 +874,8 @@ class GroupQueueManager:
 
     def shutdown(self) -> None:
         self._closed = True
-        self._notify()
+        self._notify_trainer()
+        self._wake_all_seat_waiters()
 
     def gauges(self) -> dict[str, float]:
         pending = [g for tag in self.tags for g in self._pending[tag]]
@@ -790,12 +942,15 @@ class GroupQueueManager:
             auto_create=is_train,
             on_cancel=on_cancel,
             clock=clock,
+            serve_order=em.serve_order if is_train else "fifo",
+            env_groups_per_tag=dict(zip(em.tags, groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition))),
         )
-        busy_at_most = queue.groups_per_batch * queue.lookahead * queue.num_seats
+        busy_at_most = sum(queue._max_pending(tag) for tag in queue.tags) * queue.num_seats
         if is_train and len(layout) > busy_at_most:
             logger.warning(
                 "%d env instances, but at most %d can be busy (%d groups per batch x lookahead %d x %d seats); "
-                "the rest stay idle: lower num_env_groups or raise rollout_batch_size",
+                "the rest stay idle: lower num_env_groups, raise rollout_batch_size or use "
+                "train_env_manager.serve_order=first_complete",
                 len(layout), busy_at_most, queue.groups_per_batch, queue.lookahead, queue.num_seats,
             )
         return queue

@@ -40,6 +40,8 @@ from typing import Any
 
 from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
 from roll_async.config import PipelineConfig, validate_config
+from roll_async import node_files
+from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
 
@@ -131,6 +133,15 @@ class GroupQueueActor:
         return str(self.queue.failure) if self.queue.failure is not None else None
 
 
+async def _gather_quietly(refs: list[Any]) -> list[Any]:
+    """Results of Ray calls for metrics: exceptions in place of failed ones, [] if they time out together."""
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), _ENGINE_STATS_TIMEOUT_S))
+    except Exception:
+        logger.debug("stats unavailable", exc_info=True)
+        return []
+
+
 def _unwrap_ray_error(exc: BaseException) -> BaseException:
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
@@ -201,6 +212,8 @@ class RolloutScheduler:
         )
         self._chunks = chunks
         self._incarnations = [0] * len(chunks)
+        # The tokenizer files go to the object store once; a worker on a node without the path uses them.
+        self._tokenizer_files = ray.put(node_files.tokenizer_files(self.tokenizer_path))
         self._workers = [self._create_worker(index) for index in range(len(chunks))]
         try:
             await asyncio.gather(*(w.describe.remote() for w in self._workers))  # surfaces constructor errors now
@@ -217,12 +230,13 @@ class RolloutScheduler:
 
         em = env_manager_config(self.config, self.which)
         chunk = self._chunks[index]
+        strategy = "SPREAD" if em.worker_placement == "spread" else "DEFAULT"
         return (
             ray.remote(EnvManagerWorker)
-            .options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64)
+            .options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64, scheduling_strategy=strategy)
             .remote(
                 index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path,
-                self.env_factory, self._incarnations[index],
+                self.env_factory, self._incarnations[index], tokenizer_files=self._tokenizer_files,
             )
         )
 
@@ -265,7 +279,9 @@ class RolloutScheduler:
     async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
-        self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        engine_stats = await self._engine_stats()
+        self.last_metrics = served.rollout_metrics(engine_stats)
+        self.last_metrics.update(replica_metrics(engine_stats, await self._router_stats()))
         self.last_unserved = served.unserved  # episodes of this window not served: (fate, trajectory)
         return served.trajectories, self.last_metrics
 
@@ -313,15 +329,13 @@ class RolloutScheduler:
             raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
 
     async def _engine_stats(self) -> list[dict]:
-        try:
-            return list(
-                await asyncio.wait_for(
-                    asyncio.gather(*(h.stats.remote() for h in self.engine_handles)), _ENGINE_STATS_TIMEOUT_S
-                )
-            )
-        except Exception:
-            logger.debug("engine stats unavailable", exc_info=True)
-            return []
+        """Stats per replica (an empty dict for a replica that does not answer, e.g. a dead one)."""
+        results = await _gather_quietly([h.stats.remote() for h in self.engine_handles])
+        return [r if isinstance(r, dict) else {} for r in results]
+
+    async def _router_stats(self) -> list[dict]:
+        """Every worker's Router counters (one call per worker per batch)."""
+        return [r for r in await _gather_quietly([w.router_stats.remote() for w in self._workers]) if isinstance(r, dict)]
 
     async def suspend(self, cancel_in_flight: bool = True) -> None:
         await self.start()

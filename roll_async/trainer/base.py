@@ -101,6 +101,10 @@ def load_trainer_class(dotted_path: str) -> type:
 
 def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
     """The configured trainer: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
+    if config.simulate_step_s > 0:
+        from roll_async.trainer.simulated import SimulatedTrainer
+
+        return SimulatedTrainer(config, model_path)
     if config.trainer_cls:
         cls = load_trainer_class(config.trainer_cls)
         return cls(config, model_path)

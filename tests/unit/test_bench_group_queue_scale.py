@@ -37,22 +37,34 @@ async def test_a_finished_trajectory_does_not_wake_envs_waiting_for_a_seat():
     specs = [await q.next_episode(0), await q.next_episode(1)]  # the only group allowed (quota 1)
     waiters = [asyncio.ensure_future(q.next_episode(i)) for i in range(2, 50)]
     await asyncio.sleep(0)
-    wakeups = 0
-    original = q._seats_changed.notify
-
-    def counting_notify():
-        nonlocal wakeups
-        wakeups += 1
-        original()
-
-    q._seats_changed.notify = counting_notify  # type: ignore[method-assign]
     await q.put_trajectory(done(specs[0], 0))
     await q.put_trajectory(done(specs[1], 1))
-    assert wakeups == 0 and not any(w.done() for w in waiters)
+    assert q.wakeups.seat == 0 and not any(w.done() for w in waiters)
     served = await asyncio.wait_for(q.get_batch(2, step=0), 1)  # serving frees quota: now they wake
-    assert len(served.trajectories) == 2 and wakeups >= 1
+    assert len(served.trajectories) == 2
     await asyncio.sleep(0.01)
     assert sum(w.done() for w in waiters) == 2  # one new group of 2 seats
+    assert q.wakeups.seat == 2  # exactly the two that got seats: one woken by the event, one by the relay
+    q.shutdown()
+    await asyncio.gather(*waiters)
+
+
+async def test_each_seat_event_wakes_one_waiter_however_many_wait():
+    """O(1) wake-ups: 2,000 envs wait; each seat given back wakes exactly one of them (counted)."""
+    q = queue(2002, group_size=2, groups_per_batch=1, staleness=1)
+    s0, s1 = await q.next_episode(0), await q.next_episode(1)
+    waiters = [asyncio.ensure_future(q.next_episode(i)) for i in range(2, 2002)]
+    await asyncio.sleep(0)
+    before = (q.wakeups.seat, q.wakeups.seat_events)
+    await q.put_trajectory(done(s0, 0, stop_reason="aborted"))
+    await asyncio.sleep(0.01)
+    assert q.wakeups.seat - before[0] == 1 and q.wakeups.seat_events - before[1] == 1
+    assert sum(w.done() for w in waiters) == 1
+    await q.put_trajectory(done(s1, 1, stop_reason="env_error"))
+    await asyncio.sleep(0.01)
+    assert q.wakeups.seat - before[0] == 2 and sum(w.done() for w in waiters) == 2
+    # A trajectory that does not complete a group wakes nobody on the trainer side either.
+    assert q.wakeups.batch == 0
     q.shutdown()
     await asyncio.gather(*waiters)
 

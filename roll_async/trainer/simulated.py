@@ -1,0 +1,56 @@
+"""SimulatedTrainer: a trainer that trains nothing, for measuring the rollout side (SkyRL-style).
+
+``trainer.simulate_step_s > 0`` selects it. ``train_step`` takes that many
+seconds without using CPU (it sleeps; the pipeline runs it in a thread), and the
+weight sync that follows takes ``trainer.simulate_sync_s`` seconds with the
+engines paused exactly as for a real sync, then advances their weight version
+(``advance_weight_version``; the prefix cache is reset as a real update would).
+So the pipeline's control flow, pauses and versions are the real ones, and a
+run measures what async overlap buys for a given step time, on a machine whose
+CPU the rollout needs (a real trainer would compete with the engine for it).
+No model is loaded and no weights move.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from roll_async.config import TrainerConfig
+from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
+
+
+class SimulatedTrainer:
+    """Implements the Trainer methods; see the module docstring."""
+
+    #: The pipeline checks this to sync versions instead of weights.
+    simulated = True
+
+    def __init__(self, config: TrainerConfig, model_path: str) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.step_s = float(config.simulate_step_s)
+        self.sync_s = float(config.simulate_sync_s)
+        self.optimizer_steps = 0
+
+    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+        time.sleep(self.step_s)  # no CPU: the simulated step only takes time
+        self.optimizer_steps += 1
+        return {"train/simulated_step_s": self.step_s, "train/num_trajectories": float(len(getattr(batch, "traj_ids", []) or []))}
+
+    def state_dict_for_engine(self) -> dict[str, Any]:
+        return {}
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"simulated": True, "optimizer_steps": self.optimizer_steps, "extra_state": extra_state}
+        (path / TRAINER_STATE_FILE).write_text(json.dumps(state, default=str))
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        state = json.loads((resolve_resume_dir(directory) / TRAINER_STATE_FILE).read_text())
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        return dict(state.get("extra_state", {}))

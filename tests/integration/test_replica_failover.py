@@ -1,0 +1,105 @@
+"""Two real CPU vLLM engine replicas; one dies mid-run and the rollout continues on the survivor.
+
+The session's engine is the survivor; this module starts one more replica (small KV
+cache) and kills its actor (``ray.kill``, as a crash would end it) after the first
+batch, while episodes are bound to it. The EnvManagerWorkers' Routers mark it dead,
+re-bind its episodes to the survivor and re-send the failed requests: every later
+batch arrives whole, nothing fails, and the router metrics name the dead replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+async def victim_engine(ray_session, tiny_model_path):
+    """A second replica that the test kills; its vLLM processes are reaped if the kill leaves any behind."""
+    import psutil
+    import ray
+
+    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+
+    config = EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=32, cpu_kv_cache_space_gib=0.25)
+    (actor,) = await launch_engines(str(tiny_model_path), config, name_prefix="failover_victim")
+    import os
+
+    pid = await actor.__ray_call__.remote(lambda self: os.getpid())
+    children = psutil.Process(pid).children(recursive=True)
+    yield actor
+    await shutdown_engines([actor], timeout_s=5)
+    deadline = time.monotonic() + 30
+    for child in children:  # processes this fixture started (the replica's EngineCore): never leave them running
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except psutil.TimeoutExpired:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    del ray
+
+
+def failover_config() -> PipelineConfig:
+    config = PipelineConfig(
+        mode="async",
+        max_staleness=2,
+        rollout_batch_size=8,
+        sequence_length=512,
+        seed=3,
+        engine=EngineConfig(max_model_len=1024, num_replicas=2),
+        generation=GenerationConfig(temperature=1.0, max_retries=0),  # a failed request would end the run at once
+        custom_envs={
+            "Slow": CustomEnvConfig(
+                env_type="longtail",
+                env_config={"min_turns": 3, "max_turns": 4, "turns_alpha": 0, "step_latency_s": 0.3,
+                            "step_latency_sigma": 0.0, "slow_step_prob": 0.0},
+                max_steps=4,
+                max_tokens_per_step=12,
+                stop=[],
+            )
+        },
+        train_env_manager=EnvManagerConfig(num_env_groups=4, group_size=2, tags=["Slow"], max_env_num_per_worker=4),
+    )
+    validate_config(config)
+    return config
+
+
+async def test_a_two_replica_run_survives_the_death_of_one_replica(engine, victim_engine, tiny_model_path):
+    import ray
+
+    from roll_async.scheduler import RolloutScheduler
+
+    config = failover_config()
+    scheduler = RolloutScheduler(config, engine_handles=[engine, victim_engine], tokenizer_path=str(tiny_model_path))
+    try:
+        first, metrics0 = await asyncio.wait_for(scheduler.get_batch_with_metrics(8, 0), 600)
+        assert len(first) == 8
+        assert metrics0.get("router/replica_1/requests", 0) > 0, metrics0  # the victim was serving episodes
+        # Kill the victim while episodes are bound to it (async mode: the loops keep generating).
+        for _ in range(200):
+            described = await scheduler.describe()
+            bound = sum(w["router"]["replicas"][1]["bound_episodes"] for w in described["workers"])
+            if bound:
+                break
+            await asyncio.sleep(0.05)
+        assert bound > 0
+        ray.kill(victim_engine, no_restart=True)
+        later = []
+        for step in (1, 2):
+            batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(8, step), 600)
+            assert len(batch) == 8 and all(t.stop_reason != "env_error" for t in batch)
+            later.append(metrics)
+        assert later[-1]["router/dead_replicas"] == 1.0
+        assert later[-1]["router/replica_1/dead"] == 1.0 and later[-1]["router/replica_0/dead"] == 0.0
+        assert later[-1]["router/replica_1/failed_over"] >= 1
+        # After the death every new request went to the survivor.
+        assert later[-1]["router/replica_0/requests"] > metrics0["router/replica_0/requests"]
+    finally:
+        await scheduler.shutdown()
