@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,14 +175,17 @@ class RemoteEnv:
         client = self._get_client()
         url = client.pick_url()
         client.envs_on[url] += 1
+        # The id is chosen here, so a create interrupted mid-request can still be closed (DELETE) by id.
+        self.url, self.env_id = url, f"c{uuid.uuid4().hex}"
+        body = {"env_type": self.env_type, "env_config": self.env_config, "timeout_s": self.call_timeout_s, "env_id": self.env_id}
         try:
-            payload = await self._send(
-                url, "POST", f"{API}/envs", {"env_type": self.env_type, "env_config": self.env_config, "timeout_s": self.call_timeout_s}
-            )
+            await self._send(url, "POST", f"{API}/envs", body)
+        except asyncio.CancelledError:
+            raise  # close() deletes it by id
         except BaseException:
-            client.envs_on[url] -= 1
+            if self.env_id is not None:
+                self._forget()
             raise
-        self.url, self.env_id = url, payload["env_id"]
 
     async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         if self.env_id is None:

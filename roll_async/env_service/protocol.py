@@ -4,7 +4,9 @@ Endpoints (all JSON; ``timeout_s`` is optional and defaults to the server's ``--
 
 =======================  ===============================================  ==========================================
 ``GET  /health``         -                                                ``{status, envs, isolation, registered}``
-``POST /v1/envs``        ``{env_type, env_config, seed?, timeout_s?}``    ``{env_id}`` (+ ``observation, info`` with a seed:
+``POST /v1/envs``        ``{env_type, env_config, seed?, timeout_s?,      ``{env_id}`` (+ ``observation, info`` with a seed:
+                         env_id?}`` (a client-chosen id lets an interrupted
+                         create be deleted)
                                                                           create and reset in one round trip)
 ``POST /v1/envs/{id}/reset``  ``{seed, timeout_s?}``                      ``{observation, info}``
 ``POST /v1/envs/{id}/step``   ``{action, timeout_s?}``                    ``{observation, reward, terminated, truncated, info}``

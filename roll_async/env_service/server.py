@@ -208,7 +208,10 @@ class EnvServer:
                 raise _CallFailed(500, "env_error", f"make_env: {exc}") from None
         else:
             env = await self._timed(self._in_thread(builder), timeout, "make_env", None)
-        env_id = f"e{next(self._ids)}"
+        env_id = body.get("env_id") or f"e{next(self._ids)}"
+        if not isinstance(env_id, str) or env_id in self.envs:
+            await self._dispose(env, after_failure=True) if isinstance(env, ProcessEnv) else None
+            raise BadRequest(f"field 'env_id' must be a new string id, got {env_id!r}")
         self.envs[env_id] = _Hosted(env=env, env_type=env_type)
         self.stats.created += 1
         out: dict[str, Any] = {"env_id": env_id}
