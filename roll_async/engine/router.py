@@ -13,9 +13,9 @@ router therefore polls every replica's own count of requests inside ``generate``
 request path) and adds what it has sent since that poll. A new episode goes to
 the replica with the lowest such count (ties: fewest bound episodes, then a
 rotation offset so that routers in different workers do not all favour
-replica 0). The cost per request is a few integer updates; the polls cost
-``replicas / load_poll_s`` Ray calls per second per worker whatever the request
-rate (measured in ``benchmarks/results/router_cost.md``).
+replica 0). The request path does a few integer updates and no remote call; the
+polls cost ``replicas / load_poll_s`` Ray calls per second per worker, whatever
+the request rate (not yet benchmarked separately).
 
 Rebalanced when overloaded. At the start of a turn, an episode whose replica
 carries more than ``rebalance_ratio`` times the least loaded replica's count
