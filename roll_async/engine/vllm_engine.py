@@ -342,6 +342,11 @@ class VLLMEngine:
         else:
             payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
             await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
+        await self._enter_version(llm, version)
+        return time.perf_counter() - start
+
+    async def _enter_version(self, llm: Any, version: int) -> None:
+        """Label every later engine step ``version`` and drop all KV (and image embeddings) of older weights."""
         await llm.update_weight_version(str(version))
         if not await llm.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError(
@@ -353,7 +358,6 @@ class VLLMEngine:
             # scheduler-side and worker-side encoder caches in step (a miss kills the engine).
             await llm.reset_encoder_cache()
         self._weight_version = version
-        return time.perf_counter() - start
 
     def get_weight_version(self) -> int:
         return self._weight_version
@@ -361,13 +365,13 @@ class VLLMEngine:
     async def advance_weight_version(self, version: int) -> None:
         """Record ``version`` without loading weights (trainer.simulate_step_s: no model is trained).
 
-        The prefix cache is reset as a real update resets it, so a simulated run pays the same recomputation.
+        The prefix cache is reset and tokens are labelled as after a real update, so a simulated run pays the
+        same recomputation and its per-token versions tell the same story.
         """
         llm = self._require_started()
         if version < self._weight_version:
             raise ValueError(f"advance_weight_version version={version} is older than the engine's {self._weight_version}")
-        await llm.reset_prefix_cache()
-        self._weight_version = version
+        await self._enter_version(llm, version)
 
     # -- observability -------------------------------------------------------------
 

@@ -155,16 +155,17 @@ async def test_an_engine_that_keeps_failing_surfaces_in_get_batch(ray_session, t
         ray.kill(engine)
 
 
-async def test_a_dead_worker_makes_get_batch_raise_instead_of_hanging(ray_session, tokenizer_setup):
+async def test_a_dead_worker_past_the_restart_budget_makes_get_batch_raise_instead_of_hanging(ray_session, tokenizer_setup):
     ray = ray_session
     path, reply = tokenizer_setup
     engine = fake_engine(ray, reply, latency_s=0.05)
     config = config_for(env_config={"episode_length": 50})
+    config.train_env_manager.max_worker_restarts = 0  # a dead worker is otherwise restarted (test_env_service_rollout)
     scheduler = RolloutScheduler(config, engine_handles=[engine], tokenizer_path=path, env_factory=scripted_env_factory)
     try:
         await scheduler.start()
         ray.kill(scheduler._workers[0])
-        with pytest.raises(RolloutFatalError, match="EnvManagerWorker 0 stopped"):
+        with pytest.raises(RolloutFatalError, match="EnvManagerWorker 0 died after 0 worker restarts"):
             await asyncio.wait_for(scheduler.get_batch(4, 0), TIMEOUT_S)
     finally:
         await scheduler.shutdown()
