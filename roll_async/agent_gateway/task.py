@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from roll_async.dotted import resolve_dotted
 
 
 @dataclass
@@ -40,15 +41,7 @@ def load_agent_function(path: str, key: str = "agent") -> AgentFunction:
     module_name, sep, attr = (path or "").partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{key}={path!r} must be 'package.module:function' naming `async def function(client, task)`")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{key}={path!r}: cannot import module {module_name!r}: {exc}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = resolve_dotted(path, f"{key}={path!r}")
     if not inspect.iscoroutinefunction(obj):
         raise ValueError(f"{key}={path!r} is not an `async def` function; write `async def {attr}(client, task)`")
     try:

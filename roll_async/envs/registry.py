@@ -17,11 +17,11 @@ keys checked against the constructor's signature.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from roll_async.dotted import resolve_dotted
 from roll_async.envs.adapters import adapter_class, make_adapter_env, split_adapter_env_type
 from roll_async.envs.base import build_config
 from roll_async.envs.code import CodeEnv
@@ -82,16 +82,7 @@ def resolve_env_class(env_type: str) -> type:
     if adapter is not None:
         return adapter_class(adapter[0])
     if ":" in env_type:
-        module_name, _, attr = env_type.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"env_type {env_type!r}: cannot import module {module_name!r}: {e}") from e
-        obj: Any = module
-        for part in attr.split("."):
-            if not hasattr(obj, part):
-                raise ValueError(f"env_type {env_type!r}: module {module_name!r} has no attribute {attr!r}")
-            obj = getattr(obj, part)
+        obj = resolve_dotted(env_type, f"env_type {env_type!r}")
         if not isinstance(obj, type):
             raise ValueError(f"env_type {env_type!r} names {obj!r}, which is not a class")
         return obj

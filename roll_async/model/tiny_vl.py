@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, is_current_build, write_model_dir
+from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, is_current_build, tiny_shape, write_model_dir
 
 #: Bump when the recipe changes, so caches rebuild.
 BUILD_ID = "tiny-idefics3-vl-v1"
@@ -77,14 +77,7 @@ def build_tiny_vl_model(
     config = Idefics3Config(
         text_config=dict(
             model_type="llama",
-            vocab_size=len(tokenizer),
-            hidden_size=hidden_size,
-            intermediate_size=hidden_size * 4,
-            num_hidden_layers=num_layers,
-            num_attention_heads=max(1, hidden_size // head_dim),
-            num_key_value_heads=1,
-            head_dim=head_dim,
-            max_position_embeddings=4096,
+            **tiny_shape(len(tokenizer), hidden_size, num_layers, head_dim),
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=True,
             bos_token_id=None,

@@ -9,7 +9,6 @@ warm start (:mod:`roll_async.trainer.sft`) train it.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,6 +16,7 @@ import torch
 
 from roll_async.batching import TrajectoryBatch
 from roll_async.config import ConfigError, TrainerConfig
+from roll_async.dotted import resolve_dotted
 
 #: The methods every trainer must have; checked when a custom class is loaded.
 TRAINER_METHODS = ("train_step", "state_dict_for_engine", "save_checkpoint", "load_checkpoint")
@@ -77,17 +77,9 @@ def load_trainer_class(dotted_path: str) -> type:
             "(or leave it empty for the built-in GRPO trainer)"
         )
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"{key}={dotted_path!r}: cannot import module {module_name!r} ({exc}); check the name and that the "
-            "package is installed or on PYTHONPATH"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{key}={dotted_path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = resolve_dotted(dotted_path, f"{key}={dotted_path!r}")
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; check the name and that the package is installed or on PYTHONPATH") from exc
     if not isinstance(obj, type):
         raise ConfigError(f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class")
     missing = [m for m in TRAINER_METHODS if not callable(getattr(obj, m, None))]
