@@ -14,6 +14,8 @@ import importlib
 from collections.abc import Iterable
 from typing import Any
 
+from roll_async.dotted import resolve_dotted
+
 #: The pip extra that installs every adapter's library.
 ENVS_EXTRA = "roll-async[envs]"
 
@@ -39,8 +41,7 @@ _EXAMPLES = {"gymnasium": "FrozenLake-v1", "textarena": "GuessTheNumber-v0", "re
 
 
 def adapter_class(prefix: str) -> type:
-    module_name, _, attr = ADAPTER_PREFIXES[prefix].partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return resolve_dotted(ADAPTER_PREFIXES[prefix], f"env_type prefix {prefix!r}")
 
 
 def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:

@@ -20,9 +20,10 @@ repeats with the reason. Rewards, ``terminated`` and ``truncated`` are the env's
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any
+
+from roll_async.dotted import resolve_dotted
 
 from roll_async.envs.adapters import import_optional, unknown_name_error
 from roll_async.envs.parsing import ActionParser
@@ -167,6 +168,5 @@ def _render_modes(spec: Any) -> list[str]:
     """The render modes an env class declares, without building it."""
     entry = spec.entry_point
     if isinstance(entry, str):
-        module_name, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module_name), attr)
+        entry = resolve_dotted(entry, f"gymnasium entry point {entry!r}")
     return list(getattr(entry, "metadata", {}).get("render_modes", []))
