@@ -181,6 +181,9 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for task in self._tasks.values():  # loops that died of the same cause as the one reported: seen, not lost
+            if task is not current and task.done() and not task.cancelled():
+                task.exception()
         # Envs elsewhere (a child process, an env server) must be closed before the worker goes away.
         await asyncio.gather(*(m.wait_closed() for m in self.managers.values()), return_exceptions=True)
         gateways = {id(m.agent_gateway): m.agent_gateway for m in self.managers.values() if m.agent_gateway is not None}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing.forkserver
 import time
 
 import aiohttp
@@ -23,13 +24,23 @@ HANG = {"inner_env_type": "countdown", "fault": "hang", "fault_probability": 1.0
 
 
 def env_processes() -> list[psutil.Process]:
-    """Live env processes: children of this process's forkserver (itself a child of ours)."""
+    """Live env processes: the children of this process's multiprocessing forkserver.
+
+    Only the forkserver's children count: a session's Ray and vLLM processes (started by
+    integration tests earlier in the same pytest run) are children of ours too.
+    """
+    forkserver_pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    if forkserver_pid is None:
+        return []
+    try:
+        children = psutil.Process(forkserver_pid).children()
+    except psutil.NoSuchProcess:
+        return []
     out = []
-    for child in psutil.Process().children(recursive=True):
+    for child in children:
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(child.cmdline()):
-                if "resource_tracker" not in " ".join(child.cmdline()):
-                    out.append(child)
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append(child)
         except psutil.NoSuchProcess:
             pass
     return out
