@@ -129,6 +129,7 @@ def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
                 max_steps=8,
                 max_tokens_per_step=args.max_tokens,
                 stop=[],
+                isolation=args.isolation,
             )
         },
         train_env_manager=EnvManagerConfig(
@@ -202,6 +203,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             "tokens": engine.generation_tokens,
             "requests": engine.finished_requests,
             "episodes": sum(m.stats.episodes for m in scheduler.managers),
+            "env_cpu": sum(m.stats.env_cpu_s for m in scheduler.managers),
             "queue_cpu": queue_meter.cpu_s,
             "seat_wakeups": scheduler.group_queue.wakeups.seat,
             "seat_events": scheduler.group_queue.wakeups.seat_events,
@@ -221,13 +223,15 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(sampler, return_exceptions=True)
         await scheduler.shutdown()
         await engine.shutdown()
-    # The whole run after the scheduler was built (first env builds and resets included). Work is counted where
-    # it happened (episodes the EnvManagers finished, requests the engine finished), not by what get_batch
-    # served: async env loops run up to max_staleness batches ahead. Episodes still in flight at the end cost
-    # CPU but are not counted, so the per-trajectory figure errs high.
+    # Work is counted where it happened (episodes the EnvManagers finished, requests the engine finished), not by
+    # what get_batch served: async env loops run up to max_staleness batches ahead. Episodes still in flight at
+    # the end cost CPU but are not counted, so the per-trajectory figures err high.
+    # The whole run after the scheduler was built: each env's first build and reset included (a one-off that a
+    # long run amortises; --trajectories-per-env sets how many episodes share it).
     last = marks[-1]
     d = whole = {k: last[k] - start[k] for k in last}
     rollout_cpu = d["cpu"] - d["engine_cpu"]
+    scheduler_cpu = rollout_cpu - d["env_cpu"]  # the env's own calls (LongTailEnv drawing text) are not the scheduler's
     mean_running = sum(in_flight) / len(in_flight) if in_flight else 0.0
     # The model's throughput at the batch the engine ran, in wall time (time_scale speeds the simulated clock up).
     sim_ceiling = model.tokens_per_s(mean_running) * args.time_scale if mean_running > 0 else math.nan
@@ -246,12 +250,16 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         "build_cpu_ms_per_env": 1000 * build_cpu / num_envs,
         "process_cpu_s": d["cpu"],
         "sim_engine_cpu_s": d["engine_cpu"],
-        # The whole rollout side (queue + env loops + prompt building + env thread hops), as recorded before.
-        "scheduler_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"] if d["episodes"] else math.nan,
+        # The whole rollout side (queue + env loops + prompt building + env thread hops + the env's own calls).
+        "rollout_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"] if d["episodes"] else math.nan,
+        # The env's own sync calls (CPU of the thread that ran them; EnvManagerStats.env_cpu_s).
+        "env_cpu_us_per_trajectory": 1e6 * d["env_cpu"] / d["episodes"] if d["episodes"] else math.nan,
+        # The rollout side without the env's own work: queue, env loops, prompt building, thread hops, routing.
+        "scheduler_cpu_us_per_trajectory": 1e6 * scheduler_cpu / d["episodes"] if d["episodes"] else math.nan,
         # The GroupQueueManager alone (QueueCpuMeter).
         "queue_cpu_us_per_trajectory": 1e6 * d["queue_cpu"] / d["episodes"] if d["episodes"] else math.nan,
         "seat_wakeups_per_trajectory": d["seat_wakeups"] / d["episodes"] if d["episodes"] else math.nan,
-        "scheduler_cpu_us_per_turn": 1e6 * rollout_cpu / d["requests"] if d["requests"] else math.nan,
+        "scheduler_cpu_us_per_turn": 1e6 * scheduler_cpu / d["requests"] if d["requests"] else math.nan,
         "scheduler_cpu_share_of_wall": rollout_cpu / d["wall"] if d["wall"] > 0 else math.nan,
         "max_trajectories_per_cpu_s": d["episodes"] / rollout_cpu if rollout_cpu > 0 else math.nan,
         "rss_base_mb": rss_base / 2**20,
@@ -265,6 +273,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         "sim_engine_busy_fraction": whole["sim_time"] / (whole["wall"] * args.time_scale) if whole["wall"] > 0 else math.nan,
         "turns_mean": d["requests"] / d["episodes"] if d["episodes"] else math.nan,
         "time_scale": args.time_scale,
+        "isolation": args.isolation,
         "load1_end": round(os.getloadavg()[0], 2),
     }
 
@@ -293,13 +302,35 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; 1-minute load average at the end of each run: "
         f"{[r.get('load1_end') for r in result['rows']]} (CPU figures are process CPU time: less affected by other work than wall times, not immune)",
         "",
-        "| envs | episodes | turns/episode | CPU µs / traj | queue CPU µs / traj | seat wake-ups / traj | CPU µs / turn | CPU share of wall | traj per CPU-s | KB / env built | KB / env peak | sim engine tok/s ÷ its ceiling | sim engine busy | wall s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| envs | isolation | episodes | turns/episode | scheduler CPU µs / traj | queue CPU µs / traj | env CPU µs / traj | rollout CPU µs / traj | seat wake-ups / traj | scheduler CPU µs / turn | CPU share of wall | traj per CPU-s | KB / env built | KB / env peak | sim engine tok/s ÷ its ceiling | sim engine busy | wall s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    summary = result.get("summary") or []
+    if summary:
+        lines[-2:-2] = [
+            "Medians over the runs of each env count (min–max):",
+            "",
+            "| envs | runs | scheduler CPU µs / traj | queue CPU µs / traj | env CPU µs / traj | rollout CPU µs / traj |",
+            "|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {e['num_envs']:,} | {e['runs']} | "
+                + " | ".join(
+                    f"**{e[k]['median']:.0f}** ({e[k]['min']:.0f}–{e[k]['max']:.0f})" if k in e else "–"
+                    for k in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory",
+                              "env_cpu_us_per_trajectory", "rollout_cpu_us_per_trajectory")
+                )
+                + " |"
+                for e in summary
+            ),
+            "",
+            "Every run:",
+            "",
+        ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['num_envs']:,} | {r['episodes']:,} | {r['turns_mean']:.2f} | {r['scheduler_cpu_us_per_trajectory']:.0f} | "
-            f"{r.get('queue_cpu_us_per_trajectory', float('nan')):.0f} | {r.get('seat_wakeups_per_trajectory', float('nan')):.2f} | "
+            f"| {r['num_envs']:,} | {r.get('isolation', 'none')} | {r['episodes']:,} | {r['turns_mean']:.2f} | {r['scheduler_cpu_us_per_trajectory']:.0f} | "
+            f"{r.get('queue_cpu_us_per_trajectory', float('nan')):.0f} | {r.get('env_cpu_us_per_trajectory', float('nan')):.0f} | "
+            f"{r.get('rollout_cpu_us_per_trajectory', float('nan')):.0f} | {r.get('seat_wakeups_per_trajectory', float('nan')):.2f} | "
             f"{r['scheduler_cpu_us_per_turn']:.0f} | {r['scheduler_cpu_share_of_wall']:.2f} | {r['max_trajectories_per_cpu_s']:.0f} | "
             f"{r['rss_kb_per_env_built']:.1f} | {r['rss_kb_per_env_peak']:.1f} | {r['tokens_vs_sim_ceiling']:.2f} | "
             f"{r['sim_engine_busy_fraction']:.2f} | {r['wall_s']:.0f} |"
@@ -308,9 +339,13 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         "queue CPU µs / traj: the GroupQueueManager alone (its coroutines' own steps, `time.thread_time`; "
         "`QueueCpuMeter`); seat wake-ups / traj: env loops woken while waiting for a seat. "
-        "CPU µs / traj (/ turn): process CPU (all threads) minus the simulator's own bookkeeping, per episode the "
-        "EnvManagers finished (per engine request) over the whole run after the scheduler was built (each env's first "
-        "build and reset included; episodes still in flight at the end are not counted, so the figure errs high). CPU share of "
+        "rollout CPU µs / traj: process CPU (all threads) minus the simulator's own bookkeeping, per episode the "
+        "EnvManagers finished, over the whole run after the scheduler was built (each env's first build and reset "
+        "included, shared by --trajectories-per-env episodes; episodes still in flight at the end are not counted, so "
+        "the figures err high); env CPU µs / traj: the "
+        "env's own calls (CPU of the thread that ran each, `EnvManagerStats.env_cpu_s`); scheduler CPU µs / traj (/ turn): "
+        "rollout minus env: queue, env loops, prompt building, routing, thread hops (field "
+        "`scheduler_cpu_us_per_trajectory`; before issue 12's last change it included the env's own work). CPU share of "
         "wall: that CPU over the same wall time (1.0 = one core saturated, the rollout side would be the bottleneck); "
         "traj per CPU-s: trajectories one core can drive at that cost. KB / env: RSS growth over envs, after building "
         "the scheduler and at the peak while running (every env built, mid-episode). sim engine tok/s ÷ its ceiling: "
@@ -338,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="tokenizer's model dir (default: the offline tiny model)")
     parser.add_argument("--name", default=None, help="results file stem (default: scale_sim_<cpu|gpu>)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per env count (each a fresh subprocess)")
+    parser.add_argument("--isolation", default="inline", choices=["inline", "none"],
+                        help="custom_envs.SimTail.isolation: inline (env calls on the event loop; the env takes "
+                             "microseconds) or none (the worker's env threads)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -374,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_num_seqs": args.max_num_seqs,
         "output_len_mean": args.output_len_mean,
         "time_scale": args.time_scale,
+        "isolation": args.isolation,
         "rows": rows,
         "summary": summarize_repeats(rows),
     }
@@ -404,7 +443,8 @@ def summarize_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for n in sorted({r["num_envs"] for r in rows}):
         runs = [r for r in rows if r["num_envs"] == n]
         entry: dict[str, Any] = {"num_envs": n, "runs": len(runs)}
-        for key in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory", "seat_wakeups_per_trajectory"):
+        for key in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory", "env_cpu_us_per_trajectory",
+                    "rollout_cpu_us_per_trajectory", "seat_wakeups_per_trajectory", "tokens_vs_sim_ceiling"):
             values = [r[key] for r in runs if key in r]
             if values:
                 entry[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}

@@ -51,7 +51,11 @@ stopped, ``custom_envs.<Tag>.isolation: process`` runs it in a child process
 that is killed at the timeout (``roll_async.env_service``); a tag with
 ``service_url`` runs on an env server. If no env server of a tag answers after
 the client's retries, ``EnvServiceUnavailable`` ends the loop like an engine
-failure: ``get_batch`` reports it as the root cause.
+failure: ``get_batch`` reports it as the root cause. ``isolation: inline`` is the
+other way: for envs whose calls take microseconds, a thread hop (two cross-thread
+wake-ups and the GIL handed back and forth) costs more than the call, so their sync
+calls run on the event loop itself; a call that overran the timeout fails its
+episode once it returns, but nothing can interrupt it.
 
 The scheduler may cancel the current episode (``cancel_episode``: its group
 completed without it, or sync mode suspended): the in-flight engine request is
@@ -147,6 +151,8 @@ class EnvManagerStats:
     cancelled_episodes: int = 0
     resumed_generations: int = 0
     engine_retries: int = 0
+    #: CPU seconds the env's own sync calls used (their threads'), so benchmarks can tell env work from ours.
+    env_cpu_s: float = 0.0
 
 
 @dataclass
@@ -257,42 +263,56 @@ class _ThreadCall:
     """One sync env call in a thread: timed from when it starts running; cleans up after itself if abandoned.
 
     ``env`` is the env the call runs on; None means the call builds an env (make_env) and its result is the
-    env to close if nobody waits for it any more.
+    env to close if nobody waits for it any more. The thread records when the call starts and how much CPU
+    it used; the event loop learns the start time only when its timer checks (no wake-up per start), so a
+    call costs one thread hop and one timer.
     """
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any) -> None:
         self.fn, self.args, self.env = fn, args, env
         self._lock = threading.Lock()
         self._finished = self._abandoned = False
+        self.started_at: float | None = None  # on the event loop's clock, read in the thread
+        self.cpu_s = 0.0  # the call's own CPU time (its thread's), for the rollout's CPU accounting
+
+    def _call(self, clock: Callable[[], float]) -> Any:
+        self.started_at = clock()
+        cpu0 = time.thread_time()
+        result = None
+        try:
+            result = self.fn(*self.args)
+            return result
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+            with self._lock:
+                self._finished = True
+                abandoned = self._abandoned
+            if abandoned:
+                _close_env_now(self.env if self.env is not None else result)
 
     async def run(self, executor: Executor | None, timeout: float) -> Any:
+        """The call's result; TimeoutError once it has RUN for ``timeout`` s (time queued for a thread is free)."""
         loop = asyncio.get_running_loop()
-        started = loop.create_future()
+        future = loop.run_in_executor(executor, self._call, loop.time)
+        async with asyncio.timeout(None) as scope:
+            timer: asyncio.TimerHandle | None = None
 
-        def mark_started() -> None:
-            if not started.done():
-                started.set_result(None)
+            def check() -> None:
+                nonlocal timer
+                started = self.started_at
+                if started is None:  # still queued behind other calls: look again a timeout later
+                    timer = loop.call_later(timeout, check)
+                else:
+                    scope.reschedule(started + timeout)  # in the past: the scope times out now
 
-        def call() -> Any:
-            loop.call_soon_threadsafe(mark_started)
-            result = None
+            timer = loop.call_later(timeout, check)
             try:
-                result = self.fn(*self.args)
-                return result
+                return await future
+            except asyncio.CancelledError:
+                future.cancel()  # a call still queued never runs
+                raise
             finally:
-                with self._lock:
-                    self._finished = True
-                    abandoned = self._abandoned
-                if abandoned:
-                    _close_env_now(self.env if self.env is not None else result)
-
-        future = loop.run_in_executor(executor, call)
-        try:
-            await asyncio.wait({started, future}, return_when=asyncio.FIRST_COMPLETED)  # queued time does not count
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        return await asyncio.wait_for(future, timeout)
+                timer.cancel()
 
     def abandon(self) -> bool:
         """Nobody waits for the result any more; True if the call is still running (its thread cleans up)."""
@@ -331,6 +351,7 @@ class EnvManager:
         #: Observation text and ids; with a VisionProcessor, images are expanded once here (roll_async.multimodal).
         self.observations = observations or ObservationEncoder(None)
         self._executor = executor
+        self._inline = settings.custom_env.isolation == "inline"
         self._clock = clock
         self.stats = EnvManagerStats()
         self.progress = EnvProgress(last_progress_at=clock())
@@ -729,9 +750,15 @@ class EnvManager:
             if inspect.iscoroutinefunction(fn):
                 async with asyncio.timeout(timeout):  # one deadline for the call; no extra Task per call
                     result = await fn(*args)
+            elif self._inline:
+                result = self._call_inline(fn, args, env, timeout, what)
+                if inspect.isawaitable(result):
+                    async with asyncio.timeout(timeout):
+                        result = await result
             else:
                 thread_call = _ThreadCall(fn, args, env)
                 result = await thread_call.run(self._executor, timeout)
+                self.stats.env_cpu_s += thread_call.cpu_s
                 if inspect.isawaitable(result):
                     async with asyncio.timeout(timeout):
                         result = await result
@@ -753,6 +780,17 @@ class EnvManager:
         except Exception as exc:
             self._env_dirty = True
             raise EnvCallError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+    def _call_inline(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any, timeout: float, what: str) -> Any:
+        """``isolation: inline``: call on the event loop; an overrun is a timeout once the call returns."""
+        started, cpu0 = time.monotonic(), time.thread_time()
+        result = fn(*args)
+        self.stats.env_cpu_s += time.thread_time() - cpu0
+        if time.monotonic() - started > timeout:
+            if env is None:
+                _close_env_now(result)  # make_env overran: the env it built is not used (a used env is discarded)
+            raise asyncio.TimeoutError
+        return result
 
     def _move_off_hung_thread(self) -> None:
         """A timed-out sync call keeps its thread; continue on a private thread so the shared pool keeps its size."""
@@ -779,6 +817,8 @@ class EnvManager:
         try:
             if inspect.iscoroutinefunction(close):
                 await asyncio.wait_for(close(), _CLEANUP_TIMEOUT_S)
+            elif self._inline:
+                close()
             else:
                 future = asyncio.get_running_loop().run_in_executor(self._executor, close)
                 await asyncio.wait_for(future, _CLEANUP_TIMEOUT_S)

@@ -92,7 +92,9 @@ class CustomEnvConfig:
     #: Retries of transport errors per env-server call before the server counts as down.
     service_max_retries: int = 3
     #: none: envs run in the worker's threads; process: each env instance in its own child process
-    #: (a call past env_step_timeout_s kills it; a crash is contained).
+    #: (a call past env_step_timeout_s kills it; a crash is contained); inline: sync env calls run on the
+    #: worker's event loop, no thread hop (for fast, trusted envs: a call past env_step_timeout_s fails
+    #: its episode only once it returns, and a hang stops every env of its worker).
     isolation: str = "none"
 
 
@@ -519,7 +521,7 @@ def _validate_sampling(config: PipelineConfig) -> None:
         )
 
 
-ISOLATION_MODES = ("none", "process")
+ISOLATION_MODES = ("none", "process", "inline")
 
 
 def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:

@@ -44,12 +44,15 @@ behaviour; ``model.chat_template`` (a file) overrides the tokenizer's template.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
+#: Texts whose ids a builder keeps (first prompts, user turns): ~100 KB per 100 entries of ~100 tokens.
+_TEXT_CACHE_SIZE = 4096
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
 _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
 _SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
@@ -117,6 +120,10 @@ class ChatPromptBuilder:
         self._role_endings: dict[str, tuple[str, str]] = {}
         #: A fast tokenizer's Rust backend: encoding through it skips the Python wrapper (~half the cost per turn).
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # A group's envs share a seed, so their first prompts are identical, and envs repeat observations
+        # ("invalid action"): rendering and encoding the same text again is the largest per-turn cost.
+        self._first_turn_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(self._first_turn_tuple)
+        self._user_delta_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(self._user_delta_tuple)
         self._closure_text = self._measure_closure_text()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -225,9 +232,12 @@ class ChatPromptBuilder:
     # -- the pieces ------------------------------------------------------------------
 
     def first_turn_ids(self, user_text: str) -> list[int]:
-        """System prompt + first user message + generation prompt, through the template."""
+        """System prompt + first user message + generation prompt, through the template (cached by text)."""
+        return list(self._first_turn_cache(user_text))
+
+    def _first_turn_tuple(self, user_text: str) -> tuple[int, ...]:
         messages = self._system() + [{"role": "user", "content": user_text}]
-        return self.render_ids(messages, add_generation_prompt=True)
+        return tuple(self.render_ids(messages, add_generation_prompt=True))
 
     def closure_ids_after(self, generated_ids: list[int]) -> list[int]:
         """Ids that close the assistant turn after ``generated_ids`` (see module docstring)."""
@@ -261,8 +271,12 @@ class ChatPromptBuilder:
         return self.encode(self.continuation_text(messages))
 
     def user_delta_ids(self, user_text: str) -> list[int]:
-        """The next user message and the generation prompt, as the template renders them after a closed reply."""
-        return self.continuation_ids([{"role": "user", "content": user_text}])
+        """The next user message and the generation prompt, as the template renders them after a closed reply
+        (cached by text)."""
+        return list(self._user_delta_cache(user_text))
+
+    def _user_delta_tuple(self, user_text: str) -> tuple[int, ...]:
+        return tuple(self.continuation_ids([{"role": "user", "content": user_text}]))
 
     # -- what the template does ------------------------------------------------------
 

@@ -204,6 +204,41 @@ async def test_a_hung_env_step_times_out_and_the_run_continues(tokenizer, answer
     assert sum(m.stats.env_timeouts for m in scheduler.managers) == 1
 
 
+async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts_an_overrun(tokenizer, answer_ids):
+    """isolation: inline: no thread hop; a step that ran past the timeout fails its episode once it returns."""
+    import threading
+
+    from env_managers.testing import ScriptedEnv
+
+    threads: set[int] = set()
+
+    class RecordingEnv(ScriptedEnv):
+        def step(self, action_text):
+            threads.add(threading.get_ident())
+            return super().step(action_text)
+
+    def factory(tag, env_config):
+        return RecordingEnv(**env_config)
+
+    config = make_config(
+        env_config={"episode_length": 2, "failure_plan": FailurePlan(step_hangs=1), "hang_s": 0.3},
+        num_env_groups=2,
+        env_step_timeout_s=0.1,
+    )
+    for spec in config.custom_envs.values():
+        spec.isolation = "inline"
+    validate_config(config)
+    scheduler = LocalRolloutScheduler(config, engines=FakeEngine(lambda r: answer_ids), tokenizer=tokenizer, env_factory=factory)
+    try:
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(2, step=0), 10)
+    finally:
+        await scheduler.shutdown()
+    assert threads == {threading.get_ident()}  # every step ran on this (the event loop's) thread
+    assert [t.stop_reason for t in batch] == ["terminated", "terminated"]
+    assert metrics["rollout/env_errors"] == 1
+    assert sum(m.stats.env_timeouts for m in scheduler.managers) == 1
+
+
 async def test_async_env_methods_are_awaited(tokenizer, answer_ids):
     config = make_config(env_config={"episode_length": 2, "async": True, "step_latency_s": 0.01})
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
