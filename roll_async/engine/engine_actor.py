@@ -45,7 +45,8 @@ async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, 
             missing = [index for index, present in enumerate(on_node) if not present]
             logger.warning(
                 "model.path %r is missing on the node of engine replica(s) %s: shipping its %d files (%.1f MiB) "
-                "through the object store; a shared filesystem avoids this copy", model_path, missing, len(files), size_mib,
+                "through the object store; a shared filesystem avoids this copy",
+                model_path, missing, len(files), size_mib,
             )
             files_ref = await asyncio.to_thread(ray.put, files)
     return await asyncio.gather(*(

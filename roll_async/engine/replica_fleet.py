@@ -55,7 +55,9 @@ class EngineReplicaFleet:
         reasons = "; ".join(f"replica {i}: {r}" for i, r in sorted(self.dead_reasons.items()))
         return NoLiveReplicaError(f"every engine replica died ({during}); the run cannot continue. {reasons}")
 
-    async def _call_each(self, indices: Sequence[int], call: Callable[[Any], Awaitable[Any]]) -> tuple[list[int], list[BaseException]]:
+    async def _call_each(
+        self, indices: Sequence[int], call: Callable[[Any], Awaitable[Any]]
+    ) -> tuple[list[int], list[BaseException]]:
         """``call`` on each replica at once; a dead one is marked. Returns (replicas that answered, other errors)."""
         results = await asyncio.gather(*(call(self.handles[i]) for i in indices), return_exceptions=True)
         answered, errors = [], []
@@ -68,7 +70,9 @@ class EngineReplicaFleet:
                 answered.append(index)
         return answered, errors
 
-    async def sync(self, in_flight: str, update: Callable[[Any], Awaitable[Any]], *, during: str = "weight sync") -> list[int]:
+    async def sync(
+        self, in_flight: str, update: Callable[[Any], Awaitable[Any]], *, during: str = "weight sync"
+    ) -> list[int]:
         """Pause the live replicas (``in_flight`` policy), ``update`` each paused one, resume every survivor.
 
         Returns the indices that were updated. A replica that dies at any stage is dropped; an error that is
@@ -90,7 +94,9 @@ class EngineReplicaFleet:
 
     async def push_weights(self, buckets: list[Any], version: int, in_flight: str) -> list[int]:
         """Load the weight buckets (``weight_transport``: the same refs for every replica) and record ``version``."""
-        return await self.sync(in_flight, lambda e: e.update_weights.remote(buckets, version), during=f"weight sync to version {version}")
+        return await self.sync(
+            in_flight, lambda e: e.update_weights.remote(buckets, version), during=f"weight sync to version {version}"
+        )
 
     async def push_simulated_version(self, version: int, in_flight: str, sync_s: float) -> list[int]:
         """trainer.simulate_step_s: pause as for a real sync, take ``sync_s``, advance the version, resume."""

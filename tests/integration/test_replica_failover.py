@@ -105,7 +105,9 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(engine, victi
         await scheduler.shutdown()
 
 
-async def test_a_weight_sync_after_the_death_goes_to_the_survivor_and_it_still_generates(engine, victim_engine, tiny_model_path, tokenizer):
+async def test_a_weight_sync_after_the_death_goes_to_the_survivor_and_it_still_generates(
+    engine, victim_engine, tiny_model_path, tokenizer
+):
     """The driver side of failover: the pipeline's weight push (EngineReplicaFleet) skips the killed replica."""
     import glob
     import uuid
@@ -127,7 +129,12 @@ async def test_a_weight_sync_after_the_death_goes_to_the_survivor_and_it_still_g
     assert fleet.metrics() == {"engine/live_replicas": 1.0}
     assert 1 in fleet.dead_reasons
     assert await fleet.weight_version() == version + 1
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Move."}], add_generation_prompt=True, tokenize=True, return_dict=False)
-    request = GenerationRequest(request_id=f"after-failover-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Move."}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    request = GenerationRequest(
+        request_id=f"after-failover-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, max_tokens=4,
+        temperature=0.0, ignore_eos=True,
+    )
     result = await asyncio.wait_for(engine.generate.remote(request), 120)  # resumed, not left paused
     assert len(result.output_token_ids) == 4 and result.weight_version == version + 1

@@ -74,7 +74,8 @@ async def test_a_replica_that_dies_at_any_stage_is_dropped_and_the_survivor_is_u
 async def test_when_no_replica_is_left_the_sync_raises_a_clear_error():
     first, second = FakeEngineHandle(dies_at=("pause",)), FakeEngineHandle(dies_at=("update_weights",))
     fleet = EngineReplicaFleet([first, second])
-    with pytest.raises(NoLiveReplicaError, match=r"every engine replica died \(weight sync to version 1\).*replica 0: RayActorError"):
+    expected = r"every engine replica died \(weight sync to version 1\).*replica 0: RayActorError"
+    with pytest.raises(NoLiveReplicaError, match=expected):
         await fleet.push_weights([], version=1, in_flight="abort")
     assert fleet.metrics() == {"engine/live_replicas": 0.0}
     with pytest.raises(NoLiveReplicaError):
