@@ -30,6 +30,7 @@ from roll_async import metrics as m
 from roll_async.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.batching import collate_trajectories
 from roll_async.config import ConfigError, PipelineConfig
+from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.logs import attach_run_logs, configure_console
 from roll_async.preflight import preflight
 from roll_async.ray_utils import init_ray
@@ -49,6 +50,7 @@ class AgenticPipeline:
         self.config = config
         self.engines: list[Any] = list(engines or [])
         self._owns_engines = not self.engines
+        self.fleet = EngineReplicaFleet(self.engines)
         self._owns_ray = False
         self.version_base = 0
         self.train_scheduler: Any = None
@@ -126,9 +128,10 @@ class AgenticPipeline:
         init_ray(config.ray_address, config.ray_num_cpus, log_dir=self.run_dir.logs if self.run_dir else None)
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
+        self.fleet = EngineReplicaFleet(self.engines)  # weight syncs go on when a replica dies
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
         # versions equal steps. A caller's engine may already be further on.
-        engine_version = int(await self.engines[0].get_weight_version.remote())
+        engine_version = await self.fleet.weight_version()
         self.version_base = max(0, engine_version - self.start_step)
         if config.checkpoint.resume_from or config.sft_warmup.enabled or not self._owns_engines:
             # The engine holds other weights (the base model, or a caller's); give it the trainer's.
@@ -154,21 +157,12 @@ class AgenticPipeline:
 
         # Packed once and put in the object store once for every replica (not one pickled copy per replica).
         buckets = await asyncio.to_thread(lambda: put_buckets(pack_weight_buckets(self.trainer.state_dict_for_engine())))
-        await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
-        try:
-            await asyncio.gather(*(e.update_weights.remote(buckets, version) for e in self.engines))
-        finally:
-            await asyncio.gather(*(e.resume.remote() for e in self.engines))
+        await self.fleet.push_weights(buckets, version, in_flight)
         return time.perf_counter() - start
 
     async def _push_simulated_version(self, version: int, in_flight: str) -> None:
         """trainer.simulate_step_s: pause as for a real sync, take simulate_sync_s, advance the version, resume."""
-        await asyncio.gather(*(e.pause.remote(in_flight) for e in self.engines))
-        try:
-            await asyncio.sleep(self.config.trainer.simulate_sync_s)
-            await asyncio.gather(*(e.advance_weight_version.remote(version) for e in self.engines))
-        finally:
-            await asyncio.gather(*(e.resume.remote() for e in self.engines))
+        await self.fleet.push_simulated_version(version, in_flight, self.config.trainer.simulate_sync_s)
 
     async def _sync_weights(self, step: int) -> float:
         """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""
@@ -298,7 +292,8 @@ class AgenticPipeline:
                     last_saved = step
                 step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
                 if self.engines:
-                    step_metrics["weight_version"] = float(await self.engines[0].get_weight_version.remote())
+                    step_metrics["weight_version"] = float(await self.fleet.weight_version())
+                    step_metrics.update(self.fleet.metrics())
                 self.tracker.log(step, step_metrics)
                 if config.logging.save_trajectories and trajectories:
                     self.run_dir.append_trajectories(trajectories, self.tokenizer, served_step=step, served_at=served_at)

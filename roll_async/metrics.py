@@ -55,6 +55,8 @@ EPISODE_REWARD_STD = "rollout/episode_reward/std"
 ENGINE_RUNNING = "engine/running"
 ENGINE_WAITING = "engine/waiting"
 ENGINE_KV_CACHE_USAGE = "engine/kv_cache_usage"
+#: Engine replicas still alive as the driver's weight syncs see them (engine/replica_fleet.py).
+ENGINE_LIVE_REPLICAS = "engine/live_replicas"
 TIME_GENERATE_MEAN = "time/generate/mean"
 TIME_GENERATE_P99 = "time/generate/p99"
 TIME_ENV_STEP_MEAN = "time/env_step/mean"

@@ -1,20 +1,24 @@
-"""Getting a driver-side directory (the tokenizer's) to every node: a checked shared path, or the object store.
+"""Getting a driver-side directory to every node: a checked shared path, or the object store.
 
-EnvManagerWorkers load the tokenizer from the model directory. On a cluster that
-directory is often on the driver's disk only. The driver reads the directory's
-small tokenizer files once (``tokenizer_files``), ``ray.put``s them once, and
-every worker calls ``local_dir``: if the path exists on its node (a shared
-filesystem, or one machine) it is used as is; otherwise the files are written to
-a per-content cache directory on that node and that is used. Model WEIGHTS are
-not shipped this way (engine replicas read ``model.path`` on their node, which
-must then be a shared path; see docs/architecture.md "Placement across nodes").
+EnvManagerWorkers load the tokenizer from the model directory; engine replicas
+load the whole model from it. On a cluster that directory is often on the
+driver's disk only. The driver reads the directory's files once
+(``tokenizer_files`` for workers: the small tokenizer files; ``model_files`` for
+engines: every file), ``ray.put``s them once, and the process on the other node
+calls ``local_dir``: if the path exists on its node (a shared filesystem, or one
+machine) it is used as is; otherwise the files are written to a per-content
+cache directory on that node and that is used. Model weights go through the
+object store only to an engine whose node lacks the path
+(``engine_actor.launch_engines`` asks each replica first): for a large model a
+shared path is far cheaper (see docs/architecture.md "Placement across nodes").
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 #: Files a tokenizer may need (transformers' names); weights and other large files are never included.
@@ -26,17 +30,34 @@ TOKENIZER_FILE_PATTERNS = (
 MAX_FILE_BYTES = 64 << 20
 
 
-def tokenizer_files(directory: str) -> dict[str, bytes]:
-    """The tokenizer files of a local model directory (name -> bytes); {} if it is not a local directory."""
+def directory_files(
+    directory: str, patterns: Iterable[str] = ("**/*",), max_file_bytes: int | None = None
+) -> dict[str, bytes]:
+    """Files of a local directory matching ``patterns`` (relative path -> bytes); {} if it is not a local directory."""
     root = Path(directory).expanduser()
     if not root.is_dir():
         return {}
     files: dict[str, bytes] = {}
-    for pattern in TOKENIZER_FILE_PATTERNS:
+    for pattern in patterns:
         for path in root.glob(pattern):
-            if path.is_file() and path.stat().st_size <= MAX_FILE_BYTES:
-                files[path.name] = path.read_bytes()
+            if path.is_file() and (max_file_bytes is None or path.stat().st_size <= max_file_bytes):
+                files[path.relative_to(root).as_posix()] = path.read_bytes()
     return files
+
+
+def tokenizer_files(directory: str) -> dict[str, bytes]:
+    """The tokenizer files of a local model directory (name -> bytes); {} if it is not a local directory."""
+    return directory_files(directory, TOKENIZER_FILE_PATTERNS, MAX_FILE_BYTES)
+
+
+def model_files(directory: str) -> dict[str, bytes]:
+    """Every file of a local model directory (weights included: heavy for a large model); {} if not local."""
+    return directory_files(directory)
+
+
+def path_is_on_this_node(directory: str) -> bool:
+    """True if ``directory`` exists here, or is no local path at all (a hub id: nothing to ship)."""
+    return Path(directory).expanduser().is_dir() or not directory.startswith(("/", ".", "~"))
 
 
 def local_dir(directory: str, files: Mapping[str, bytes] | None) -> str:
@@ -49,8 +70,19 @@ def local_dir(directory: str, files: Mapping[str, bytes] | None) -> str:
         digest.update(files[name])
     target = Path(tempfile.gettempdir()) / "roll_async_node_files" / digest.hexdigest()[:16]
     if not (target / ".complete").exists():
-        target.mkdir(parents=True, exist_ok=True)
+        # Written aside and renamed into place: replicas on one node may materialise the same files at once.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         for name, data in files.items():
-            (target / name).write_bytes(data)
-        (target / ".complete").write_text(directory)
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(data)
+        (staging / ".complete").write_text(directory)
+        try:
+            staging.rename(target)
+        except OSError:  # another process put it there first (or an old incomplete copy): use or replace it
+            if not (target / ".complete").exists():
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+            else:
+                shutil.rmtree(staging, ignore_errors=True)
     return str(target)

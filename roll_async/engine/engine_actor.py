@@ -12,6 +12,7 @@ from typing import Any
 
 import ray
 
+from roll_async import node_files
 from roll_async.config import EngineConfig
 from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
 
@@ -30,6 +31,27 @@ def _unwrap(exc: BaseException) -> BaseException:
     """Ray wraps actor exceptions; surface the original (e.g. EngineStartupError) when it has one."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
+
+
+async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, Any]]:
+    """Start every replica; one whose node lacks ``model_path`` gets the driver's model files (put once)."""
+    on_node = await asyncio.gather(*(actor.model_dir_on_node.remote() for actor in actors))
+    files_ref = None
+    if not all(on_node):
+        # {} if the driver lacks it too: the replica's start then fails naming model.path and its node.
+        files = await asyncio.to_thread(node_files.model_files, model_path)
+        if files:
+            size_mib = sum(len(data) for data in files.values()) / (1 << 20)
+            missing = [index for index, present in enumerate(on_node) if not present]
+            logger.warning(
+                "model.path %r is missing on the node of engine replica(s) %s: shipping its %d files (%.1f MiB) "
+                "through the object store; a shared filesystem avoids this copy",
+                model_path, missing, len(files), size_mib,
+            )
+            files_ref = await asyncio.to_thread(ray.put, files)
+    return await asyncio.gather(*(
+        actor.start.remote(None if present else files_ref) for actor, present in zip(actors, on_node)
+    ))
 
 
 async def launch_engines(
@@ -52,9 +74,8 @@ async def launch_engines(
         ).remote(model_path, config)
         for index in range(config.num_replicas)
     ]
-    starts = [actor.start.remote() for actor in actors]
     try:
-        infos = await asyncio.wait_for(asyncio.gather(*starts), timeout=config.startup_timeout_s)
+        infos = await asyncio.wait_for(_start_replicas(actors, model_path), timeout=config.startup_timeout_s)
     except asyncio.TimeoutError:
         await shutdown_engines(actors)
         raise EngineStartupError(

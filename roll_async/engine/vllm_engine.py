@@ -12,10 +12,13 @@ import asyncio
 import collections
 import logging
 import os
+import platform
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from roll_async import node_files
 from roll_async.config import EngineConfig
 from roll_async.multimodal import input_only_logit_bias, model_is_vision_language
 from roll_async.protocol import FinishReason, GenerationRequest, GenerationResult
@@ -132,15 +135,31 @@ class VLLMEngine:
 
     # -- lifecycle -----------------------------------------------------------------
 
-    async def start(self) -> dict[str, Any]:
-        """Build the AsyncLLM; returns facts about the running engine."""
+    def model_dir_on_node(self) -> bool:
+        """Whether ``model.path`` can be read on this replica's node (else the driver ships the files to start)."""
+        return node_files.path_is_on_this_node(self.model_path)
+
+    def use_model_dir_on_node(self, model_files: Mapping[str, bytes] | None = None) -> str:
+        """The model directory this replica loads: ``model.path`` if its node has it, else the driver's
+        shipped ``model_files`` written to a node-local cache (``node_files.local_dir``); raises if neither."""
+        self.model_path = node_files.local_dir(self.model_path, model_files)
+        if not node_files.path_is_on_this_node(self.model_path):
+            raise EngineStartupError(
+                f"model.path {self.model_path!r} does not exist on node {platform.node()!r} (this engine replica's "
+                "node) and the driver had no files to ship: run `roll-async make-tiny-model`, set model.path to a "
+                "local HF model directory on the driver, or put it on a filesystem every node shares"
+            )
+        return self.model_path
+
+    async def start(self, model_files: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+        """Build the AsyncLLM; returns facts about the running engine.
+
+        ``model_files``: the model directory's files, given (by ``launch_engines``) only when this node lacks it.
+        """
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if not os.path.exists(self.model_path) and self.model_path.startswith(("/", ".", "~")):
-            raise EngineStartupError(
-                f"model path {self.model_path!r} does not exist; run `roll-async make-tiny-model` "
-                "or set model.path to a local HF model directory"
-            )
+        shipped = model_files is not None
+        self.use_model_dir_on_node(model_files)
         args = build_engine_args(self.model_path, self.config)
         try:
             self._llm = AsyncLLM.from_engine_args(
@@ -160,6 +179,7 @@ class VLLMEngine:
         await self._warm_up()
         self._info = {
             "model": self.model_path,
+            "model_files_shipped": shipped,
             "max_model_len": self._max_model_len,
             "device": "cpu" if is_cpu_platform() else "cuda",
             "pid": os.getpid(),

@@ -103,3 +103,38 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(engine, victi
         assert later[-1]["router/replica_0/requests"] > metrics0["router/replica_0/requests"]
     finally:
         await scheduler.shutdown()
+
+
+async def test_a_weight_sync_after_the_death_goes_to_the_survivor_and_it_still_generates(
+    engine, victim_engine, tiny_model_path, tokenizer
+):
+    """The driver side of failover: the pipeline's weight push (EngineReplicaFleet) skips the killed replica."""
+    import glob
+    import uuid
+
+    import ray
+    from safetensors.torch import load_file
+
+    from roll_async.engine.replica_fleet import EngineReplicaFleet
+    from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+    from roll_async.protocol import GenerationRequest
+
+    ray.kill(victim_engine, no_restart=True)  # already dead after the test above; killing again is a no-op
+    fleet = EngineReplicaFleet([engine, victim_engine])
+    version = await engine.get_weight_version.remote()
+    # The tiny model's own weights: the shared session engine keeps its behaviour for later tests.
+    buckets = put_buckets(pack_weight_buckets(load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])))
+    updated = await asyncio.wait_for(fleet.push_weights(buckets, version + 1, in_flight="abort"), 300)
+    assert updated == [0] and fleet.live_indices == [0]
+    assert fleet.metrics() == {"engine/live_replicas": 1.0}
+    assert 1 in fleet.dead_reasons
+    assert await fleet.weight_version() == version + 1
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Move."}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    request = GenerationRequest(
+        request_id=f"after-failover-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, max_tokens=4,
+        temperature=0.0, ignore_eos=True,
+    )
+    result = await asyncio.wait_for(engine.generate.remote(request), 120)  # resumed, not left paused
+    assert len(result.output_token_ids) == 4 and result.weight_version == version + 1
