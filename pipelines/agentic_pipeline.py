@@ -71,14 +71,15 @@ class AgenticPipeline:
 
     def _prepare_trainer(self) -> dict[str, float]:
         """Build the trainer, resume or warm start it; all before any actor exists."""
-        from roll_async.trainer import build_trainer, build_sft_examples, run_sft
+        from roll_async.trainer import build_sft_examples
+        from roll_async.trainer.placement import build_placed_trainer, sft_warm_start
 
         config = self.config
         self.model_path, self.tokenizer = preflight(config)
         # The distribution train rollouts sample from, engine-side logit bias included (the trainer scores under it).
         self.train_sampling = SamplingSettings.from_generation(config.generation, input_only_logit_bias(self.model_path))
         try:
-            self.trainer = build_trainer(config.trainer, self.model_path)
+            self.trainer = build_placed_trainer(config.trainer, self.model_path, ensure_ray=self._ensure_ray)
         except ConfigError:
             raise
         except Exception as exc:
@@ -110,22 +111,28 @@ class AgenticPipeline:
         )
         if not examples:
             raise ConfigError(f"sft_warmup: the expert of custom_envs.{tag} solved none of {warm.num_demos} seeds")
-        sft_metrics = run_sft(
+        sft_metrics = sft_warm_start(
             self.trainer, examples, steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size,
             pad_token_id=self.tokenizer.pad_token_id, seed=config.seed,
         )
         logger.info("SFT warm start: %s", sft_metrics)
         return sft_metrics
 
-    async def _start_actors(self) -> None:
+    def _ensure_ray(self) -> None:
+        """Start or join Ray once per run (a trainer actor needs it before the engines start)."""
         import ray
 
+        if not ray.is_initialized():
+            self._owns_ray = True
+            config = self.config
+            init_ray(config.ray_address, config.ray_num_cpus, log_dir=self.run_dir.logs if self.run_dir else None)
+
+    async def _start_actors(self) -> None:
         from roll_async.engine.engine_actor import launch_engines
         from roll_async.scheduler import RolloutScheduler, ValidationScheduler
 
         config = self.config
-        self._owns_ray = not ray.is_initialized()
-        init_ray(config.ray_address, config.ray_num_cpus, log_dir=self.run_dir.logs if self.run_dir else None)
+        self._ensure_ray()
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
         self.fleet = EngineReplicaFleet(self.engines)  # weight syncs go on when a replica dies
@@ -153,10 +160,11 @@ class AgenticPipeline:
         if getattr(self.trainer, "simulated", False):
             await self._push_simulated_version(version, in_flight)
             return time.perf_counter() - start
-        from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+        from roll_async.trainer.placement import engine_weight_refs
 
-        # Packed once and put in the object store once for every replica (not one pickled copy per replica).
-        buckets = await asyncio.to_thread(lambda: put_buckets(pack_weight_buckets(self.trainer.state_dict_for_engine())))
+        # Packed once and put in the object store once for every replica (not one pickled copy per replica),
+        # by the process holding the trainer (a trainer actor's weights never pass through the driver).
+        buckets = await asyncio.to_thread(engine_weight_refs, self.trainer)
         await self.fleet.push_weights(buckets, version, in_flight)
         return time.perf_counter() - start
 
@@ -322,6 +330,7 @@ class AgenticPipeline:
         import ray
 
         from roll_async.engine.engine_actor import shutdown_engines
+        from roll_async.trainer.placement import release_trainer
 
         for scheduler in (self.train_scheduler, self.val_scheduler):
             if scheduler is not None:
@@ -330,6 +339,7 @@ class AgenticPipeline:
         if self._owns_engines:
             await shutdown_engines(self.engines)
             self.engines = []
+        release_trainer(self.trainer)
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

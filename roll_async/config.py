@@ -164,6 +164,11 @@ class TrainerConfig:
     simulate_step_s: float = 0.0
     #: With simulate_step_s: seconds each weight sync takes (engines paused as for a real sync; no weights move).
     simulate_sync_s: float = 0.0
+    #: Where the trainer runs: ``driver`` (in the pipeline's process, on ``device``) or ``ray_actor`` (a Ray actor
+    #: holding ``num_gpus`` GPUs that Ray assigns; weights go from it to the engines through the object store).
+    placement: str = "driver"
+    #: ray_actor only: GPUs the trainer actor reserves (fractions allowed); 0 trains on the actor's CPU.
+    num_gpus: float = 0.0
 
 
 @dataclass
@@ -577,6 +582,7 @@ def _validate_training(config: PipelineConfig) -> None:
             "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
         )
+    _validate_trainer_placement(trainer)
     if config.weight_sync.in_flight not in ("abort", "wait", "keep"):
         raise ConfigError(
             f"weight_sync.in_flight='{config.weight_sync.in_flight}' is unknown; use abort, wait or keep"
@@ -585,3 +591,26 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(f"weight_sync.interval={config.weight_sync.interval}: must be >= 1")
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
         raise ConfigError(f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]")
+
+
+def _validate_trainer_placement(trainer: TrainerConfig) -> None:
+    """trainer.placement / num_gpus: only an actor gets GPUs from Ray, and a GPU device needs one."""
+    if trainer.placement not in ("driver", "ray_actor"):
+        raise ConfigError(f"trainer.placement='{trainer.placement}' is unknown; use driver or ray_actor")
+    if trainer.num_gpus < 0:
+        raise ConfigError(f"trainer.num_gpus={trainer.num_gpus}: must be >= 0")
+    if trainer.placement == "driver" and trainer.num_gpus > 0:
+        raise ConfigError(
+            f"trainer.num_gpus={trainer.num_gpus} needs trainer.placement=ray_actor (the driver process gets no GPU "
+            "from Ray); set trainer.placement=ray_actor, or trainer.num_gpus=0 to train in the driver"
+        )
+    if trainer.placement == "ray_actor" and trainer.simulate_step_s > 0:
+        raise ConfigError(
+            "trainer.placement=ray_actor with trainer.simulate_step_s > 0: the simulated trainer loads no model and "
+            "runs in the driver; set trainer.placement=driver"
+        )
+    if trainer.placement == "ray_actor" and trainer.num_gpus == 0 and trainer.device.startswith("cuda"):
+        raise ConfigError(
+            f"trainer.device={trainer.device!r} with trainer.placement=ray_actor and trainer.num_gpus=0: Ray gives the "
+            "actor no GPU; set trainer.num_gpus (e.g. 1) or trainer.device=auto"
+        )

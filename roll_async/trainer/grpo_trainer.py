@@ -62,10 +62,15 @@ _DTYPES = {
 }
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` means CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+def resolve_device(device: str, ray_gpu_ids: list[Any] | None = None) -> torch.device:
+    """``auto`` means CUDA when available, else CPU; anything else is passed to ``torch.device``.
+
+    ``ray_gpu_ids``: in a Ray actor, the GPUs Ray assigned it (``ray.get_gpu_ids()``); ``auto`` then means
+    CUDA only if that list is not empty, so an actor given no GPU never takes one it can see.
+    """
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        assigned = ray_gpu_ids is None or len(ray_gpu_ids) > 0
+        return torch.device("cuda" if assigned and torch.cuda.is_available() else "cpu")
     return torch.device(device)
 
 

@@ -1,0 +1,213 @@
+"""Where the trainer runs: in the driver process, or in a Ray actor holding the GPUs Ray gives it.
+
+``trainer.placement: driver`` (default) builds the trainer in the pipeline's
+process, as before. ``trainer.placement: ray_actor`` builds it inside a
+:class:`TrainerActor` created with ``num_gpus=trainer.num_gpus`` and one CPU, so
+on a cluster Ray puts the trainer on a node with a free GPU and assigns it one;
+the device is then chosen by :func:`~roll_async.trainer.grpo_trainer.resolve_device`
+from the GPUs Ray assigned (``trainer.device`` still wins when set explicitly).
+The pipeline holds a :class:`TrainerActorClient`, which has the Trainer methods,
+so its code is the same for both placements; the few operations that differ go
+through the functions below (one place for the placement decision):
+
+* :func:`engine_weight_refs`: the weights packed in safetensors buckets and
+  ``ray.put`` by the process holding the trainer; with an actor they go trainer ->
+  object store -> engine replicas, never through the driver.
+* :func:`sft_warm_start`: the SFT warm start runs where the model is.
+* :func:`release_trainer`: the actor is killed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from roll_async.config import TrainerConfig
+from roll_async.trainer.base import Trainer, build_trainer
+
+logger = logging.getLogger(__name__)
+
+#: CPUs the trainer actor reserves (it trains; it should not share its core with an env worker).
+TRAINER_ACTOR_CPUS = 1
+
+
+def pack_and_put_weights(trainer: Trainer) -> list[Any]:
+    """The trainer's weights for the engines: safetensors buckets, each ``ray.put`` once by the calling process."""
+    from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+
+    return put_buckets(pack_weight_buckets(trainer.state_dict_for_engine()))
+
+
+class TrainerActor:
+    """Holds the trainer in its own Ray worker process; created by :meth:`TrainerActorClient.start`."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.device = ""
+
+    def build(self, config: TrainerConfig, model_path: str) -> dict[str, Any]:
+        """Build the trainer on the device the GPUs Ray assigned this actor call for; return where it runs."""
+        import ray
+
+        from roll_async.trainer.grpo_trainer import resolve_device
+
+        gpu_ids = ray.get_gpu_ids()
+        self.device = str(resolve_device(config.device, gpu_ids))
+        self.trainer = build_trainer(dataclasses.replace(config, device=self.device), model_path)
+        return self.placement()
+
+    def placement(self) -> dict[str, Any]:
+        """Node, assigned resources and device: what the pipeline logs and tests check."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "assigned_resources": dict(context.get_assigned_resources()),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": self.device,
+        }
+
+    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+        return self.trainer.train_step(batch, step)
+
+    def state_dict_for_engine(self) -> dict[str, Any]:
+        return self.trainer.state_dict_for_engine()
+
+    def engine_weight_refs(self) -> list[Any]:
+        # Owned by this actor, which lives for the run; the engines borrow them through the driver's refs.
+        return pack_and_put_weights(self.trainer)
+
+    def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> None:
+        self.trainer.save_checkpoint(directory, extra_state)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(directory)
+
+    def run_sft(self, examples: list[Any], kwargs: dict[str, Any]) -> dict[str, float]:
+        from roll_async.trainer.sft import run_sft
+
+        return run_sft(self.trainer, examples, **kwargs)
+
+
+class TrainerActorClient:
+    """The pipeline's handle on a :class:`TrainerActor`: the Trainer methods, each a blocking Ray call.
+
+    Errors raised in the actor (NonFiniteLossError, ConfigError, ...) are re-raised here as
+    themselves, so the pipeline handles them as with a trainer in its own process.
+    """
+
+    #: A real trainer (the simulated one stays in the driver; config validation rejects it here).
+    simulated = False
+
+    def __init__(self, actor: Any, placement: dict[str, Any]) -> None:
+        self.actor = actor
+        #: Where the actor runs: node_id, assigned_resources, gpu_ids, device.
+        self.placement = placement
+
+    @classmethod
+    def start(cls, config: TrainerConfig, model_path: str) -> TrainerActorClient:
+        """Create the actor with ``num_gpus=config.num_gpus`` and build the trainer in it (Ray must be up)."""
+        import ray
+
+        from roll_async.config import ConfigError
+
+        cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        if config.num_gpus > cluster_gpus:
+            # The actor would wait for resources forever; say so now.
+            raise ConfigError(
+                f"trainer.num_gpus={config.num_gpus} but the Ray cluster has {cluster_gpus:g} GPU(s); lower "
+                "trainer.num_gpus or join a cluster with GPUs (ray_address)"
+            )
+        actor = (
+            ray.remote(TrainerActor)
+            .options(num_cpus=TRAINER_ACTOR_CPUS, num_gpus=config.num_gpus, max_restarts=0)
+            .remote()
+        )
+        try:
+            placement = _call(actor.build, config, model_path)
+        except BaseException:
+            ray.kill(actor)
+            raise
+        logger.info(
+            "trainer actor on node %s, GPUs %s, device %s", placement["node_id"][:12], placement["gpu_ids"] or "none",
+            placement["device"],
+        )
+        return cls(actor, placement)
+
+    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+        return _call(self.actor.train_step, batch, step)
+
+    def state_dict_for_engine(self) -> dict[str, Any]:
+        """The weights copied into this process; the pipeline uses :meth:`engine_weight_refs` instead."""
+        return _call(self.actor.state_dict_for_engine)
+
+    def engine_weight_refs(self) -> list[Any]:
+        """Refs to the weight buckets the actor packed and put in the object store itself."""
+        return _call(self.actor.engine_weight_refs)
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+        """Written by the actor on its node: with several nodes, ``output_dir`` must be a shared path."""
+        _call(self.actor.save_checkpoint, str(directory), extra_state)
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        return _call(self.actor.load_checkpoint, str(directory))
+
+    def run_sft(self, examples: list[Any], **kwargs: Any) -> dict[str, float]:
+        return _call(self.actor.run_sft, examples, kwargs)
+
+    def shutdown(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None
+
+
+def _call(method: Any, *args: Any) -> Any:
+    """``ray.get`` of an actor call, raising the actor's own exception rather than Ray's wrapper."""
+    import ray
+
+    try:
+        return ray.get(method.remote(*args))
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise
+
+
+# -- the placement decision, in one place ---------------------------------------------------
+
+
+def build_placed_trainer(config: TrainerConfig, model_path: str, ensure_ray: Callable[[], None]) -> Trainer:
+    """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed."""
+    if config.placement == "ray_actor":
+        ensure_ray()
+        return TrainerActorClient.start(config, model_path)
+    return build_trainer(config, model_path)
+
+
+def engine_weight_refs(trainer: Trainer) -> list[Any]:
+    """Object refs to the trainer's weight buckets, put by the process that holds the trainer."""
+    if isinstance(trainer, TrainerActorClient):
+        return trainer.engine_weight_refs()
+    return pack_and_put_weights(trainer)
+
+
+def sft_warm_start(trainer: Trainer, examples: list[Any], **kwargs: Any) -> dict[str, float]:
+    """:func:`~roll_async.trainer.sft.run_sft` where the trainer's model is."""
+    if isinstance(trainer, TrainerActorClient):
+        return trainer.run_sft(examples, **kwargs)
+    from roll_async.trainer.sft import run_sft
+
+    return run_sft(trainer, examples, **kwargs)
+
+
+def release_trainer(trainer: Any) -> None:
+    """End the trainer actor (a no-op for a trainer in the driver)."""
+    if isinstance(trainer, TrainerActorClient):
+        trainer.shutdown()
