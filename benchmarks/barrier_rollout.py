@@ -199,9 +199,16 @@ class BarrierRollout:
 
     # -- env calls ---------------------------------------------------------------------
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _inline(self, tag: str) -> bool:
+        return self.config.custom_envs[tag].isolation == "inline"
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, inline: bool = False) -> Any:
+        """``inline``: the tag's ``isolation: inline`` (sync calls on the event loop), as the EnvManagers do."""
         if asyncio.iscoroutinefunction(fn):
             return await asyncio.wait_for(fn(*args), self.timeout_s)
+        if inline:
+            result = fn(*args)
+            return await asyncio.wait_for(result, self.timeout_s) if asyncio.iscoroutine(result) else result
         future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         result = await asyncio.wait_for(future, self.timeout_s)
         if asyncio.iscoroutine(result):
@@ -213,9 +220,9 @@ class BarrierRollout:
         desired = dict(self.config.custom_envs[tag].env_config)
         try:
             if self._envs.get(env_id) is None or self._env_configs.get(env_id) != desired:
-                self._envs[env_id] = await self._call(self._factory, tag, desired)
+                self._envs[env_id] = await self._call(self._factory, tag, desired, inline=self._inline(tag))
                 self._env_configs[env_id] = desired
-            observation, info = await self._call(self._envs[env_id].reset, episode.trajectory.seed)
+            observation, info = await self._call(self._envs[env_id].reset, episode.trajectory.seed, inline=self._inline(tag))
         except Exception as exc:  # noqa: BLE001 - an env failure ends this episode, not the benchmark
             self._envs.pop(env_id, None)
             episode.fail(exc)
@@ -253,7 +260,9 @@ class BarrierRollout:
     async def _step(self, episode: _Episode) -> None:
         started = self._clock()
         try:
-            result = await self._call(self._envs[episode.env_id].step, episode.trajectory.turns[-1].action_text)
+            result = await self._call(
+                self._envs[episode.env_id].step, episode.trajectory.turns[-1].action_text, inline=self._inline(episode.tag)
+            )
         except Exception as exc:  # noqa: BLE001
             self._envs.pop(episode.env_id, None)
             episode.fail(exc, self._clock() - started)

@@ -277,6 +277,19 @@ class RunOutput:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+def _rates(out: RunOutput) -> tuple[float, float]:
+    """(trajectories/s, tokens/s) of one run, as the rows define them (summarize_run)."""
+    summary = summarize_run(out.trajectories, wall_s=out.wall_s, windows=out.windows, batch_waits=out.waits)
+    return summary["trajectories_per_s"], summary["tokens_per_s"]
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of per-repeat figures (the values kept too)."""
+    import statistics
+
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
 def pool_runs(outputs: list[RunOutput]) -> RunOutput:
     """Repeats of one scheduler as one run: trajectories, wall time, batches and samples put together."""
     if len(outputs) == 1:
@@ -477,7 +490,13 @@ async def run_point(
         if row["repeats"] > 1:
             row["per_repeat_trajectories_per_s"] = [len(o.trajectories) / o.wall_s for o in runs[row["scheduler"]]]
     barrier = next((r for r in rows if r["scheduler"] == "barrier"), None)
+    per_repeat = {s: [_rates(o) for o in outs] for s, outs in runs.items()}
     for row in rows:
+        if barrier is not None and row["repeats"] > 1 and len(per_repeat.get("barrier", [])) == row["repeats"]:
+            # Repeat i of each scheduler ran next to repeat i of the barrier (ABBA): one ratio per pair.
+            row["speedup_vs_barrier_runs"] = _spread(
+                [mine[0] / theirs[0] for mine, theirs in zip(per_repeat[row["scheduler"]], per_repeat["barrier"])]
+            )
         if barrier is not None and barrier["trajectories_per_s"] > 0:
             row["speedup_vs_barrier"] = row["trajectories_per_s"] / barrier["trajectories_per_s"]
             row["token_speedup_vs_barrier"] = row["tokens_per_s"] / barrier["tokens_per_s"] if barrier["tokens_per_s"] > 0 else math.nan
@@ -496,6 +515,8 @@ async def run_point(
                 ceiling_tokens_per_s=c["tokens_per_s"],
                 tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"] if c["tokens_per_s"] > 0 else math.nan,
             )
+            if row["repeats"] > 1 and c["tokens_per_s"] > 0:
+                row["tokens_vs_ceiling_runs"] = _spread([tok / c["tokens_per_s"] for _, tok in per_repeat[row["scheduler"]]])
         print(f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s", flush=True)
     return rows
 
@@ -606,15 +627,32 @@ def headline(result: dict[str, Any]) -> list[str]:
         seen.add(row["workload"])
         point = [r for r in result["rows"] if r["workload"] == row["workload"] and r["point"] == row["point"]]
         parts = [f"**{row['workload']}** ({row['point']}, {row['num_envs']} envs)"]
-        if "speedup_vs_barrier" in row:
+        if "speedup_vs_barrier_runs" in row:
+            runs = row["speedup_vs_barrier_runs"]
+            parts.append(
+                f"per-env ÷ barrier: **{runs['median']:.2f}x** trajectories/s (median of {len(runs['values'])} paired "
+                f"runs, {runs['min']:.2f}–{runs['max']:.2f}; pooled {row['speedup_vs_barrier']:.2f}x)"
+            )
+        elif "speedup_vs_barrier" in row:
             parts.append(
                 f"per-env ÷ barrier: **{row['speedup_vs_barrier']:.2f}x** trajectories/s, "
                 f"{row['token_speedup_vs_barrier']:.2f}x tokens/s"
             )
         sync = [r for r in point if r["scheduler"] == "per_env_sync"]
-        if sync and "speedup_vs_barrier" in sync[0]:
+        if sync and "speedup_vs_barrier_runs" in sync[0]:
+            runs = sync[0]["speedup_vs_barrier_runs"]
+            parts.append(f"per-env sync ÷ barrier: {runs['median']:.2f}x ({runs['min']:.2f}–{runs['max']:.2f})")
+        elif sync and "speedup_vs_barrier" in sync[0]:
             parts.append(f"per-env sync ÷ barrier: {sync[0]['speedup_vs_barrier']:.2f}x")
-        if "tokens_vs_ceiling" in row:
+        if "tokens_vs_ceiling_runs" in row:
+            runs = row["tokens_vs_ceiling_runs"]
+            text = (f"per-env ÷ ceiling: **{runs['median']:.2f}** (tokens/s; median of {len(runs['values'])} runs, "
+                    f"{runs['min']:.2f}–{runs['max']:.2f})")
+            barrier = [r for r in point if r["scheduler"] == "barrier"]
+            if barrier and "tokens_vs_ceiling_runs" in barrier[0]:
+                text += f", barrier ÷ ceiling: {barrier[0]['tokens_vs_ceiling_runs']['median']:.2f}"
+            parts.append(text)
+        elif "tokens_vs_ceiling" in row:
             barrier = [r for r in point if r["scheduler"] == "barrier"]
             text = f"per-env ÷ ceiling: **{row['tokens_vs_ceiling']:.2f}** (tokens/s)"
             if barrier and "tokens_vs_ceiling" in barrier[0]:
@@ -718,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=None, help="run only these workloads")
     parser.add_argument("--num-batches", type=int, default=None, help="override num_batches for every workload")
     parser.add_argument("--max-points", type=int, default=None, help="run only the first N grid points of each workload")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="override every workload's repeats (ABBA order); ratios get a median and min-max over repeats")
     parser.add_argument("--name", default=None, help="results file stem (default: env_grouping_<cpu|gpu>_<config name>)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the runs the config describes and exit")
@@ -749,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.num_batches = args.num_batches
         if args.max_points:
             w.grid = w.grid[: args.max_points]
+        if args.repeats:
+            w.repeats = args.repeats
     if args.dry_run:
         for w in bench.workloads:
             for p in w.grid:

@@ -164,6 +164,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One scale point in this process."""
     from benchmarks.sim_engine import SimEngine
     from roll_async.model.tiny import resolve_model_path
+    from roll_async.gc_tuning import tune_gc_for_env_loops
     from roll_async.scheduler.local import LocalRolloutScheduler
     from roll_async.tokenization import load_tokenizer
 
@@ -180,6 +181,8 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     cpu_build0 = time.process_time()
     scheduler = LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer)
     build_cpu = time.process_time() - cpu_build0
+    # This process stands for an EnvManagerWorker (it hosts the env loops only), so it takes a worker's GC settings.
+    tune_gc_for_env_loops(config.train_env_manager.worker_gc_threshold)
     queue_meter = QueueCpuMeter(scheduler.group_queue)
     rss_built = _rss_bytes()
     peak = [rss_built]

@@ -25,6 +25,7 @@ from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeSche
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
 from roll_async import node_files
+from roll_async.gc_tuning import tune_gc_for_env_loops
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient, Router
 from roll_async.env_service.placement import env_builder
@@ -294,6 +295,7 @@ class EnvManagerWorker:
             on_recover=lambda env_id: scheduler_handle.clear_stalled.remote(env_id),
             on_fatal=lambda message: scheduler_handle.report_fatal.remote(f"worker {worker_index}: {message}"),
         )
+        tune_gc_for_env_loops(em.worker_gc_threshold)  # this process hosts env loops only (roll_async/gc_tuning.py)
 
     async def run(self) -> None:
         """Returns when every loop ended (scheduler shut down); raises when one died."""

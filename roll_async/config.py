@@ -110,6 +110,9 @@ class EnvManagerConfig:
     env_step_timeout_s: float = 60.0
     #: Threads per worker for synchronous env reset/step calls.
     env_threads_per_worker: int = 8
+    #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
+    #: worker built (roll_async/gc_tuning.py); 0 keeps Python's default (700).
+    worker_gc_threshold: int = 50_000
     #: Ray CPUs reserved by each EnvManagerWorker actor.
     num_cpus_per_worker: float = 0.0
     #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
@@ -407,6 +410,8 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
         raise ConfigError(f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1")
     if em.max_worker_restarts < 0:
         raise ConfigError(f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0")
+    if em.worker_gc_threshold < 0:
+        raise ConfigError(f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)")
     if em.env_step_timeout_s <= 0:
         raise ConfigError(f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds")
     if not em.tags:
