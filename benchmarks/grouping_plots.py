@@ -139,7 +139,7 @@ def plot_scale(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[0].plot(envs, [r["scheduler_cpu_us_per_trajectory"] for r in rows], marker="o", label="per trajectory")
     axes[0].plot(envs, [r["scheduler_cpu_us_per_turn"] for r in rows], marker="s", label="per turn")
-    axes[0].set_title("rollout-side CPU (µs), simulator excluded", fontsize=10)
+    axes[0].set_title("scheduler CPU (µs): rollout side minus simulator and env calls", fontsize=10)
     axes[1].plot(envs, [r["rss_kb_per_env_built"] for r in rows], marker="o", label="after build")
     axes[1].plot(envs, [r["rss_kb_per_env_peak"] for r in rows], marker="s", label="peak while running")
     axes[1].set_title("memory per env (KB, RSS delta / envs)", fontsize=10)

@@ -174,6 +174,9 @@ class ChatPromptBuilder:
 
     def decode(self, token_ids: list[int]) -> str:
         """Text handed to the env: special tokens (EOS) removed."""
+        if self._backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
+            # What transformers' decode returns without clean-up, minus its per-id list conversion.
+            return self._backend.decode(token_ids, skip_special_tokens=True)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _reference(self) -> list[dict[str, str]]:
