@@ -1,10 +1,25 @@
-"""Starting and joining Ray the same way everywhere (pipelines, tests, benchmarks)."""
+"""Starting and joining Ray the same way everywhere (pipelines, tests, benchmarks), and reading its errors."""
 
 from __future__ import annotations
 
 import os
 
-import ray
+
+def actor_death_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a call on an actor whose process is gone (killed, crashed), as opposed to one that raised."""
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:  # an old Ray: RayActorError covers both
+        from ray.exceptions import RayActorError
+
+        return (RayActorError,)
+    return (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """Ray wraps an actor's exception; the original (e.g. EngineStartupError) when it has one."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, log_dir: str | os.PathLike[str] | None = None) -> None:
@@ -13,6 +28,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_dir: s
     ``log_dir``: worker processes (engines, env workers, their children) write their output there instead of
     the driver's console (roll_async.logs).
     """
+    import ray
+
     if ray.is_initialized():
         return
     # Quiet, offline-friendly defaults: no dashboard, no usage reporting, vLLM warnings only

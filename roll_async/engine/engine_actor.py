@@ -15,6 +15,7 @@ import ray
 from roll_async import node_files
 from roll_async.config import EngineConfig
 from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
+from roll_async.ray_utils import unwrap_ray_error
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +26,6 @@ ACTOR_MAX_CONCURRENCY = 100_000
 def _gpus_per_replica(config: EngineConfig) -> float:
     has_gpu = ray.cluster_resources().get("GPU", 0) > 0
     return float(config.tensor_parallel_size) if has_gpu else 0.0
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """Ray wraps actor exceptions; surface the original (e.g. EngineStartupError) when it has one."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
 
 
 async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, Any]]:
@@ -84,7 +79,7 @@ async def launch_engines(
         ) from None
     except Exception as exc:
         await shutdown_engines(actors)
-        original = _unwrap(exc)
+        original = unwrap_ray_error(exc)
         if isinstance(original, EngineStartupError):
             raise EngineStartupError(str(original)) from None
         raise EngineStartupError(f"engine failed to start: {type(original).__name__}: {original}") from None

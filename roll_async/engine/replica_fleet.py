@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from roll_async import metrics as m
-from roll_async.engine.router import NoLiveReplicaError, _ray_actor_dead_errors
+from roll_async.engine.router import NoLiveReplicaError
+from roll_async.ray_utils import actor_death_errors
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class EngineReplicaFleet:
 
     def __init__(self, handles: Sequence[Any], dead_errors: tuple[type[BaseException], ...] | None = None) -> None:
         self.handles = list(handles)
-        self._dead_errors = dead_errors or _ray_actor_dead_errors()
+        self._dead_errors = dead_errors or actor_death_errors()
         self.dead_reasons: dict[int, str] = {}
 
     @property

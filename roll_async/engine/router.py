@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.ray_utils import actor_death_errors
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +62,6 @@ class NoLiveReplicaError(RuntimeError):
     """Every engine replica died; the rollout cannot continue."""
 
 
-def _ray_actor_dead_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-    except ImportError:  # an old Ray: RayActorError covers both
-        from ray.exceptions import RayActorError
-
-        return (RayActorError,)
-    return (RayActorError, ActorDiedError, ActorUnavailableError)
-
-
 async def _call_stats(replica: Any) -> Any:
     result = replica.stats()  # an async client, or an in-process engine object whose stats() is sync
     return await result if inspect.isawaitable(result) else result
@@ -81,7 +72,7 @@ class RayEngineClient:
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        self._dead_errors = _ray_actor_dead_errors()
+        self._dead_errors = actor_death_errors()
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         try:

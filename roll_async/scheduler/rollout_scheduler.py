@@ -43,6 +43,7 @@ from roll_async.config import PipelineConfig, validate_config
 from roll_async import node_files
 from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.ray_utils import actor_death_errors, unwrap_ray_error
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
 
 logger = logging.getLogger(__name__)
@@ -142,20 +143,6 @@ async def _gather_quietly(refs: list[Any]) -> list[Any]:
         return []
 
 
-def _unwrap_ray_error(exc: BaseException) -> BaseException:
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
-
-
-def _is_actor_death(exc: BaseException | None) -> bool:
-    """True when a worker's process is gone (killed, crashed), as opposed to its loops raising."""
-    if exc is None:
-        return False
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-    return isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError))
-
-
 class RolloutScheduler:
     """Creates and drives the rollout actors; see the module docstring."""
 
@@ -219,7 +206,7 @@ class RolloutScheduler:
             await asyncio.gather(*(w.describe.remote() for w in self._workers))  # surfaces constructor errors now
         except Exception as exc:
             await self._kill_actors()
-            raise RolloutFatalError(f"an EnvManagerWorker failed to start: {_unwrap_ray_error(exc)}") from exc
+            raise RolloutFatalError(f"an EnvManagerWorker failed to start: {unwrap_ray_error(exc)}") from exc
         await self._queue.set_workers.remote({env_id: self._workers[i] for i, chunk in enumerate(chunks) for env_id, _ in chunk})
         self._run_futures = [asyncio.wrap_future(w.run.remote().future()) for w in self._workers]
         self._started = True
@@ -246,7 +233,7 @@ class RolloutScheduler:
 
         self.worker_restarts += 1
         self._incarnations[index] += 1
-        reason = f"{type(_unwrap_ray_error(cause)).__name__}: {_unwrap_ray_error(cause)}"
+        reason = f"{type(unwrap_ray_error(cause)).__name__}: {unwrap_ray_error(cause)}"
         logger.warning(
             "EnvManagerWorker %d died (%s); restarting it (restart %d of at most %d)",
             index, reason.splitlines()[0], self.worker_restarts, env_manager_config(self.config, self.which).max_worker_restarts,
@@ -261,7 +248,7 @@ class RolloutScheduler:
         except Exception as exc:
             raise RolloutFatalError(
                 f"EnvManagerWorker {index} died ({reason.splitlines()[0]}) and its replacement failed to start: "
-                f"{_unwrap_ray_error(exc)}"
+                f"{unwrap_ray_error(exc)}"
             ) from exc
         env_ids = [env_id for env_id, _ in self._chunks[index]]
         await self._queue.restart_envs.remote(env_ids, reason.splitlines()[0], self._incarnations[index])
@@ -303,7 +290,7 @@ class RolloutScheduler:
                 try:
                     return result_future.result()
                 except RolloutFatalError as exc:
-                    raise RolloutFatalError(str(_unwrap_ray_error(exc))) from None
+                    raise RolloutFatalError(str(unwrap_ray_error(exc))) from None
             ended = next(f for f in self._run_futures if f in done)
             index = self._run_futures.index(ended)
             exc = ended.exception()
@@ -315,12 +302,12 @@ class RolloutScheduler:
                 result_future.cancel()
                 raise RolloutFatalError(reported) from exc
             budget = env_manager_config(self.config, self.which).max_worker_restarts
-            if _is_actor_death(exc) and self.worker_restarts < budget:
+            if isinstance(exc, actor_death_errors()) and self.worker_restarts < budget:
                 await self._restart_worker(index, exc)
                 continue
             result_future.cancel()
-            reason = f"{type(_unwrap_ray_error(exc)).__name__}: {_unwrap_ray_error(exc)}" if exc else "its env loops exited"
-            if _is_actor_death(exc):
+            reason = f"{type(unwrap_ray_error(exc)).__name__}: {unwrap_ray_error(exc)}" if exc else "its env loops exited"
+            if isinstance(exc, actor_death_errors()):
                 which = "train_env_manager" if self.which == "train" else "val_env_manager"
                 raise RolloutFatalError(
                     f"EnvManagerWorker {index} died after {self.worker_restarts} worker restarts, the budget "

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from roll_async.config import TrainerConfig
+from roll_async.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import Trainer, build_trainer
 
 logger = logging.getLogger(__name__)
@@ -174,10 +175,10 @@ def _call(method: Any, *args: Any) -> Any:
     try:
         return ray.get(method.remote(*args))
     except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException):
-            raise cause from None
-        raise
+        original = unwrap_ray_error(exc)
+        if original is exc:
+            raise
+        raise original from None
 
 
 # -- the placement decision, in one place ---------------------------------------------------
