@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_json
+from benchmarks.common import spread, write_json
 
 LONGTAIL_ENV = {
     "min_turns": 1, "max_turns": 12, "turns_alpha": 1.2, "step_latency_s": 0.2, "step_latency_sigma": 1.0,
@@ -92,10 +92,6 @@ async def run_once(mode: str, args: argparse.Namespace, step_s: float, engine: A
         "wall_s": wall,
         "load1": round(os.getloadavg()[0], 2),
     }
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

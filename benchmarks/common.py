@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,3 +71,9 @@ def write_json(name: str, payload: dict[str, Any], results_dir: Path = RESULTS_D
                "machine": machine_info(), **payload}
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of repeated measurements, with their count and the values themselves."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": list(values)}

@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import RESULTS_DIR, machine_info, write_json
+from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
 from benchmarks.grouping_stats import BatchWindow, EngineSample, mean_request_shape, summarize_run
 from roll_async.protocol import Trajectory
 
@@ -287,13 +287,6 @@ def _rates(out: RunOutput) -> tuple[float, float]:
     return summary["trajectories_per_s"], summary["tokens_per_s"]
 
 
-def _spread(values: list[float]) -> dict[str, Any]:
-    """Median, min and max of per-repeat figures (the values kept too)."""
-    import statistics
-
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
-
-
 def pool_runs(outputs: list[RunOutput]) -> RunOutput:
     """Repeats of one scheduler as one run: trajectories, wall time, batches and samples put together."""
     if len(outputs) == 1:
@@ -498,7 +491,7 @@ async def run_point(
     for row in rows:
         if barrier is not None and row["repeats"] > 1 and len(per_repeat.get("barrier", [])) == row["repeats"]:
             # Repeat i of each scheduler ran next to repeat i of the barrier (ABBA): one ratio per pair.
-            row["speedup_vs_barrier_runs"] = _spread(
+            row["speedup_vs_barrier_runs"] = spread(
                 [mine[0] / theirs[0] for mine, theirs in zip(per_repeat[row["scheduler"]], per_repeat["barrier"])]
             )
         if barrier is not None and barrier["trajectories_per_s"] > 0:
@@ -520,7 +513,7 @@ async def run_point(
                 tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"] if c["tokens_per_s"] > 0 else math.nan,
             )
             if row["repeats"] > 1 and c["tokens_per_s"] > 0:
-                row["tokens_vs_ceiling_runs"] = _spread([tok / c["tokens_per_s"] for _, tok in per_repeat[row["scheduler"]]])
+                row["tokens_vs_ceiling_runs"] = spread([tok / c["tokens_per_s"] for _, tok in per_repeat[row["scheduler"]]])
         print(f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s", flush=True)
     return rows
 

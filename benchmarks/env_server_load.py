@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import time
 from typing import Any
 
-from benchmarks.common import write_json
+from benchmarks.common import spread, write_json
 from roll_async.metrics import percentile
 
 WRONG_ANSWER = "<answer>1 + 1</answer>"  # well formed, (almost always) not the target: episodes run to max_steps
@@ -90,8 +89,7 @@ async def one_run(url: str, sessions: int, duration_s: float, max_requests: int)
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("sessions_held", "requests_per_s", "latency_p50_ms", "latency_p99_ms", "errors", "requests", "episodes"):
-        values = [r[key] for r in runs]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        out[key] = spread([r[key] for r in runs])
     return out
 
 

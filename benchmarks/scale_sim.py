@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, write_json
+from benchmarks.common import RESULTS_DIR, spread, write_json
 from benchmarks.sim_engine import DecodeLatencyModel
 
 DEFAULT_CALIBRATION = RESULTS_DIR / "engine_ceiling_cpu.json"
@@ -440,8 +440,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarize_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per env count: median, min and max over the runs of the CPU figures."""
-    import statistics
-
     out = []
     for n in sorted({r["num_envs"] for r in rows}):
         runs = [r for r in rows if r["num_envs"] == n]
@@ -450,7 +448,7 @@ def summarize_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "rollout_cpu_us_per_trajectory", "seat_wakeups_per_trajectory", "tokens_vs_sim_ceiling"):
             values = [r[key] for r in runs if key in r]
             if values:
-                entry[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+                entry[key] = spread(values)
         out.append(entry)
     return out
 
