@@ -737,7 +737,8 @@ class EnvManager:
     async def _run_with_timeout(
         self, fn: Callable[..., Any], *args: Any, what: str, env: Any = None, timeout: float | None = None
     ) -> Any:
-        """Await ``fn(*args)`` (async) or run it in the thread pool (sync), within env_step_timeout_s.
+        """Await ``fn(*args)`` (async) or run it in the thread pool (sync; on the loop with ``isolation: inline``),
+        within env_step_timeout_s.
 
         The timeout counts from when the call starts running, not while it waits for a free thread. An
         interrupted sync call (timeout or cancellation) keeps its thread until it returns; then ``env`` (or,
@@ -750,15 +751,13 @@ class EnvManager:
             if inspect.iscoroutinefunction(fn):
                 async with asyncio.timeout(timeout):  # one deadline for the call; no extra Task per call
                     result = await fn(*args)
-            elif self._inline:
-                result = self._call_inline(fn, args, env, timeout, what)
-                if inspect.isawaitable(result):
-                    async with asyncio.timeout(timeout):
-                        result = await result
             else:
-                thread_call = _ThreadCall(fn, args, env)
-                result = await thread_call.run(self._executor, timeout)
-                self.stats.env_cpu_s += thread_call.cpu_s
+                if self._inline:
+                    result = self._call_inline(fn, args, env, timeout)
+                else:
+                    thread_call = _ThreadCall(fn, args, env)
+                    result = await thread_call.run(self._executor, timeout)
+                    self.stats.env_cpu_s += thread_call.cpu_s
                 if inspect.isawaitable(result):
                     async with asyncio.timeout(timeout):
                         result = await result
@@ -781,7 +780,7 @@ class EnvManager:
             self._env_dirty = True
             raise EnvCallError(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
-    def _call_inline(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any, timeout: float, what: str) -> Any:
+    def _call_inline(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any, timeout: float) -> Any:
         """``isolation: inline``: call on the event loop; an overrun is a timeout once the call returns."""
         started, cpu0 = time.monotonic(), time.thread_time()
         result = fn(*args)

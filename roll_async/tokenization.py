@@ -51,7 +51,7 @@ from typing import Any
 
 #: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
-#: Texts whose ids a builder keeps (first prompts, user turns): ~100 KB per 100 entries of ~100 tokens.
+#: Texts whose ids a builder keeps, per cache (first prompts, user turns): ~4 KB per text of ~100 tokens.
 _TEXT_CACHE_SIZE = 4096
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
 _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
