@@ -52,6 +52,8 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: FinishReason
     weight_version: int
+    #: The engine's own detokenization: only where the request had stop strings (else ""); callers decode
+    #: ``output_token_ids`` with their prompt builder.
     text: str = ""
     num_prompt_tokens: int = 0
     #: The weight version that sampled each output token (same length as ``output_token_ids``);

@@ -231,10 +231,14 @@ class VLLMEngine:
             stop=list(request.stop) or None,
             seed=request.seed,
             logprobs=0 if request.logprobs else None,
+            flat_logprobs=True,  # a few flat lists per request instead of a dict and a Logprob object per token
             ignore_eos=request.ignore_eos,
             logit_bias=self._input_only_bias,
             include_stop_str_in_output=True,  # token ids and text must agree for token-in/token-out
             output_kind=RequestOutputKind.FINAL_ONLY,
+            # Callers decode ids themselves (token-in/token-out), so vLLM's incremental detokenizer (every
+            # token of every request, in the engine's front-end process) is only paid where stop strings need it.
+            detokenize=bool(request.stop),
         )
 
     def _check_request(self, request: GenerationRequest) -> None:
@@ -414,10 +418,20 @@ class VLLMEngine:
 
 
 def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
-    """vLLM returns one {token_id: Logprob} map per position; keep the sampled token's value."""
+    """The sampled token's logprob at each position, from vLLM's flat logprobs or its {token_id: Logprob} maps."""
     if entries is None:
         return [0.0] * len(token_ids)
-    values: list[float] = []
+    starts = getattr(entries, "start_indices", None)
+    if starts is not None:  # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
+        ids, flat, ends = entries.token_ids, entries.logprobs, entries.end_indices
+        values = []
+        for position, token_id in enumerate(token_ids):
+            start = starts[position]
+            if ids[start] != token_id:  # not first: look through the position's entries
+                start += ids[start:ends[position]].index(token_id)
+            values.append(float(flat[start]))
+        return values
+    values = []
     for position, token_id in enumerate(token_ids):
         entry = entries[position]
         values.append(float(entry[token_id].logprob))

@@ -1,10 +1,10 @@
-"""The vLLM wrapper's translation of finish reasons and per-token weight-version spans (no engine needed)."""
+"""The vLLM wrapper's translation of finish reasons, per-token weight-version spans and logprobs (no engine needed)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll_async.engine.vllm_engine import _token_versions, engine_finish_reason
+from roll_async.engine.vllm_engine import _sampled_logprobs, _token_versions, engine_finish_reason
 
 
 @dataclass
@@ -25,3 +25,18 @@ def test_version_spans_become_one_version_per_token():
     assert _token_versions([Span("3", 0, 2), Span("4", 2, 5)], 5, fallback=9) == [3, 3, 4, 4, 4]
     assert _token_versions(None, 3, fallback=2) == [2, 2, 2]
     assert _token_versions([Span("default", 0, 2)], 2, fallback=0) == [0, 0]
+
+
+def test_sampled_logprobs_read_from_flat_and_from_per_position_maps_agree():
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    sampled = [5, 9, 5]
+    maps = [
+        {5: Logprob(-0.5, rank=1)},
+        {2: Logprob(-0.1, rank=1), 9: Logprob(-2.0, rank=3)},  # the sampled token is not the first entry
+        {5: Logprob(-1.25, rank=2)},
+    ]
+    flat = FlatLogprobs()
+    flat.extend(maps)
+    assert _sampled_logprobs(flat, sampled) == _sampled_logprobs(maps, sampled) == [-0.5, -2.0, -1.25]
+    assert _sampled_logprobs(None, sampled) == [0.0, 0.0, 0.0]
