@@ -112,7 +112,7 @@ class EnvManagerConfig:
     env_threads_per_worker: int = 8
     #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
     #: worker built (roll_async/gc_tuning.py); 0 keeps Python's default (700).
-    worker_gc_threshold: int = 50_000
+    worker_gc_threshold: int = 250_000
     #: Ray CPUs reserved by each EnvManagerWorker actor.
     num_cpus_per_worker: float = 0.0
     #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
