@@ -756,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-points", type=int, default=None, help="run only the first N grid points of each workload")
     parser.add_argument("--repeats", type=int, default=None,
                         help="override every workload's repeats (ABBA order); ratios get a median and min-max over repeats")
+    parser.add_argument("--schedulers", nargs="+", default=None, choices=SCHEDULERS,
+                        help="run only these schedulers (at every point that has them)")
     parser.add_argument("--name", default=None, help="results file stem (default: env_grouping_<cpu|gpu>_<config name>)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="print the runs the config describes and exit")
@@ -789,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
             w.grid = w.grid[: args.max_points]
         if args.repeats:
             w.repeats = args.repeats
+        if args.schedulers:
+            w.schedulers = [s for s in w.schedulers if s in args.schedulers]
+            for p in w.grid:
+                if p.schedulers:
+                    p.schedulers = [s for s in p.schedulers if s in args.schedulers]
     if args.dry_run:
         for w in bench.workloads:
             for p in w.grid:
