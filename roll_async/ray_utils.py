@@ -22,6 +22,12 @@ def unwrap_ray_error(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
+def describe_ray_error(exc: BaseException) -> str:
+    """``Type: message`` of the error under Ray's wrapper, for logs and error messages."""
+    original = unwrap_ray_error(exc)
+    return f"{type(original).__name__}: {original}"
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, log_dir: str | os.PathLike[str] | None = None) -> None:
     """Join ``address`` (a Ray cluster) or start a local instance; a no-op if Ray is already up.
 

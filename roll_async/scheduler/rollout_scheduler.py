@@ -43,7 +43,7 @@ from roll_async.config import PipelineConfig, validate_config
 from roll_async import node_files
 from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
-from roll_async.ray_utils import actor_death_errors, unwrap_ray_error
+from roll_async.ray_utils import actor_death_errors, describe_ray_error, unwrap_ray_error
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class RolloutScheduler:
 
         self.worker_restarts += 1
         self._incarnations[index] += 1
-        reason = f"{type(unwrap_ray_error(cause)).__name__}: {unwrap_ray_error(cause)}"
+        reason = describe_ray_error(cause)
         logger.warning(
             "EnvManagerWorker %d died (%s); restarting it (restart %d of at most %d)",
             index, reason.splitlines()[0], self.worker_restarts, env_manager_config(self.config, self.which).max_worker_restarts,
@@ -306,7 +306,7 @@ class RolloutScheduler:
                 await self._restart_worker(index, exc)
                 continue
             result_future.cancel()
-            reason = f"{type(unwrap_ray_error(exc)).__name__}: {unwrap_ray_error(exc)}" if exc else "its env loops exited"
+            reason = describe_ray_error(exc) if exc else "its env loops exited"
             if isinstance(exc, actor_death_errors()):
                 which = "train_env_manager" if self.which == "train" else "val_env_manager"
                 raise RolloutFatalError(
