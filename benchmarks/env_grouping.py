@@ -796,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
             for p in w.grid:
                 if p.schedulers:
                     p.schedulers = [s for s in p.schedulers if s in args.schedulers]
+            # A point whose own schedulers were all left out runs nothing (not the workload's list instead).
+            w.grid = [p for p in w.grid if (p.schedulers if p.schedulers is not None else w.schedulers)]
     if args.dry_run:
         for w in bench.workloads:
             for p in w.grid:

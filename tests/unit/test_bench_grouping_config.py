@@ -61,6 +61,13 @@ def test_dry_run_and_cli_pass_through(capsys):
     assert build_parser().parse_args(["bench", "ceiling", "--concurrency", "4"]).bench_args == ["--concurrency", "4"]
 
 
+def test_schedulers_flag_runs_only_the_named_ones_where_a_point_has_them(capsys):
+    assert main(["--dry-run", "--workloads", "longtail", "--schedulers", "per_env_first_complete"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    # Only the headline point lists first_complete; the points that name their own schedulers do not get it.
+    assert len(lines) == 1 and "8x8 W16 per_env_first_complete" in lines[0]
+
+
 def test_headline_quotes_per_env_vs_barrier_and_vs_ceiling():
     rows = [
         {"workload": "longtail", "point": "8x8 W16", "num_envs": 64, "scheduler": "per_env", "speedup_vs_barrier": 3.0,
