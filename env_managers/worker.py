@@ -248,6 +248,10 @@ class RaySchedulerClient:
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.handle.put_trajectory.remote(trajectory)
 
+    async def put_trajectory_and_next_episode(self, trajectory: Trajectory) -> EpisodeSpec | None:
+        """One round trip per episode: the finished trajectory goes with the request for the next seat."""
+        return await self.handle.put_trajectory_and_next_episode.remote(trajectory, self.incarnation)
+
 
 class EnvManagerWorker:
     """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``."""

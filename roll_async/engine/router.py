@@ -15,7 +15,8 @@ the replica with the lowest such count (ties: fewest bound episodes, then a
 rotation offset so that routers in different workers do not all favour
 replica 0). The request path does a few integer updates and no remote call; the
 polls cost ``replicas / load_poll_s`` Ray calls per second per worker, whatever
-the request rate (not yet benchmarked separately).
+the request rate (not yet benchmarked separately), and none while only one
+replica is live.
 
 Rebalanced when overloaded. At the start of a turn, an episode whose replica
 carries more than ``rebalance_ratio`` times the least loaded replica's count
@@ -151,6 +152,8 @@ class Router:
     def _maybe_poll(self) -> None:
         """Refresh the global counts in the background, at most every load_poll_s (never on the request path)."""
         if self.load_poll_s <= 0 or (self._poll_task is not None and not self._poll_task.done()):
+            return
+        if len(self._live()) < 2:  # nothing to choose between: the poll would be Ray calls for no decision
             return
         if self._clock() - self._last_poll < self.load_poll_s:
             return

@@ -100,6 +100,11 @@ class GroupQueueActor:
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.queue.put_trajectory(trajectory)
 
+    async def put_trajectory_and_next_episode(self, trajectory: Trajectory, incarnation: int = 0) -> EpisodeSpec | None:
+        """put_trajectory then next_episode for the same env, in one call from the worker."""
+        await self.queue.put_trajectory(trajectory)
+        return await self.next_episode(trajectory.env_id, incarnation)
+
     async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
         return await self.queue.get_batch(batch_size, step)
 

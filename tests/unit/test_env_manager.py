@@ -12,6 +12,7 @@ from env_managers.testing import FailurePlan, build_chatml_test_tokenizer, scrip
 from env_managers.worker import EnvManagerHost
 from roll_async.config import CustomEnvConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
 from roll_async.engine.fake_engine import FakeEngine
+from roll_async.protocol import Trajectory
 from roll_async.scheduler.group_queue import RolloutFatalError
 from roll_async.scheduler.local import LocalRolloutScheduler
 from roll_async.tokenization import ChatPromptBuilder
@@ -469,3 +470,73 @@ async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_o
     assert generated == answer_ids and trajectory.turns[0].finish_reason == "stop"
     assert scheduler.managers[0].stats.engine_retries == 1
 
+
+
+class _QueueActorInProcess:
+    """RaySchedulerClient's calls made on a GroupQueueActor object directly (no Ray), counted by method."""
+
+    def __init__(self, actor, incarnation: int = 0) -> None:
+        self.actor, self.incarnation, self.calls = actor, incarnation, {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    async def next_episode(self, env_id):
+        self._count("next_episode")
+        return await self.actor.next_episode(env_id, self.incarnation)
+
+    async def put_trajectory(self, trajectory):
+        self._count("put_trajectory")
+        await self.actor.put_trajectory(trajectory)
+
+    async def put_trajectory_and_next_episode(self, trajectory):
+        self._count("put_trajectory_and_next_episode")
+        return await self.actor.put_trajectory_and_next_episode(trajectory, self.incarnation)
+
+
+async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(tokenizer, answer_ids):
+    """Over Ray each scheduler call is a round trip: after its first episode an env makes one call per episode."""
+    from env_managers.worker import build_env_managers
+    from roll_async.scheduler.group_queue import env_layout
+    from roll_async.scheduler.rollout_scheduler import GroupQueueActor
+
+    config = make_config(num_env_groups=2, group_size=2, mode="async", max_staleness=1)
+    actor = GroupQueueActor(config, "train", start_step=0)
+    client = _QueueActorInProcess(actor)
+    em = config.train_env_manager
+    managers = build_env_managers(
+        config, "train", env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy),
+        scheduler=client, engine_for=lambda env_id: FakeEngine(lambda r: answer_ids), tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
+    host = EnvManagerHost(managers)
+    running = asyncio.create_task(host.run())
+    try:
+        served = [await actor.get_batch(4, step) for step in range(3)]
+        assert [len(batch.trajectories) for batch in served] == [4, 4, 4]
+        assert all(t.stop_reason == "terminated" for batch in served for t in batch.trajectories)
+    finally:
+        await actor.shutdown()
+        await asyncio.wait_for(running, timeout=10)
+    handed_over = client.calls["put_trajectory_and_next_episode"]
+    assert handed_over >= 12  # every served trajectory came back through the combined call
+    assert client.calls["next_episode"] == len(managers)  # the first seat of each env only
+    assert "put_trajectory" not in client.calls
+
+
+async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_back(tokenizer, answer_ids):
+    """The seat handed to a replaced worker's late call goes back to the queue (as next_episode does)."""
+    from roll_async.scheduler.rollout_scheduler import GroupQueueActor
+
+    config = make_config(num_env_groups=1, group_size=1, mode="async", max_staleness=1)
+    actor = GroupQueueActor(config, "train", start_step=0)
+    spec = await actor.next_episode(0, 0)
+    await actor.restart_envs([0], "worker died", incarnation=1)  # the episode of spec fails as env_error
+    finished = Trajectory(
+        tag=spec.tag, group_id=spec.group_id, episode_id=spec.episode_id, env_id=0, seed=spec.seed,
+        traj_id="late", created_step=spec.created_step, stop_reason="terminated",
+    )
+    assert await actor.put_trajectory_and_next_episode(finished, 0) is None
+    fresh = await asyncio.wait_for(actor.next_episode(0, 1), timeout=5)
+    assert fresh is not None  # the seat the old incarnation was given is playable by the new one
+    await actor.shutdown()

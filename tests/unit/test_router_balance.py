@@ -120,3 +120,27 @@ async def test_when_every_replica_is_dead_generate_raises():
     replicas[0].dead = replicas[1].dead = True
     with pytest.raises(NoLiveReplicaError, match="all 2 engine replicas died"):
         await router.generate(request("x"), env_key="x")
+
+
+
+class CountingReplica(FakeEngine):
+    stats_calls = 0
+
+    async def stats(self) -> dict:
+        self.stats_calls += 1
+        return await super().stats()
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+async def test_load_is_polled_only_when_there_is_a_replica_to_choose(num_replicas):
+    """With one live replica a poll would be remote calls for no routing decision."""
+    replicas = [CountingReplica() for _ in range(num_replicas)]
+    router = Router(replicas, load_poll_s=0.001)
+    for turn in range(5):
+        await router.generate(request(f"r{turn}"), env_key=turn)
+        await asyncio.sleep(0.005)
+    calls = sum(r.stats_calls for r in replicas)
+    if num_replicas == 1:
+        assert router.polls == 0 and calls == 0
+    else:
+        assert router.polls > 0 and calls > 0
