@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks import process_cpu
 from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
 from benchmarks.grouping_stats import BatchWindow, EngineSample, mean_request_shape, summarize_run
 from roll_async.protocol import Trajectory
@@ -270,6 +271,29 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+#: VLLMEngine.stats() counters per engine step (cumulative); a run keeps their change over its window.
+ENGINE_STEP_COUNTERS = ("engine_steps", "engine_step_generation_tokens", "engine_step_running_sum")
+
+
+def engine_step_notes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Engine steps and what they carried between two stats() snapshots ({} for an engine without the counters)."""
+    if not all(key in before and key in after for key in ENGINE_STEP_COUNTERS):
+        return {}
+    return {key: float(after[key]) - float(before[key]) for key in ENGINE_STEP_COUNTERS}
+
+
+def engine_step_figures(notes: dict[str, Any], wall_s: float) -> dict[str, float]:
+    """tokens/s = steps/s x generated tokens per step: slow steps (CPU contention) vs thin steps (too few requests)."""
+    steps = float(notes.get("engine_steps", 0.0))
+    if steps <= 0 or wall_s <= 0:
+        return {}
+    return {
+        "engine_steps_per_s": steps / wall_s,
+        "generation_tokens_per_step": float(notes["engine_step_generation_tokens"]) / steps,
+        "running_per_step": float(notes["engine_step_running_sum"]) / steps,
+    }
+
+
 @dataclass
 class RunOutput:
     trajectories: list[Trajectory]
@@ -338,7 +362,9 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
             await _maybe_await(scheduler.suspend(cancel_in_flight=True))
             await asyncio.sleep(warmup_s)
         notes["start_s"] = time.perf_counter() - creating
-        tokens0 = float((await ctx.stats()).get("generation_tokens", 0))
+        stats0 = await ctx.stats()
+        tokens0 = float(stats0.get("generation_tokens", 0))
+        cpu0 = process_cpu.snapshot()
         sampler.start()
         started = time.time()
         previous = started
@@ -355,7 +381,10 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
             if sync:
                 await _maybe_await(scheduler.resume())
         ended = time.time()
-        tokens1 = float((await ctx.stats()).get("generation_tokens", 0))
+        stats1 = await ctx.stats()
+        tokens1 = float(stats1.get("generation_tokens", 0))
+        notes.update(engine_step_notes(stats0, stats1))
+        notes.update(process_cpu.notes_from(cpu0, process_cpu.snapshot()))
         samples = await sampler.stop()
         if ctx.transport == "ray":
             notes["workers"] = scheduler.num_workers
@@ -375,12 +404,16 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
     barrier = BarrierRollout(config, engine=ctx.client, tokenizer=ctx.tokenizer)
     sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
     try:
-        tokens0 = float((await ctx.stats()).get("generation_tokens", 0))
+        stats0 = await ctx.stats()
+        tokens0 = float(stats0.get("generation_tokens", 0))
+        cpu0 = process_cpu.snapshot()
         sampler.start()
         started = time.time()
         rounds = await barrier.collect(config.num_batches * config.rollout_batch_size)
         ended = time.time()
-        tokens1 = float((await ctx.stats()).get("generation_tokens", 0))
+        cpu_notes = process_cpu.notes_from(cpu0, process_cpu.snapshot())
+        stats1 = await ctx.stats()
+        tokens1 = float(stats1.get("generation_tokens", 0))
         samples = await sampler.stop()
     finally:
         await sampler.stop()
@@ -388,7 +421,7 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
     trajectories = [t for r in rounds for t in r.trajectories]
     windows = [BatchWindow(r.started_at, r.finished_at, [t.finished_at for t in r.trajectories]) for r in rounds]
     waits = [r.finished_at - r.started_at for r in rounds]  # a trainer waits for the whole round
-    notes = {"rounds": len(rounds), "barrier_turns": sum(r.turns for r in rounds)}
+    notes = {"rounds": len(rounds), "barrier_turns": sum(r.turns for r in rounds), **engine_step_notes(stats0, stats1), **cpu_notes}
     return RunOutput(trajectories, ended - started, windows, waits, [s for s in samples if started <= s.t <= ended], tokens1 - tokens0, notes)
 
 
@@ -397,7 +430,11 @@ async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, 
 
     max_len = ctx.engine_config.max_model_len
     prompt_len = max(1, min(prompt_len, max_len - output_len - 1))
-    return await measure(ctx.client, concurrency, prompt_len, output_len, rounds)
+    before, started = await ctx.stats(), time.perf_counter()
+    result = await measure(ctx.client, concurrency, prompt_len, output_len, rounds)
+    # over all rounds (the ceiling itself is the best round): the bare engine's step rate and batch per step
+    steps = engine_step_figures(engine_step_notes(before, await ctx.stats()), time.perf_counter() - started)
+    return {**result, **{f"ceiling_{key}": value for key, value in steps.items()}}
 
 
 # -- one grid point ------------------------------------------------------------------------
@@ -427,6 +464,8 @@ def _row(bench: BenchConfig, workload: Workload, point: GridPoint, scheduler: st
         "mode": config.mode if per_env else "barrier",
         "max_staleness": config.max_staleness if per_env else "",
         **summary,
+        **engine_step_figures(out.notes, out.wall_s),
+        **process_cpu.cores_from(out.notes, out.wall_s),
         **{f"note_{k}": v for k, v in out.notes.items()},
     }
 
@@ -511,6 +550,7 @@ async def run_point(
                 ceiling_output_len=output_len,
                 ceiling_tokens_per_s=c["tokens_per_s"],
                 tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"] if c["tokens_per_s"] > 0 else math.nan,
+                **{key: value for key, value in c.items() if key.startswith("ceiling_")},
             )
             if row["repeats"] > 1 and c["tokens_per_s"] > 0:
                 row["tokens_vs_ceiling_runs"] = spread([tok / c["tokens_per_s"] for _, tok in per_repeat[row["scheduler"]]])
@@ -599,10 +639,12 @@ CSV_COLUMNS = [
     "max_env_num_per_worker", "num_envs", "rollout_batch_size", "num_batches", "trajectories", "wall_s",
     "trajectories_per_s", "tokens_per_s", "engine_tokens_per_s", "speedup_vs_barrier", "token_speedup_vs_barrier",
     "ceiling_concurrency", "ceiling_prompt_len", "ceiling_output_len", "ceiling_tokens_per_s", "tokens_vs_ceiling",
-    "engine_busy_fraction", "engine_mean_in_flight", "get_batch_wait_mean_s", "get_batch_wait_total_s",
+    "engine_busy_fraction", "engine_mean_in_flight", "engine_steps_per_s", "generation_tokens_per_step",
+    "running_per_step", "ceiling_engine_steps_per_s", "ceiling_generation_tokens_per_step", "get_batch_wait_mean_s", "get_batch_wait_total_s",
     "episode_latency_p50_s", "episode_latency_p99_s", "episode_latency_max_s", "tail10_share", "turns_mean",
     "turns_max", "response_len_mean", "mean_prompt_len", "mean_output_len", "requests", "generate_p99_s",
     "env_step_p50_s", "env_step_p99_s", "env_errors", "repeats", "per_repeat_trajectories_per_s", "note_load1", "stop_reasons",
+    *[f"cpu_cores_{role}" for role, _ in process_cpu.ROLES], "cpu_cores_driver", "cpu_cores_other",
 ]
 
 
@@ -697,26 +739,58 @@ def to_markdown(result: dict[str, Any]) -> str:
         if described.get(name, {}).get("description"):
             lines += [described[name]["description"].strip(), ""]
         lines += [
-            "| point | scheduler | traj | wall s | traj/s | tok/s | ÷ barrier | ceiling tok/s | ÷ ceiling | busy | in flight | get_batch wait s | p50 s | p99 s | tail10 share | turns mean/max | out len |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| point | scheduler | traj | wall s | traj/s | tok/s | ÷ barrier | ceiling tok/s | ÷ ceiling | busy | in flight | steps/s | tok/step | get_batch wait s | p50 s | p99 s | tail10 share | turns mean/max | out len |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             lines.append(
                 f"| {r['point']} | {r['scheduler']} | {r['trajectories']} | {_fmt(r['wall_s'], 1)} | {_fmt(r['trajectories_per_s'])} | "
                 f"{_fmt(r['tokens_per_s'], 0)} | {_fmt(r.get('speedup_vs_barrier', math.nan))} | "
                 f"{_fmt(r.get('ceiling_tokens_per_s', math.nan), 0)} | {_fmt(r.get('tokens_vs_ceiling', math.nan))} | "
-                f"{_fmt(r['engine_busy_fraction'])} | {_fmt(r['engine_mean_in_flight'], 1)} | {_fmt(r['get_batch_wait_mean_s'])} | "
+                f"{_fmt(r['engine_busy_fraction'])} | {_fmt(r['engine_mean_in_flight'], 1)} | "
+                f"{_fmt(r.get('engine_steps_per_s', math.nan), 1)} | {_fmt(r.get('generation_tokens_per_step', math.nan), 1)} | "
+                f"{_fmt(r['get_batch_wait_mean_s'])} | "
                 f"{_fmt(r['episode_latency_p50_s'])} | {_fmt(r['episode_latency_p99_s'])} | {_fmt(r['tail10_share'])} | "
                 f"{_fmt(r['turns_mean'], 1)}/{r['turns_max']} | {_fmt(r['mean_output_len'], 1)} |"
             )
         lines.append("")
+        lines += _cpu_table(rows)
     lines += [
         "Columns: see benchmarks/README.md (\"What the figures mean\"). `÷ barrier` is trajectories/s over the barrier's at "
         "the same grid point; `÷ ceiling` is generated tokens/s over the bare engine's at the same concurrency and mean "
-        "prompt/output lengths, measured in this run.",
+        "prompt/output lengths, measured in this run. `steps/s` and `tok/step` split tokens/s into the engine's step rate "
+        "and the tokens generated per step over the run's window" + _ceiling_steps_clause(result["rows"]) + ".",
         "",
     ]
     return "\n".join(lines)
+
+
+def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Cores used by each process role over each run's window (benchmarks/process_cpu.py), if recorded."""
+    roles = [role for role, _ in process_cpu.ROLES] + ["driver", "other"]
+    present = [role for role in roles if any(f"cpu_cores_{role}" in r for r in rows)]
+    if not present:
+        return []
+    lines = [
+        "CPU by process (cores over each run's window; this benchmark's process and its descendants):",
+        "",
+        "| point | scheduler | " + " | ".join(present) + " | all |",
+        "|---|---|" + "---:|" * (len(present) + 1),
+    ]
+    for r in rows:
+        cores = [r.get(f"cpu_cores_{role}", 0.0) for role in present]
+        lines.append(f"| {r['point']} | {r['scheduler']} | " + " | ".join(_fmt(c) for c in cores) + f" | {_fmt(sum(cores))} |")
+    return lines + [""]
+
+
+def _ceiling_steps_clause(rows: list[dict[str, Any]]) -> str:
+    figures = {
+        (r["point"], f"{_fmt(r['ceiling_engine_steps_per_s'], 1)} steps/s x {_fmt(r['ceiling_generation_tokens_per_step'], 1)} tok/step")
+        for r in rows if "ceiling_engine_steps_per_s" in r
+    }
+    if not figures:
+        return ""
+    return " (the ceiling, over all its rounds: " + "; ".join(f"{point} {text}" for point, text in sorted(figures)) + ")"
 
 
 def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list[Path]:

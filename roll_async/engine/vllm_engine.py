@@ -37,9 +37,20 @@ class EngineStartupError(RuntimeError):
 
 @dataclass
 class _SchedulerSnapshot:
+    """The latest scheduler numbers, and counts per engine step (what tokens/s is made of).
+
+    tokens/s = steps/s x tokens per step: a rollout that batches well but whose steps are slow
+    (CPU taken by other processes on the engine's cores) is told apart from one that starves
+    the engine of requests (few tokens per step).
+    """
+
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    steps: int = 0
+    step_generation_tokens: int = 0
+    step_prompt_tokens: int = 0
+    step_running_sum: int = 0
 
 
 def _stat_logger_factory(snapshot: _SchedulerSnapshot):
@@ -51,7 +62,12 @@ def _stat_logger_factory(snapshot: _SchedulerSnapshot):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+            if iteration_stats is not None:  # one per engine step whose outputs reached this front-end
+                snapshot.steps += 1
+                snapshot.step_generation_tokens += iteration_stats.num_generation_tokens
+                snapshot.step_prompt_tokens += iteration_stats.num_prompt_tokens
             if scheduler_stats is not None:
+                snapshot.step_running_sum += scheduler_stats.num_running_reqs
                 snapshot.running = scheduler_stats.num_running_reqs
                 snapshot.waiting = scheduler_stats.num_waiting_reqs
                 snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
@@ -404,6 +420,12 @@ class VLLMEngine:
             "running": self._snapshot.running,
             "waiting": self._snapshot.waiting,
             "kv_cache_usage": self._snapshot.kv_cache_usage,
+            # cumulative per-step counts (see _SchedulerSnapshot): differences over a window give
+            # steps/s, generated tokens per step and requests running per step
+            "engine_steps": self._snapshot.steps,
+            "engine_step_generation_tokens": self._snapshot.step_generation_tokens,
+            "engine_step_prompt_tokens": self._snapshot.step_prompt_tokens,
+            "engine_step_running_sum": self._snapshot.step_running_sum,
             "in_flight": len(self._in_flight),
             "prompt_tokens": self._prompt_tokens,
             "prefix_cache_hit_tokens": self._prefix_cache_hit_tokens,

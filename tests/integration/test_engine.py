@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import time
 import uuid
 
 import pytest
@@ -150,6 +151,24 @@ async def test_stats_count_tokens(engine, prompt):
     assert after["generation_tokens"] - before["generation_tokens"] == 20
     assert after["prompt_tokens"] - before["prompt_tokens"] == 4 * len(prompt)
     assert {"running", "waiting", "kv_cache_usage"} <= set(after)
+
+
+async def test_stats_count_engine_steps_and_what_they_carried(engine, prompt):
+    """Per-step counters split tokens/s into steps/s x tokens per step (benchmarks/env_grouping.py)."""
+    before = await engine.stats.remote()
+    await asyncio.gather(*(engine.generate.remote(_req(prompt, max_tokens=5, ignore_eos=True)) for _ in range(4)))
+    deadline = time.monotonic() + 10
+    while True:  # the step's stats are recorded just after its outputs are handed to the callers
+        after = await engine.stats.remote()
+        generated = after["engine_step_generation_tokens"] - before["engine_step_generation_tokens"]
+        if generated >= 20 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    steps = after["engine_steps"] - before["engine_steps"]
+    assert generated == 20
+    assert 5 <= steps <= 20  # one token per request per step: at least 5 steps, at most one request per step
+    assert after["engine_step_prompt_tokens"] - before["engine_step_prompt_tokens"] == 4 * len(prompt)
+    assert 1 <= (after["engine_step_running_sum"] - before["engine_step_running_sum"]) / steps <= 4
 
 
 async def test_request_longer_than_max_model_len_is_a_clear_error(engine, prompt, engine_config):

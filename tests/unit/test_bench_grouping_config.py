@@ -77,3 +77,23 @@ def test_headline_quotes_per_env_vs_barrier_and_vs_ceiling():
     ]
     (line,) = headline({"rows": rows})
     assert "**3.00x**" in line and "per-env ÷ ceiling: **0.40**" in line and "barrier ÷ ceiling: 0.10" in line
+
+
+def test_engine_step_figures_split_tokens_per_second_into_step_rate_and_tokens_per_step():
+    from benchmarks.env_grouping import RunOutput, engine_step_figures, engine_step_notes, pool_runs
+
+    before = {"engine_steps": 100, "engine_step_generation_tokens": 5000, "engine_step_running_sum": 5200, "generation_tokens": 1}
+    after = {"engine_steps": 400, "engine_step_generation_tokens": 20000, "engine_step_running_sum": 20800, "generation_tokens": 2}
+    notes = engine_step_notes(before, after)
+    assert notes == {"engine_steps": 300.0, "engine_step_generation_tokens": 15000.0, "engine_step_running_sum": 15600.0}
+    figures = engine_step_figures(notes, wall_s=6.0)
+    assert figures == {"engine_steps_per_s": 50.0, "generation_tokens_per_step": 50.0, "running_per_step": 52.0}
+    # steps/s x tokens per step is the engine's generated tokens/s over the window
+    assert figures["engine_steps_per_s"] * figures["generation_tokens_per_step"] == 15000 / 6.0
+    # repeats pool by adding counts and wall time: the pooled figures are the ratios of the sums
+    run = RunOutput(trajectories=[], wall_s=6.0, windows=[], waits=[], samples=[], engine_tokens=0.0, notes=dict(notes))
+    pooled = pool_runs([run, RunOutput(**{**vars(run), "wall_s": 4.0, "notes": {k: v / 3 for k, v in notes.items()}})])
+    assert engine_step_figures(pooled.notes, pooled.wall_s)["engine_steps_per_s"] == 400 / 10.0
+    # an engine without the counters (a fake engine, an older build) gives no figures rather than wrong ones
+    assert engine_step_notes({"generation_tokens": 1}, {"generation_tokens": 2}) == {}
+    assert engine_step_figures({}, wall_s=6.0) == {}
