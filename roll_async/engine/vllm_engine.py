@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import platform
@@ -76,6 +77,14 @@ def _stat_logger_factory(snapshot: _SchedulerSnapshot):
             pass
 
     return _LatestSchedulerStats
+
+
+@functools.cache
+def supports_flat_logprobs() -> bool:
+    """``SamplingParams(flat_logprobs=...)`` exists from vLLM 0.12 on; 0.11 (the ``gpu`` extra allows it) lacks it."""
+    from vllm import SamplingParams
+
+    return "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
 
 
 def is_cpu_platform() -> bool:
@@ -239,6 +248,8 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        # A few flat lists per request instead of a dict and a Logprob object per token, where vLLM has it.
+        flat = {"flat_logprobs": True} if supports_flat_logprobs() else {}
         return SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -247,7 +258,6 @@ class VLLMEngine:
             stop=list(request.stop) or None,
             seed=request.seed,
             logprobs=0 if request.logprobs else None,
-            flat_logprobs=True,  # a few flat lists per request instead of a dict and a Logprob object per token
             ignore_eos=request.ignore_eos,
             logit_bias=self._input_only_bias,
             include_stop_str_in_output=True,  # token ids and text must agree for token-in/token-out
@@ -255,6 +265,7 @@ class VLLMEngine:
             # Callers decode ids themselves (token-in/token-out), so vLLM's incremental detokenizer (every
             # token of every request, in the engine's front-end process) is only paid where stop strings need it.
             detokenize=bool(request.stop),
+            **flat,
         )
 
     def _check_request(self, request: GenerationRequest) -> None:
@@ -440,7 +451,8 @@ class VLLMEngine:
 
 
 def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
-    """The sampled token's logprob at each position, from vLLM's flat logprobs or its {token_id: Logprob} maps."""
+    """The sampled token's logprob at each position, from vLLM's flat logprobs or, before vLLM 0.12, its
+    {token_id: Logprob} maps."""
     if entries is None:
         return [0.0] * len(token_ids)
     starts = getattr(entries, "start_indices", None)

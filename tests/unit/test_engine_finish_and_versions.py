@@ -40,3 +40,16 @@ def test_sampled_logprobs_read_from_flat_and_from_per_position_maps_agree():
     flat.extend(maps)
     assert _sampled_logprobs(flat, sampled) == _sampled_logprobs(maps, sampled) == [-0.5, -2.0, -1.25]
     assert _sampled_logprobs(None, sampled) == [0.0, 0.0, 0.0]
+
+
+def test_flat_logprobs_are_asked_for_only_where_vllm_has_the_option(monkeypatch):
+    """vLLM 0.11 (allowed by the gpu extra) has no SamplingParams.flat_logprobs: passing it would fail every request."""
+    from roll_async.engine import vllm_engine
+    from roll_async.protocol import GenerationRequest
+
+    engine = vllm_engine.VLLMEngine("unused-model-path")
+    request = GenerationRequest(request_id="r", prompt_token_ids=[1, 2], max_tokens=4)
+    assert vllm_engine.supports_flat_logprobs()  # vLLM 0.32 here
+    assert engine._sampling_params(request).flat_logprobs is True
+    monkeypatch.setattr(vllm_engine, "supports_flat_logprobs", lambda: False)
+    assert engine._sampling_params(request).flat_logprobs is False  # not passed: vLLM's default (per-position maps)
