@@ -295,6 +295,25 @@ def engine_step_figures(notes: dict[str, Any], wall_s: float) -> dict[str, float
 
 
 @dataclass
+class RunWindow:
+    """What a run's window records besides its trajectories: tokens generated, engine steps, CPU by process."""
+
+    stats: dict[str, Any]
+    cpu: dict[int, tuple[str, float]]
+
+    @classmethod
+    async def open(cls, ctx: BenchContext) -> RunWindow:
+        return cls(await ctx.stats(), process_cpu.snapshot())
+
+    async def close(self, ctx: BenchContext) -> tuple[float, dict[str, Any]]:
+        """(generated tokens, notes: engine step counts and ``cpu_s_<role>``) since :meth:`open`."""
+        cpu = process_cpu.snapshot()
+        stats = await ctx.stats()
+        tokens = float(stats.get("generation_tokens", 0)) - float(self.stats.get("generation_tokens", 0))
+        return tokens, {**engine_step_notes(self.stats, stats), **process_cpu.notes_from(self.cpu, cpu)}
+
+
+@dataclass
 class RunOutput:
     trajectories: list[Trajectory]
     wall_s: float
@@ -362,9 +381,7 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
             await _maybe_await(scheduler.suspend(cancel_in_flight=True))
             await asyncio.sleep(warmup_s)
         notes["start_s"] = time.perf_counter() - creating
-        stats0 = await ctx.stats()
-        tokens0 = float(stats0.get("generation_tokens", 0))
-        cpu0 = process_cpu.snapshot()
+        window = await RunWindow.open(ctx)
         sampler.start()
         started = time.time()
         previous = started
@@ -381,10 +398,8 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
             if sync:
                 await _maybe_await(scheduler.resume())
         ended = time.time()
-        stats1 = await ctx.stats()
-        tokens1 = float(stats1.get("generation_tokens", 0))
-        notes.update(engine_step_notes(stats0, stats1))
-        notes.update(process_cpu.notes_from(cpu0, process_cpu.snapshot()))
+        engine_tokens, window_notes = await window.close(ctx)
+        notes.update(window_notes)
         samples = await sampler.stop()
         if ctx.transport == "ray":
             notes["workers"] = scheduler.num_workers
@@ -394,7 +409,7 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
     # Without a warm-up the loops start a few ms before start() returns: count from the first episode if earlier.
     t0 = started if warmup_s > 0 else min([started] + [t.started_at for t in trajectories if t.started_at > 0])
     windows[0].start = t0
-    return RunOutput(trajectories, ended - t0, windows, waits, [s for s in samples if t0 <= s.t <= ended], tokens1 - tokens0, notes)
+    return RunOutput(trajectories, ended - t0, windows, waits, [s for s in samples if t0 <= s.t <= ended], engine_tokens, notes)
 
 
 async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
@@ -404,16 +419,12 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
     barrier = BarrierRollout(config, engine=ctx.client, tokenizer=ctx.tokenizer)
     sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
     try:
-        stats0 = await ctx.stats()
-        tokens0 = float(stats0.get("generation_tokens", 0))
-        cpu0 = process_cpu.snapshot()
+        window = await RunWindow.open(ctx)
         sampler.start()
         started = time.time()
         rounds = await barrier.collect(config.num_batches * config.rollout_batch_size)
         ended = time.time()
-        cpu_notes = process_cpu.notes_from(cpu0, process_cpu.snapshot())
-        stats1 = await ctx.stats()
-        tokens1 = float(stats1.get("generation_tokens", 0))
+        engine_tokens, window_notes = await window.close(ctx)
         samples = await sampler.stop()
     finally:
         await sampler.stop()
@@ -421,8 +432,8 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
     trajectories = [t for r in rounds for t in r.trajectories]
     windows = [BatchWindow(r.started_at, r.finished_at, [t.finished_at for t in r.trajectories]) for r in rounds]
     waits = [r.finished_at - r.started_at for r in rounds]  # a trainer waits for the whole round
-    notes = {"rounds": len(rounds), "barrier_turns": sum(r.turns for r in rounds), **engine_step_notes(stats0, stats1), **cpu_notes}
-    return RunOutput(trajectories, ended - started, windows, waits, [s for s in samples if started <= s.t <= ended], tokens1 - tokens0, notes)
+    notes = {"rounds": len(rounds), "barrier_turns": sum(r.turns for r in rounds), **window_notes}
+    return RunOutput(trajectories, ended - started, windows, waits, [s for s in samples if started <= s.t <= ended], engine_tokens, notes)
 
 
 async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, output_len: int, rounds: int) -> dict[str, float]:
@@ -430,10 +441,11 @@ async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, 
 
     max_len = ctx.engine_config.max_model_len
     prompt_len = max(1, min(prompt_len, max_len - output_len - 1))
-    before, started = await ctx.stats(), time.perf_counter()
+    window, started = await RunWindow.open(ctx), time.perf_counter()
     result = await measure(ctx.client, concurrency, prompt_len, output_len, rounds)
     # over all rounds (the ceiling itself is the best round): the bare engine's step rate and batch per step
-    steps = engine_step_figures(engine_step_notes(before, await ctx.stats()), time.perf_counter() - started)
+    _, notes = await window.close(ctx)
+    steps = engine_step_figures(notes, time.perf_counter() - started)
     return {**result, **{f"ceiling_{key}": value for key, value in steps.items()}}
 
 
