@@ -656,7 +656,7 @@ CSV_COLUMNS = [
     "episode_latency_p50_s", "episode_latency_p99_s", "episode_latency_max_s", "tail10_share", "turns_mean",
     "turns_max", "response_len_mean", "mean_prompt_len", "mean_output_len", "requests", "generate_p99_s",
     "env_step_p50_s", "env_step_p99_s", "env_errors", "repeats", "per_repeat_trajectories_per_s", "note_load1", "stop_reasons",
-    *[f"cpu_cores_{role}" for role, _ in process_cpu.ROLES], "cpu_cores_driver", "cpu_cores_other",
+    *[f"cpu_cores_{role}" for role in process_cpu.ALL_ROLES],
 ]
 
 
@@ -779,8 +779,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
     """Cores used by each process role over each run's window (benchmarks/process_cpu.py), if recorded."""
-    roles = [role for role, _ in process_cpu.ROLES] + ["driver", "other"]
-    present = [role for role in roles if any(f"cpu_cores_{role}" in r for r in rows)]
+    present = [role for role in process_cpu.ALL_ROLES if any(f"cpu_cores_{role}" in r for r in rows)]
     if not present:
         return []
     lines = [

@@ -23,6 +23,8 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("queue_actor", ("GroupQueueActor",)),
     ("ray_system", ("raylet", "gcs_server", "log_monitor", "dashboard", "monitor.py", "ray::IDLE", "runtime_env")),
 )
+#: Every role a process can get (role_of), in report order.
+ALL_ROLES: tuple[str, ...] = (*(role for role, _ in ROLES), "driver", "other")
 
 
 def role_of(name: str, cmdline: str, *, is_driver: bool = False) -> str:
