@@ -51,6 +51,7 @@ import yaml
 from benchmarks import process_cpu
 from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
 from benchmarks.grouping_stats import BatchWindow, EngineSample, mean_request_shape, summarize_run
+from roll_async.config import REQUEST_TRANSPORTS
 from roll_async.protocol import Trajectory
 
 logger = logging.getLogger("benchmarks.env_grouping")
@@ -213,7 +214,7 @@ class BenchContext:
     model_path: str
     tokenizer: Any
     engine_config: Any
-    client: Any  # generate/abort/stats: the in-process VLLMEngine or a RayEngineClient
+    client: Any  # generate/abort/stats: the in-process VLLMEngine, or a client of the engine actor (engine_clients)
     handles: list[Any] = field(default_factory=list)
     engine: Any = None
     sample_interval_s: float = 0.05
@@ -582,13 +583,14 @@ async def start_engine(bench: BenchConfig) -> BenchContext:
     tokenizer = load_tokenizer(model_path)
     engine_config = EngineConfig(**bench.engine)
     if bench.transport == "ray":
-        from roll_async.engine.engine_actor import launch_engines
-        from roll_async.engine.router import RayEngineClient
+        from roll_async.engine.engine_actor import engine_clients, launch_engines
         from roll_async.ray_utils import init_ray
 
         init_ray(None, bench.ray_num_cpus)
         handles = await launch_engines(model_path, engine_config, name_prefix="bench_grouping_engine")
-        return BenchContext("ray", model_path, tokenizer, engine_config, RayEngineClient(handles[0]), handles=handles,
+        # The barrier and the ceiling reach the engine by the same request transport as the per-env workers.
+        client = engine_clients(handles[:1], engine_config.request_transport)[0]
+        return BenchContext("ray", model_path, tokenizer, engine_config, client, handles=handles,
                             sample_interval_s=bench.sample_interval_s)
     from roll_async.engine import VLLMEngine
 
@@ -606,6 +608,9 @@ async def stop_engine(ctx: BenchContext | None) -> None:
 
         from roll_async.engine.engine_actor import shutdown_engines
 
+        close = getattr(ctx.client, "close", None)
+        if close is not None:
+            close()
         await shutdown_engines(ctx.handles)
         ray.shutdown()
     elif ctx.engine is not None:
@@ -631,6 +636,7 @@ async def run_benchmark(bench: BenchConfig) -> dict[str, Any]:
     return {
         "name": bench.name,
         "transport": bench.transport,
+        "request_transport": ctx.engine_config.request_transport if ctx else bench.engine.get("request_transport"),
         "model": ctx.model_path if ctx else bench.model,
         "engine": bench.engine,
         "seconds_total": time.perf_counter() - started,
@@ -727,7 +733,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"Transport: **{result['transport']}** — "
         + (
             "per-env = RolloutScheduler over Ray (GroupQueueManager actor + EnvManagerWorker actors) calling the engine "
-            "actor; barrier and ceiling run in the driver and call the same engine actor handle."
+            "actor; barrier and ceiling run in the driver and call the same engine actor. Generate requests go by "
+            f"engine.request_transport: **{result.get('request_transport') or 'ray'}** (workers, barrier and ceiling alike)."
             if result["transport"] == "ray"
             else "everything in one process: per-env = LocalRolloutScheduler, barrier and ceiling in the same event loop, "
             "all on one in-process VLLMEngine (max_env_num_per_worker has no effect)."
@@ -835,6 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help=f"benchmark YAML (default: {QUICK_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
     parser.add_argument("--full", action="store_true", help="use the full (GPU) config benchmarks/configs/grouping_full.yaml")
     parser.add_argument("--transport", choices=TRANSPORTS, default=None, help="override the config's transport")
+    parser.add_argument("--request-transport", choices=REQUEST_TRANSPORTS, default=None,
+                        help="override engine.request_transport (how workers, the barrier and the ceiling send requests)")
     parser.add_argument("--model", default=None, help="model dir (default: the config's, else the offline tiny model)")
     parser.add_argument("--workloads", nargs="+", default=None, help="run only these workloads")
     parser.add_argument("--num-batches", type=int, default=None, help="override num_batches for every workload")
@@ -860,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = load_bench_config(args.config or (FULL_CONFIG if args.full else QUICK_CONFIG))
     if args.transport:
         bench.transport = args.transport
+    if args.request_transport:
+        bench.engine = {**bench.engine, "request_transport": args.request_transport}
     if args.model:
         bench.model = args.model
     if args.workloads:

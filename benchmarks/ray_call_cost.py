@@ -9,10 +9,12 @@ GenerationResult of ``--output-len`` ids and logprobs) to an engine-shaped actor
 that answers after ``--engine-latency-s``, in rounds, and reports the CPU time
 (process time: every thread, Ray's included) per request on each side.
 
-Two ways to send: ``single``, one actor call per request (what the rollout
-does), and ``stream``, all of a round's requests in one call whose results come
-back one by one as a Ray streaming generator (a batching transport one could
-build). Modes alternate within each repeat.
+Three ways to send: ``single``, one actor call per request (the rollout's
+``engine.request_transport: ray``); ``stream``, all of a round's requests in one
+call whose results come back one by one as a Ray streaming generator (a batching
+transport one could build); ``zmq``, one message per request over the engine
+actor's ZMQ socket (``ZmqEngineClient``, the rollout's default transport).
+Modes rotate within each repeat.
 
     python -m benchmarks.ray_call_cost --repeats 3
 """
@@ -29,7 +31,7 @@ from typing import Any
 from benchmarks.common import spread, write_json
 from roll_async.protocol import GenerationRequest, GenerationResult
 
-MODES = ("single", "stream")
+MODES = ("single", "stream", "zmq")
 
 
 class EchoEngine:
@@ -37,6 +39,18 @@ class EchoEngine:
 
     def __init__(self, output_len: int, latency_s: float) -> None:
         self.output_len, self.latency_s = output_len, latency_s
+        self._request_server: Any = None
+
+    async def request_endpoint(self) -> Any:
+        """As VLLMEngine.request_endpoint: the ZMQ socket the ``zmq`` mode sends to."""
+        if self._request_server is None:
+            from roll_async.engine.zmq_transport import serve_requests
+
+            self._request_server = serve_requests(self)
+        return self._request_server.endpoint
+
+    def stats(self) -> dict[str, Any]:
+        return {}  # ZmqEngineClient's liveness check
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         await asyncio.sleep(self.latency_s)
@@ -62,7 +76,12 @@ class Caller:
     """Sends rounds of requests to the engine actor and measures both sides' CPU."""
 
     def __init__(self, engine: Any) -> None:
+        import ray
+
+        from roll_async.engine.zmq_transport import ZmqEngineClient
+
         self.engine = engine
+        self.zmq_client = ZmqEngineClient(engine, node_id=ray.get_runtime_context().get_node_id())
 
     def cpu_s(self) -> float:
         return time.process_time()
@@ -76,6 +95,8 @@ class Caller:
         for _ in range(rounds):
             if mode == "single":
                 results = await asyncio.gather(*(self.engine.generate.remote(r) for r in requests))
+            elif mode == "zmq":
+                results = await asyncio.gather(*(self.zmq_client.generate(r) for r in requests))
             else:
                 stream = self.engine.generate_stream.options(num_returns="streaming").remote(requests)
                 results = [await ref async for ref in stream]
@@ -96,9 +117,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     caller = ray.remote(Caller).options(max_concurrency=10_000, num_cpus=0).remote(engine)
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     try:
-        await caller.run.remote("single", args.concurrency, args.prompt_len, 2)  # warm both processes
+        for mode in MODES:  # warm both processes and open the ZMQ socket
+            await caller.run.remote(mode, args.concurrency, args.prompt_len, 2)
         for repeat in range(args.repeats):
-            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+            for mode in MODES[repeat % len(MODES):] + MODES[:repeat % len(MODES)]:
                 out = await caller.run.remote(mode, args.concurrency, args.prompt_len, args.rounds)
                 runs[mode].append(out)
                 print(f"{mode} (repeat {repeat + 1}): caller {out['caller_us']:.0f} us, engine {out['engine_us']:.0f} us "
@@ -130,7 +152,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def to_markdown(result: dict[str, Any]) -> str:
     machine = result["machine"]
     lines = [
-        f"# Ray call cost ({machine.get('cpu_model')}, {machine.get('cpu_count')} CPUs)",
+        f"# Engine request cost by transport ({machine.get('cpu_model')}, {machine.get('cpu_count')} CPUs)",
         "",
         f"Command: `{result['command']}`  ",
         f"Recorded: {result['recorded_at']}; machine: {machine}  ",
@@ -146,8 +168,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['mode']} | " + " | ".join(f"{c['median']:.0f} [{c['min']:.0f}, {c['max']:.0f}]" for c in cells) + " |")
     lines += [
         "",
-        "`single`: one actor call per request, as EnvManagerWorkers call the engine actor. `stream`: a round's requests "
-        "in one call, results back one by one (Ray streaming generator).",
+        "`single`: one actor call per request (`engine.request_transport: ray`). `stream`: a round's requests "
+        "in one call, results back one by one (Ray streaming generator). `zmq`: one message per request over the "
+        "engine actor's ZMQ socket (`engine.request_transport: zmq`, roll_async/engine/zmq_transport.py).",
         "",
     ]
     return "\n".join(lines)

@@ -27,7 +27,8 @@ from roll_async.agent_gateway.task import served_model_name
 from roll_async import node_files
 from roll_async.gc_tuning import tune_gc_for_env_loops
 from roll_async.config import CustomEnvConfig, PipelineConfig
-from roll_async.engine.router import EngineClient, RayEngineClient, Router
+from roll_async.engine.engine_actor import engine_clients
+from roll_async.engine.router import EngineClient, Router
 from roll_async.env_service.placement import env_builder
 from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
 from roll_async.protocol import EpisodeSpec, Trajectory
@@ -279,7 +280,8 @@ class EnvManagerWorker:
         vision = None
         if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
             vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
-        self._router = Router([RayEngineClient(h) for h in engine_handles], rotation_offset=worker_index)
+        self._engine_clients = engine_clients(engine_handles, config.engine.request_transport)
+        self._router = Router(self._engine_clients, rotation_offset=worker_index)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
         managers = build_env_managers(
             config,
@@ -311,6 +313,10 @@ class EnvManagerWorker:
     async def stop(self) -> None:
         await self._host.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for client in self._engine_clients:
+            close = getattr(client, "close", None)
+            if close is not None:
+                close()
 
     async def router_stats(self) -> dict[str, Any]:
         """This worker's Router counters per replica (summed over workers into router/* metrics)."""

@@ -37,6 +37,10 @@ class ModelConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+#: engine.request_transport values (roll_async/engine/zmq_transport.py; ray: one actor call per request).
+REQUEST_TRANSPORTS = ("zmq", "ray")
+
+
 @dataclass
 class EngineConfig:
     num_replicas: int = 1
@@ -54,6 +58,10 @@ class EngineConfig:
     seed: int = 0
     #: Seconds to wait for an engine replica to come up before failing with its log tail.
     startup_timeout_s: float = 600.0
+    #: How EnvManagerWorkers send each turn's generate request to an engine replica: zmq (the replica's
+    #: ZMQ socket: IPC on its node, TCP across nodes; ~0.19 ms of CPU per request) or ray (an actor call,
+    #: ~1.3 ms). Control calls (abort, stats, weights) are Ray calls either way. See roll_async/engine/zmq_transport.py.
+    request_transport: str = "zmq"
     #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -481,6 +489,11 @@ def validate_config(config: PipelineConfig) -> None:
         )
     if config.engine.num_replicas < 1:
         raise ConfigError(f"engine.num_replicas={config.engine.num_replicas}: must be >= 1")
+    if config.engine.request_transport not in REQUEST_TRANSPORTS:
+        raise ConfigError(
+            f"engine.request_transport={config.engine.request_transport!r} is unknown."
+            f"{_suggest(config.engine.request_transport, list(REQUEST_TRANSPORTS))} Choose one of: {', '.join(REQUEST_TRANSPORTS)}"
+        )
     if config.generation.max_retries < 0:
         raise ConfigError(f"generation.max_retries={config.generation.max_retries}: must be >= 0")
     _validate_sampling(config)

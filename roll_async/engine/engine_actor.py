@@ -1,4 +1,4 @@
-"""Ray hosting for VLLMEngine: launch replicas with a startup deadline, shut them down cleanly.
+"""Ray hosting for VLLMEngine: launch replicas with a startup deadline, reach them, shut them down cleanly.
 
 The actor is an async Ray actor with a high ``max_concurrency`` so that hundreds
 of EnvManagers can await ``generate`` at once; vLLM batches them continuously.
@@ -14,7 +14,9 @@ import ray
 
 from roll_async import node_files
 from roll_async.config import EngineConfig
+from roll_async.engine.router import EngineClient, RayEngineClient
 from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
+from roll_async.engine.zmq_transport import ZmqEngineClient
 from roll_async.ray_utils import unwrap_ray_error
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,14 @@ async def launch_engines(
     for index, info in enumerate(infos):
         logger.info("engine replica %d ready: %s", index, info)
     return actors
+
+
+def engine_clients(handles: list[Any], request_transport: str) -> list[EngineClient]:
+    """One client per engine replica actor, sending generate requests by ``engine.request_transport``."""
+    if request_transport == "ray":
+        return [RayEngineClient(handle) for handle in handles]
+    node_id = ray.get_runtime_context().get_node_id()
+    return [ZmqEngineClient(handle, node_id=node_id) for handle in handles]
 
 
 async def shutdown_engines(actors: list[Any], timeout_s: float = 60.0) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll_async.protocol import GenerationRequest, GenerationResult
 
@@ -80,6 +81,7 @@ class FakeEngine:
         self._waiting = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
+        self._request_server: Any = None
 
     # -- test helpers ------------------------------------------------------------------
 
@@ -98,6 +100,14 @@ class FakeEngine:
         self._error_remaining = count
 
     # -- engine API --------------------------------------------------------------------
+
+    async def request_endpoint(self) -> Any:
+        """As VLLMEngine.request_endpoint: ``generate`` over ZMQ when this fake runs as a Ray actor."""
+        if self._request_server is None:
+            from roll_async.engine.zmq_transport import serve_requests
+
+            self._request_server = serve_requests(self)
+        return self._request_server.endpoint
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self.requests.append(request)

@@ -157,6 +157,7 @@ class VLLMEngine:
         #: A VL model's image token gets -100 logit bias (never sampled); logprobs stay raw, as the trainer scores.
         self._input_only_bias: dict[int, float] | None = None
         self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
+        self._request_server: Any = None  # roll_async.engine.zmq_transport, opened by request_endpoint()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -231,8 +232,19 @@ class VLLMEngine:
         for batch in (1, min(8, self.config.max_num_seqs)):
             await asyncio.gather(*(one(i) for i in range(batch)))
 
+    async def request_endpoint(self) -> Any:
+        """Where EnvManagerWorkers send ``generate`` over ZMQ instead of Ray calls (opened on the first ask)."""
+        if self._request_server is None:
+            from roll_async.engine.zmq_transport import serve_requests
+
+            self._request_server = serve_requests(self)
+        return self._request_server.endpoint
+
     async def shutdown(self) -> None:
         """Stop the engine core process; nothing of vLLM stays behind."""
+        if self._request_server is not None:
+            self._request_server.close()
+            self._request_server = None
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()

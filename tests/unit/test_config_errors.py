@@ -42,3 +42,10 @@ def test_replay_from_is_the_user_facing_key(tmp_path):
     assert config.replay.from_dir == str(tmp_path)
     with pytest.raises(ConfigError, match="logging.save_batches=true"):
         load_config("configs/frozen_lake.yaml", [f"replay.from={tmp_path / 'nothing'}"])
+
+
+def test_unknown_request_transport_names_the_key_and_the_choices():
+    with pytest.raises(ConfigError, match=r"engine\.request_transport='zeromq' is unknown.*Choose one of: zmq, ray"):
+        load_config("configs/frozen_lake.yaml", ["engine.request_transport=zeromq"])
+    assert load_config("configs/frozen_lake.yaml", ["engine.request_transport=ray"]).engine.request_transport == "ray"
+    assert load_config("configs/frozen_lake.yaml").engine.request_transport == "zmq"
