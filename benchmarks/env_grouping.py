@@ -608,9 +608,7 @@ async def stop_engine(ctx: BenchContext | None) -> None:
 
         from roll_async.engine.engine_actor import shutdown_engines
 
-        close = getattr(ctx.client, "close", None)
-        if close is not None:
-            close()
+        ctx.client.close()  # a client from engine_clients (its ZMQ socket, if any)
         await shutdown_engines(ctx.handles)
         ray.shutdown()
     elif ctx.engine is not None:

@@ -29,25 +29,17 @@ import time
 from typing import Any
 
 from benchmarks.common import spread, write_json
+from roll_async.engine.zmq_transport import ServesRequestsOverZmq
 from roll_async.protocol import GenerationRequest, GenerationResult
 
 MODES = ("single", "stream", "zmq")
 
 
-class EchoEngine:
+class EchoEngine(ServesRequestsOverZmq):
     """Answers a GenerationRequest after a fixed delay with a result of ``output_len`` tokens (no model)."""
 
     def __init__(self, output_len: int, latency_s: float) -> None:
         self.output_len, self.latency_s = output_len, latency_s
-        self._request_server: Any = None
-
-    async def request_endpoint(self) -> Any:
-        """As VLLMEngine.request_endpoint: the ZMQ socket the ``zmq`` mode sends to."""
-        if self._request_server is None:
-            from roll_async.engine.zmq_transport import serve_requests
-
-            self._request_server = serve_requests(self)
-        return self._request_server.endpoint
 
     def stats(self) -> dict[str, Any]:
         return {}  # ZmqEngineClient's liveness check

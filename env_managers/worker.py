@@ -280,8 +280,7 @@ class EnvManagerWorker:
         vision = None
         if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
             vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
-        self._engine_clients = engine_clients(engine_handles, config.engine.request_transport)
-        self._router = Router(self._engine_clients, rotation_offset=worker_index)
+        self._router = Router(engine_clients(engine_handles, config.engine.request_transport), rotation_offset=worker_index)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
         managers = build_env_managers(
             config,
@@ -313,10 +312,8 @@ class EnvManagerWorker:
     async def stop(self) -> None:
         await self._host.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for client in self._engine_clients:
-            close = getattr(client, "close", None)
-            if close is not None:
-                close()
+        for client in self._router.replicas:
+            client.close()
 
     async def router_stats(self) -> dict[str, Any]:
         """This worker's Router counters per replica (summed over workers into router/* metrics)."""

@@ -59,8 +59,8 @@ class EngineConfig:
     #: Seconds to wait for an engine replica to come up before failing with its log tail.
     startup_timeout_s: float = 600.0
     #: How EnvManagerWorkers send each turn's generate request to an engine replica: zmq (the replica's
-    #: ZMQ socket: IPC on its node, TCP across nodes; ~0.19 ms of CPU per request) or ray (an actor call,
-    #: ~1.3 ms). Control calls (abort, stats, weights) are Ray calls either way. See roll_async/engine/zmq_transport.py.
+    #: ZMQ socket: IPC on its node, TCP across nodes; ~0.22 ms of CPU per request) or ray (an actor call,
+    #: ~1.35 ms; benchmarks/ray_call_cost.py). Control calls (abort, stats, weights) are Ray calls either way. See roll_async/engine/zmq_transport.py.
     request_transport: str = "zmq"
     #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from roll_async.engine.zmq_transport import ServesRequestsOverZmq
 from roll_async.protocol import GenerationRequest, GenerationResult
 
 OutputFn = Callable[[GenerationRequest], list[int]]
@@ -33,7 +33,7 @@ class _InFlight:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class FakeEngine:
+class FakeEngine(ServesRequestsOverZmq):
     """A fake engine: deterministic tokens after a configurable delay.
 
     Args:
@@ -81,7 +81,6 @@ class FakeEngine:
         self._waiting = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
-        self._request_server: Any = None
 
     # -- test helpers ------------------------------------------------------------------
 
@@ -100,14 +99,6 @@ class FakeEngine:
         self._error_remaining = count
 
     # -- engine API --------------------------------------------------------------------
-
-    async def request_endpoint(self) -> Any:
-        """As VLLMEngine.request_endpoint: ``generate`` over ZMQ when this fake runs as a Ray actor."""
-        if self._request_server is None:
-            from roll_async.engine.zmq_transport import serve_requests
-
-            self._request_server = serve_requests(self)
-        return self._request_server.endpoint
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self.requests.append(request)

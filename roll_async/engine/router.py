@@ -63,6 +63,11 @@ class NoLiveReplicaError(RuntimeError):
     """Every engine replica died; the rollout cannot continue."""
 
 
+def replica_dead_error(exc: BaseException) -> ReplicaDeadError:
+    """The ReplicaDeadError for one of Ray's actor-death errors (``actor_death_errors``)."""
+    return ReplicaDeadError(f"engine replica actor died: {type(exc).__name__}: {exc}")
+
+
 async def _call_stats(replica: Any) -> Any:
     result = replica.stats()  # an async client, or an in-process engine object whose stats() is sync
     return await result if inspect.isawaitable(result) else result
@@ -79,7 +84,7 @@ class RayEngineClient:
         try:
             return await self.handle.generate.remote(request)
         except self._dead_errors as exc:
-            raise ReplicaDeadError(f"engine replica actor died: {type(exc).__name__}: {exc}") from exc
+            raise replica_dead_error(exc) from exc
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.handle.abort.remote(request_ids)
@@ -88,7 +93,10 @@ class RayEngineClient:
         try:
             return await self.handle.stats.remote()
         except self._dead_errors as exc:
-            raise ReplicaDeadError(f"engine replica actor died: {type(exc).__name__}: {exc}") from exc
+            raise replica_dead_error(exc) from exc
+
+    def close(self) -> None:
+        """Nothing to release: Ray owns the connection (ZmqEngineClient closes its socket)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 
 from roll_async import node_files
 from roll_async.config import EngineConfig
+from roll_async.engine.zmq_transport import ServesRequestsOverZmq
 from roll_async.multimodal import input_only_logit_bias, model_is_vision_language
 from roll_async.protocol import FinishReason, GenerationRequest, GenerationResult
 
@@ -136,7 +137,7 @@ def build_engine_args(model_path: str, config: EngineConfig) -> Any:
         ) from None
 
 
-class VLLMEngine:
+class VLLMEngine(ServesRequestsOverZmq):
     """Owns one AsyncLLM. Construction is cheap; :meth:`start` loads the model."""
 
     def __init__(self, model_path: str, config: EngineConfig | None = None) -> None:
@@ -157,7 +158,6 @@ class VLLMEngine:
         #: A VL model's image token gets -100 logit bias (never sampled); logprobs stay raw, as the trainer scores.
         self._input_only_bias: dict[int, float] | None = None
         self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
-        self._request_server: Any = None  # roll_async.engine.zmq_transport, opened by request_endpoint()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -232,19 +232,9 @@ class VLLMEngine:
         for batch in (1, min(8, self.config.max_num_seqs)):
             await asyncio.gather(*(one(i) for i in range(batch)))
 
-    async def request_endpoint(self) -> Any:
-        """Where EnvManagerWorkers send ``generate`` over ZMQ instead of Ray calls (opened on the first ask)."""
-        if self._request_server is None:
-            from roll_async.engine.zmq_transport import serve_requests
-
-            self._request_server = serve_requests(self)
-        return self._request_server.endpoint
-
     async def shutdown(self) -> None:
         """Stop the engine core process; nothing of vLLM stays behind."""
-        if self._request_server is not None:
-            self._request_server.close()
-            self._request_server = None
+        self.close_request_socket()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()

@@ -33,7 +33,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from roll_async.engine.router import RayEngineClient, ReplicaDeadError
+from roll_async.engine.router import RayEngineClient, ReplicaDeadError, replica_dead_error
 from roll_async.protocol import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,23 @@ def serve_requests(engine: Any) -> EngineRequestServer:
     )
 
 
+class ServesRequestsOverZmq:
+    """For an engine class run as a Ray actor (VLLMEngine, FakeEngine): the socket ZmqEngineClient sends to."""
+
+    _request_server: EngineRequestServer | None = None
+
+    async def request_endpoint(self) -> RequestEndpoint:
+        """Where EnvManagerWorkers send ``generate`` instead of Ray calls (the socket opens on the first ask)."""
+        if self._request_server is None:
+            self._request_server = serve_requests(self)
+        return self._request_server.endpoint
+
+    def close_request_socket(self) -> None:
+        if self._request_server is not None:
+            self._request_server.close()
+            self._request_server = None
+
+
 class ZmqEngineClient(RayEngineClient):
     """An engine actor seen as an EngineClient: ``generate`` over ZMQ; abort and stats are RayEngineClient's.
 
@@ -169,7 +186,7 @@ class ZmqEngineClient(RayEngineClient):
         self._connect_timeout_s = connect_timeout_s
         self._pending: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._connect_lock: asyncio.Lock | None = None
+        self._connect_lock = asyncio.Lock()
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
@@ -182,8 +199,6 @@ class ZmqEngineClient(RayEngineClient):
     async def _connect(self) -> None:
         if self._ready:
             return
-        if self._connect_lock is None:
-            self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
             if self._connect_error is not None:
                 raise self._connect_error  # every caller gets the answer of the first attempt at once
@@ -191,7 +206,7 @@ class ZmqEngineClient(RayEngineClient):
                 try:
                     endpoint: RequestEndpoint = await self.handle.request_endpoint.remote()
                 except self._dead_errors as exc:
-                    raise ReplicaDeadError(f"engine replica actor died: {type(exc).__name__}: {exc}") from exc
+                    raise replica_dead_error(exc) from exc
                 socket = _context().socket(zmq.DEALER)
                 socket.setsockopt(zmq.LINGER, 0)
                 monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -231,10 +246,10 @@ class ZmqEngineClient(RayEngineClient):
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
             try:
-                await asyncio.wait_for(self.handle.stats.remote(), LIVENESS_TIMEOUT_S)
+                await asyncio.wait_for(self.stats(), LIVENESS_TIMEOUT_S)
                 logger.warning("engine request connection dropped but the engine actor answers; reconnecting")
-            except self._dead_errors as exc:
-                self._fail_all(f"engine replica actor died: {type(exc).__name__}: {exc}")
+            except ReplicaDeadError as exc:
+                self._fail_all(str(exc))
                 return
             except asyncio.TimeoutError:
                 logger.warning("engine request connection dropped and the actor did not answer in %.0fs", LIVENESS_TIMEOUT_S)
