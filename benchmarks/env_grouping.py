@@ -18,6 +18,12 @@ sampling params:
 * ``barrier``: ``benchmarks.barrier_rollout.BarrierRollout``, the NeMo-RL /
   RAGEN / legacy VAGEN loop, in the driver, calling the same engine (the same
   Ray actor handle, or the same in-process VLLMEngine).
+* ``replay``: ``benchmarks.replay_rollout.ReplayRollout``: the latest
+  ``per_env`` run's own engine requests (same prompts, growth, lengths and
+  concurrency) sent again by bare loops in the driver, with no envs, tokenizer,
+  scheduler or workers. per_env ÷ replay is what the rollout machinery costs;
+  replay ÷ ceiling is what the multi-turn request pattern itself does to the
+  engine. Needs ``per_env`` listed before it; replays no env latency.
 
 Then the engine ceiling (``benchmarks.engine_ceiling.measure``) is measured on
 the same engine at the grid point's concurrency and the mean prompt/output
@@ -59,7 +65,7 @@ logger = logging.getLogger("benchmarks.env_grouping")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 QUICK_CONFIG = CONFIG_DIR / "grouping_quick.yaml"
 FULL_CONFIG = CONFIG_DIR / "grouping_full.yaml"
-SCHEDULERS = ("per_env", "per_env_sync", "per_env_first_complete", "barrier")
+SCHEDULERS = ("per_env", "per_env_sync", "per_env_first_complete", "barrier", "replay")
 TRANSPORTS = ("ray", "inprocess")
 
 
@@ -97,7 +103,7 @@ class Workload:
     custom_envs: dict[str, Any]
     grid: list[GridPoint]
     description: str = ""
-    schedulers: list[str] = field(default_factory=lambda: ["per_env", "barrier"])
+    schedulers: list[str] = field(default_factory=lambda: Workload.default_schedulers())
     num_groups_partition: list[int] = field(default_factory=list)
     ceiling: bool = True
     num_batches: int | None = None
@@ -108,6 +114,10 @@ class Workload:
     @property
     def tags(self) -> list[str]:
         return list(self.custom_envs)
+
+    @staticmethod
+    def default_schedulers() -> list[str]:
+        return ["per_env", "barrier"]
 
 
 @dataclass
@@ -159,6 +169,13 @@ def load_bench_config(path: str | Path) -> BenchConfig:
             unknown += [s for s in point.schedulers or [] if s not in SCHEDULERS]
         if unknown:
             raise ValueError(f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}")
+        for point in grid:
+            schedulers = list(point.schedulers or entry.get("schedulers") or Workload.default_schedulers())
+            if "replay" in schedulers and ("per_env" not in schedulers or schedulers.index("per_env") > schedulers.index("replay")):
+                raise ValueError(
+                    f"{path}: workload {entry.get('name')} point {point.label}: schedulers {schedulers}: 'replay' replays "
+                    "the per_env run's requests, so list 'per_env' before it"
+                )
         workloads.append(Workload(grid=grid, **entry))
     bench = BenchConfig(workloads=workloads, **raw)
     if bench.transport not in TRANSPORTS:
@@ -437,6 +454,28 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
     return RunOutput(trajectories, ended - started, windows, waits, [s for s in samples if started <= s.t <= ended], engine_tokens, notes)
 
 
+async def run_replay(ctx: BenchContext, config: Any, recorded: list[Trajectory]) -> RunOutput:
+    """The per_env run's requests again, from ``num_envs`` bare loops in the driver (benchmarks.replay_rollout)."""
+    from benchmarks.replay_rollout import ReplayRollout
+
+    concurrency = config.train_env_manager.num_env_groups * config.train_env_manager.group_size
+    replay = ReplayRollout(ctx.client, concurrency=concurrency, temperature=config.generation.temperature,
+                           top_p=config.generation.top_p)
+    sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
+    try:
+        window = await RunWindow.open(ctx)
+        sampler.start()
+        started = time.time()
+        trajectories = await replay.replay(recorded)
+        ended = time.time()
+        engine_tokens, notes = await window.close(ctx)
+        samples = await sampler.stop()
+    finally:
+        await sampler.stop()
+    windows = [BatchWindow(started, ended, [t.finished_at for t in trajectories])]
+    return RunOutput(trajectories, ended - started, windows, [], [s for s in samples if started <= s.t <= ended], engine_tokens, notes)
+
+
 async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, output_len: int, rounds: int) -> dict[str, float]:
     from benchmarks.engine_ceiling import measure
 
@@ -474,7 +513,7 @@ def _row(bench: BenchConfig, workload: Workload, point: GridPoint, scheduler: st
         "num_envs": point.num_envs,
         "rollout_batch_size": point.batch_size,
         "num_batches": config.num_batches,
-        "mode": config.mode if per_env else "barrier",
+        "mode": config.mode if per_env else scheduler,
         "max_staleness": config.max_staleness if per_env else "",
         **summary,
         **engine_step_figures(out.notes, out.wall_s),
@@ -520,6 +559,13 @@ async def run_point(
                 out = await run_barrier(ctx, config)
                 if barrier_cache is not None:
                     barrier_cache[key] = (point.label, out)
+            elif scheduler == "replay":
+                # ABBA order puts replay before per_env in odd repeats: it replays the latest per_env run
+                recorded = (runs.get("per_env") or [None])[-1]
+                if recorded is None:
+                    raise RuntimeError(f"{tag}: no per_env run to replay yet (list per_env before replay)")
+                print(f"{tag}: replaying {len(recorded.trajectories)} per_env episodes ...", flush=True)
+                out = await run_replay(ctx, config, recorded.trajectories)
             else:
                 print(f"{tag}: running ...", flush=True)
                 out = await run_per_env(ctx, config, sync=scheduler == "per_env_sync", warmup_s=bench.per_env_warmup_s)
@@ -549,6 +595,12 @@ async def run_point(
         if barrier is not None and barrier["trajectories_per_s"] > 0:
             row["speedup_vs_barrier"] = row["trajectories_per_s"] / barrier["trajectories_per_s"]
             row["token_speedup_vs_barrier"] = row["tokens_per_s"] / barrier["tokens_per_s"] if barrier["tokens_per_s"] > 0 else math.nan
+    if per_repeat.get("replay") and per_repeat.get("per_env"):
+        # per_env ÷ its own replay, tokens/s, one ratio per repeat: what the rollout machinery costs
+        per_env_row = next(r for r in rows if r["scheduler"] == "per_env")
+        per_env_row["tokens_vs_replay_runs"] = spread(
+            [mine[1] / theirs[1] for mine, theirs in zip(per_repeat["per_env"], per_repeat["replay"]) if theirs[1] > 0]
+        )
     if ceiling:
         pooled = [t for out in outputs.values() for t in out.trajectories]
         prompt_mean, output_mean, _ = mean_request_shape(pooled)
@@ -704,16 +756,22 @@ def headline(result: dict[str, Any]) -> list[str]:
             runs = row["tokens_vs_ceiling_runs"]
             text = (f"per-env ÷ ceiling: **{runs['median']:.2f}** (tokens/s; median of {len(runs['values'])} runs, "
                     f"{runs['min']:.2f}–{runs['max']:.2f})")
-            barrier = [r for r in point if r["scheduler"] == "barrier"]
-            if barrier and "tokens_vs_ceiling_runs" in barrier[0]:
-                text += f", barrier ÷ ceiling: {barrier[0]['tokens_vs_ceiling_runs']['median']:.2f}"
+            for scheduler in ("barrier", "replay"):
+                other = [r for r in point if r["scheduler"] == scheduler]
+                if other and "tokens_vs_ceiling_runs" in other[0]:
+                    text += f", {scheduler} ÷ ceiling: {other[0]['tokens_vs_ceiling_runs']['median']:.2f}"
             parts.append(text)
         elif "tokens_vs_ceiling" in row:
-            barrier = [r for r in point if r["scheduler"] == "barrier"]
             text = f"per-env ÷ ceiling: **{row['tokens_vs_ceiling']:.2f}** (tokens/s)"
-            if barrier and "tokens_vs_ceiling" in barrier[0]:
-                text += f", barrier ÷ ceiling: {barrier[0]['tokens_vs_ceiling']:.2f}"
+            for scheduler in ("barrier", "replay"):
+                other = [r for r in point if r["scheduler"] == scheduler]
+                if other and "tokens_vs_ceiling" in other[0]:
+                    text += f", {scheduler} ÷ ceiling: {other[0]['tokens_vs_ceiling']:.2f}"
             parts.append(text)
+        if "tokens_vs_replay_runs" in row:
+            runs = row["tokens_vs_replay_runs"]
+            parts.append(f"per-env ÷ replay of its own requests: **{runs['median']:.2f}** (tokens/s; "
+                         f"{runs['min']:.2f}–{runs['max']:.2f}): the rollout machinery's cost")
         lines.append("- " + "; ".join(parts))
     return lines
 

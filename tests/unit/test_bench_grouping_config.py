@@ -41,14 +41,26 @@ def test_grid_as_a_cartesian_product_and_defaults():
     assert GridPoint(4, 8, 16, rollout_batch_size=16).batch_size == 16
 
 
-def test_unknown_scheduler_is_rejected(tmp_path):
+def bench_with_schedulers(tmp_path, schedulers: str):
     path = tmp_path / "bad.yaml"
     path.write_text(
-        "name: bad\nworkloads:\n  - name: w\n    schedulers: [per_env, lockstep]\n    custom_envs: {}\n"
+        f"name: bad\nworkloads:\n  - name: w\n    schedulers: {schedulers}\n    custom_envs: {{}}\n"
         "    grid: [{num_env_groups: 1, group_size: 1, max_env_num_per_worker: 1}]\n"
     )
+    return path
+
+
+def test_unknown_scheduler_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="lockstep"):
-        load_bench_config(path)
+        load_bench_config(bench_with_schedulers(tmp_path, "[per_env, lockstep]"))
+
+
+def test_replay_must_follow_per_env(tmp_path):
+    with pytest.raises(ValueError, match="list 'per_env' before it"):
+        load_bench_config(bench_with_schedulers(tmp_path, "[replay, per_env, barrier]"))
+    with pytest.raises(ValueError, match="list 'per_env' before it"):
+        load_bench_config(bench_with_schedulers(tmp_path, "[replay, barrier]"))
+    assert load_bench_config(bench_with_schedulers(tmp_path, "[per_env, replay]")).workloads[0].schedulers == ["per_env", "replay"]
 
 
 def test_dry_run_and_cli_pass_through(capsys):
