@@ -955,7 +955,8 @@ def main(argv: list[str] | None = None) -> int:
             for p in w.grid:
                 for s in p.schedulers or w.schedulers:
                     c = pipeline_config(bench, w, p, s)
-                    mode = "barrier" if s == "barrier" else f"mode {c.mode}, max_staleness {c.max_staleness}"
+                    mode = {"barrier": "barrier", "replay": "per_env's requests again, bare loops in the driver"}.get(
+                        s, f"mode {c.mode}, max_staleness {c.max_staleness}")
                     print(f"{w.name:>14} {p.label:>14} {s:>12}: {p.num_envs} envs, batch {c.rollout_batch_size} x {c.num_batches}, {mode}")
         return 0
     result = asyncio.run(run_benchmark(bench))
