@@ -32,7 +32,9 @@ from roll_async.engine.router import EngineClient, Router
 from roll_async.env_service.placement import env_builder
 from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
 from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.ray_utils import actor_death_errors
 from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
+from roll_async.zmq_rpc import ZmqCaller
 
 logger = logging.getLogger(__name__)
 
@@ -232,26 +234,52 @@ def _node_id() -> str | None:
         return None
 
 
+class QueueActorDeadError(RuntimeError):
+    """The GroupQueueActor's process is gone: no episode can be handed over or served."""
+
+
 class RaySchedulerClient:
     """The GroupQueueManager actor seen as an EpisodeScheduler.
 
     ``incarnation`` numbers the worker's restarts: the queue actor gives back any
     seat handed to a call from an earlier (dead) incarnation of the same envs.
+    ``transport`` (``engine.request_transport``): ``zmq`` sends the per-episode
+    hand-overs to the actor's call socket (roll_async/zmq_rpc.py), ``ray`` as actor calls.
     """
 
-    def __init__(self, handle: Any, incarnation: int = 0) -> None:
+    def __init__(self, handle: Any, incarnation: int = 0, *, transport: str = "ray") -> None:
         self.handle = handle
         self.incarnation = incarnation
+        self._caller: ZmqCaller | None = None
+        if transport == "zmq":
+            self._caller = ZmqCaller(
+                endpoint=lambda: handle.call_endpoint.remote(),
+                probe=lambda: handle.ping.remote(),
+                dead_errors=actor_death_errors(),
+                dead_error=lambda reason: QueueActorDeadError(f"the GroupQueueActor died: {reason}"),
+                what="GroupQueueActor",
+                fallback="engine.request_transport: ray",
+                node_id=_node_id(),
+            )
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if self._caller is not None:
+            return await self._caller.call(method, *args)
+        return await getattr(self.handle, method).remote(*args)
 
     async def next_episode(self, env_id: int) -> EpisodeSpec | None:
-        return await self.handle.next_episode.remote(env_id, self.incarnation)
+        return await self._call("next_episode", env_id, self.incarnation)
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
-        await self.handle.put_trajectory.remote(trajectory)
+        await self._call("put_trajectory", trajectory)
 
     async def put_trajectory_and_next_episode(self, trajectory: Trajectory) -> EpisodeSpec | None:
         """One round trip per episode: the finished trajectory goes with the request for the next seat."""
-        return await self.handle.put_trajectory_and_next_episode.remote(trajectory, self.incarnation)
+        return await self._call("put_trajectory_and_next_episode", trajectory, self.incarnation)
+
+    def close(self) -> None:
+        if self._caller is not None:
+            self._caller.close()
 
 
 class EnvManagerWorker:
@@ -281,12 +309,13 @@ class EnvManagerWorker:
         if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
             vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
         self._router = Router(engine_clients(engine_handles, config.engine.request_transport), rotation_offset=worker_index)
+        self._scheduler_client = RaySchedulerClient(scheduler_handle, incarnation, transport=config.engine.request_transport)
         self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
         managers = build_env_managers(
             config,
             which,
             env_specs,
-            scheduler=RaySchedulerClient(scheduler_handle, incarnation),
+            scheduler=self._scheduler_client,
             engine_for=self._router.client_for,
             tokenizer=tokenizer,
             env_factory=env_factory,
@@ -314,6 +343,7 @@ class EnvManagerWorker:
         self._executor.shutdown(wait=False, cancel_futures=True)
         for client in self._router.replicas:
             client.close()
+        self._scheduler_client.close()
 
     async def router_stats(self) -> dict[str, Any]:
         """This worker's Router counters per replica (summed over workers into router/* metrics)."""

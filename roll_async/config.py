@@ -37,7 +37,7 @@ class ModelConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-#: engine.request_transport values (roll_async/engine/zmq_transport.py; ray: one actor call per request).
+#: engine.request_transport values (roll_async/zmq_rpc.py; ray: one actor call per request or hand-over).
 REQUEST_TRANSPORTS = ("zmq", "ray")
 
 
@@ -58,9 +58,10 @@ class EngineConfig:
     seed: int = 0
     #: Seconds to wait for an engine replica to come up before failing with its log tail.
     startup_timeout_s: float = 600.0
-    #: How EnvManagerWorkers send each turn's generate request to an engine replica: zmq (the replica's
-    #: ZMQ socket: IPC on its node, TCP across nodes; ~0.22 ms of CPU per request) or ray (an actor call,
-    #: ~1.35 ms; benchmarks/ray_call_cost.py). Control calls (abort, stats, weights) are Ray calls either way. See roll_async/engine/zmq_transport.py.
+    #: How EnvManagerWorkers send each turn's generate request to an engine replica, and each episode's
+    #: hand-over to the queue actor: zmq (the actor's ZMQ socket: IPC on its node, TCP across nodes; ~0.22 ms
+    #: of CPU per call) or ray (an actor call, ~1.35 ms; benchmarks/ray_call_cost.py). Control calls (abort,
+    #: stats, weights, get_batch) are Ray calls either way. See roll_async/zmq_rpc.py.
     request_transport: str = "zmq"
     #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)

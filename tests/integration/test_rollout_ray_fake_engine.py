@@ -45,6 +45,7 @@ def config_for(
     group_filter: str = "none",
     generation: GenerationConfig | None = None,
     val_episodes: int = 0,
+    request_transport: str = "zmq",
 ) -> PipelineConfig:
     config = PipelineConfig(
         mode=mode,
@@ -63,15 +64,17 @@ def config_for(
         ),
         val_env_manager=EnvManagerConfig(num_env_groups=val_episodes, group_size=1, tags=["count"], max_env_num_per_worker=2),
     )
+    config.engine.request_transport = request_transport
     validate_config(config)
     return config
 
 
-async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(ray_session, tokenizer_setup):
+@pytest.mark.parametrize("request_transport", ["zmq", "ray"])
+async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(ray_session, tokenizer_setup, request_transport):
     ray = ray_session
     path, reply = tokenizer_setup
     engine = fake_engine(ray, reply, latency_s=0.005)
-    config = config_for()
+    config = config_for(request_transport=request_transport)
     scheduler = RolloutScheduler(config, engine_handles=[engine], tokenizer_path=path, env_factory=scripted_env_factory)
     try:
         for step in range(3):
@@ -85,6 +88,9 @@ async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(ray_ses
             assert batch[0].token_ids[-len(reply):] == reply
             await scheduler.resume()
         assert scheduler.num_workers == 2
+        # engine.request_transport: zmq (the default) carries each episode's hand-over too (3 steps x 4 envs at least)
+        handovers = (await scheduler.describe())["queue"]["handovers_over_zmq"]
+        assert handovers >= 12 if request_transport == "zmq" else handovers == 0
         requests = await engine.received_requests.remote()
         assert {r.request_id.split("-env")[1].split("-")[0] for r in requests} == {"0", "1", "2", "3"}
     finally:

@@ -1,4 +1,4 @@
-"""Engine requests over ZMQ (roll_async/engine/zmq_transport.py), with a FakeEngine behind the socket.
+"""Engine requests over ZMQ (roll_async/engine/zmq_transport.py on roll_async/zmq_rpc.py), with a FakeEngine behind the socket.
 
 No Ray here: the engine actor's handle is a local stand-in whose ``method.remote(...)`` calls the
 object, and whose liveness check raises Ray's actor-death error once the test "kills" it.
@@ -13,7 +13,8 @@ from ray.exceptions import RayActorError
 
 from roll_async.engine.fake_engine import FakeEngine, FakeEngineError
 from roll_async.engine.router import ReplicaDeadError, Router
-from roll_async.engine.zmq_transport import EngineConnectError, EngineRequestServer, RequestEndpoint, ZmqEngineClient
+from roll_async.engine.zmq_transport import ENGINE_METHODS, ZmqEngineClient
+from roll_async.zmq_rpc import CallEndpoint, CallServer, ZmqConnectError
 from roll_async.protocol import GenerationRequest
 
 
@@ -33,12 +34,12 @@ class LocalActorHandle:
 
     def __init__(self, engine: FakeEngine, node_id: str = "node-a") -> None:
         self.engine, self.node_id, self.dead = engine, node_id, False
-        self.server: EngineRequestServer | None = None
-        engine.request_endpoint = self._request_endpoint  # what serve_requests does inside a Ray actor
+        self.server: CallServer | None = None
+        engine.request_endpoint = self._request_endpoint  # what serve_calls does inside a Ray actor
 
     async def _request_endpoint(self):
         if self.server is None:
-            self.server = EngineRequestServer(self.engine, node_id=self.node_id, tcp_host="127.0.0.1")
+            self.server = CallServer(self.engine, ENGINE_METHODS, node_id=self.node_id, tcp_host="127.0.0.1")
         return self.server.endpoint
 
     def __getattr__(self, name: str) -> _Method:
@@ -77,7 +78,7 @@ async def test_generate_round_trip_same_result_as_a_direct_call(clients, client_
     results = await asyncio.gather(*(client.generate(request(i)) for i in range(50)))
     assert [r.request_id for r in results] == [f"r{i}" for i in range(50)]
     assert [r.output_token_ids for r in results] == [[7, 8, i] for i in range(50)]
-    assert len(engine.requests) == 50 and handle.server.requests_served == 50
+    assert len(engine.requests) == 50 and handle.server.calls_served == 50
     assert handle.server.endpoint.address_for(client_node).startswith("ipc://" if client_node == "node-a" else "tcp://")
 
 
@@ -148,7 +149,7 @@ async def test_unreachable_socket_is_an_error_naming_the_address_not_a_hang(clie
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     handle = LocalActorHandle(FakeEngine(), node_id="node-a")
-    dead_end = RequestEndpoint(node_id="node-a", ipc="ipc:///nonexistent/roll_async.sock", tcp=f"tcp://127.0.0.1:{port}")
+    dead_end = CallEndpoint(node_id="node-a", ipc="ipc:///nonexistent/roll_async.sock", tcp=f"tcp://127.0.0.1:{port}")
 
     async def endpoint():
         return dead_end
@@ -157,5 +158,5 @@ async def test_unreachable_socket_is_an_error_naming_the_address_not_a_hang(clie
     client = ZmqEngineClient(handle, node_id="node-b", connect_timeout_s=0.5)
     clients += [client, handle]
     results = await asyncio.wait_for(asyncio.gather(*(client.generate(request(i)) for i in range(3)), return_exceptions=True), 10)
-    assert all(isinstance(r, EngineConnectError) for r in results)
+    assert all(isinstance(r, ZmqConnectError) for r in results)
     assert f"tcp://127.0.0.1:{port}" in str(results[0]) and "engine.request_transport: ray" in str(results[0])

@@ -1,0 +1,308 @@
+"""Async actor methods over ZMQ: the rollout's data plane, with Ray kept as the control plane.
+
+A Ray actor call costs about 1.3 ms of CPU, caller and callee together
+(``benchmarks/ray_call_cost.py``). The rollout makes one engine request per turn
+and one queue hand-over per episode; on a machine where the rollout shares cores
+with the engine, that CPU is taken from the engine's steps, and the queue actor,
+one process serving every worker, saturates on it. Here a call goes over a ZMQ
+DEALER/ROUTER pair instead (a pickled ``(method, args)`` tuple; the same Python
+objects as over Ray), over an IPC socket when caller and actor share a node and
+TCP otherwise. vLLM's own front-end talks to its EngineCore the same way. Ray
+keeps the control plane: the endpoint is asked once over Ray, and liveness is
+checked over Ray.
+
+* ``CallServer`` serves a fixed set of ``async`` methods of one object on a
+  ROUTER socket, on the actor's event loop, one task per call (calls run
+  concurrently, as concurrent Ray calls do).
+* ``ZmqCaller`` is the caller's side: ``await caller.call(method, *args)``.
+
+No silent hangs: the caller watches its connection (a ZMQ socket monitor). When
+the actor's process goes away the connection drops; the caller then runs its
+``probe`` (a Ray call) and, if that says the actor is dead, fails every call in
+flight with the caller's ``dead_error``. A first call that gets no answer within
+``connect_timeout_s`` (a TCP port blocked between nodes: ZMQ would retry
+silently forever) fails with ``ZmqConnectError`` naming the address and the
+setting that avoids ZMQ. A call cancelled by its caller is cancelled on the
+server too when the server was opened with ``cancellable=True``; otherwise the
+server finishes it, as Ray does with an abandoned actor call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pickle
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
+
+logger = logging.getLogger(__name__)
+
+# Message kinds (first element of every pickled tuple).
+_CALL, _CANCEL, _RESULT, _ERROR, _PING, _PONG = 0, 1, 2, 3, 4, 5
+
+#: Seconds a liveness probe over Ray may take before it counts as inconclusive (checked again on the next drop).
+LIVENESS_TIMEOUT_S = 30.0
+#: Seconds the first exchange on a new connection may take. ZMQ retries an unreachable address
+#: silently forever; this turns a blocked port into an error that names it.
+CONNECT_TIMEOUT_S = 30.0
+
+
+class ZmqConnectError(RuntimeError):
+    """An actor's call socket did not answer: a port blocked between nodes, most likely."""
+
+
+def _context() -> zmq.asyncio.Context:
+    """The process's one ZMQ context (pyzmq's singleton), never terminated by us.
+
+    A context's ``term()`` waits until every one of its sockets is closed; a per-object context
+    reached by the garbage collector while any socket of it is left open blocks that process for
+    good (seen in a benchmark driver). Sockets are closed explicitly; the shared context lives
+    until the process exits, where pyzmq skips the wait.
+    """
+    return zmq.asyncio.Context.instance()
+
+
+@dataclass(frozen=True)
+class CallEndpoint:
+    """Where an actor takes calls: an IPC path for its own node, a TCP address for the others."""
+
+    node_id: str
+    ipc: str
+    tcp: str
+
+    def address_for(self, node_id: str | None) -> str:
+        return self.ipc if node_id is not None and node_id == self.node_id else self.tcp
+
+
+def _dumps(message: tuple) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _picklable_error(exc: BaseException) -> BaseException:
+    """The exception itself if it survives pickling, else a RuntimeError naming it."""
+    try:
+        pickle.loads(_dumps((exc,)))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class CallServer:
+    """Serves the ``async`` methods ``methods`` of ``target`` on a ROUTER socket; runs on the actor's event loop."""
+
+    def __init__(
+        self, target: Any, methods: Collection[str], *, node_id: str, tcp_host: str, name: str = "calls",
+        cancellable: bool = True,
+    ) -> None:
+        self._target = target
+        self._methods = frozenset(methods)
+        self._cancellable = cancellable
+        self._socket = _context().socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        ipc = f"ipc://{os.path.join(tempfile.gettempdir(), f'roll_async_{name}_{uuid.uuid4().hex[:12]}.sock')}"
+        self._socket.bind(ipc)
+        port = self._socket.bind_to_random_port(f"tcp://{tcp_host}")
+        self.endpoint = CallEndpoint(node_id=node_id, ipc=ipc, tcp=f"tcp://{tcp_host}:{port}")
+        self._tasks: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._serve_task = asyncio.get_running_loop().create_task(self._serve())
+        self.calls_served = 0
+
+    async def _serve(self) -> None:
+        while True:
+            identity, frame = await self._socket.recv_multipart()
+            try:
+                kind, call_id, payload = pickle.loads(frame)
+            except Exception as exc:  # a foreign or truncated message: nobody to answer
+                logger.warning("call socket: unreadable message dropped (%s)", exc)
+                continue
+            key = (identity, call_id)
+            if kind == _CALL:
+                self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key, *payload))
+            elif kind == _CANCEL and self._cancellable and key in self._tasks:
+                self._tasks[key].cancel()
+            elif kind == _PING:
+                await self._socket.send_multipart([identity, _dumps((_PONG, call_id, None))])
+
+    async def _run(self, key: tuple[bytes, int], method: str, args: tuple) -> None:
+        identity, call_id = key
+        try:
+            if method not in self._methods:
+                raise AttributeError(f"{type(self._target).__name__}.{method} is not served over ZMQ (serves {sorted(self._methods)})")
+            reply = (_RESULT, call_id, await getattr(self._target, method)(*args))
+        except asyncio.CancelledError:
+            return  # the caller cancelled it (and no longer waits), or the server is closing
+        except Exception as exc:
+            reply = (_ERROR, call_id, _picklable_error(exc))
+        finally:
+            self._tasks.pop(key, None)
+        self.calls_served += 1
+        await self._socket.send_multipart([identity, _dumps(reply)])
+
+    def close(self) -> None:
+        self._serve_task.cancel()
+        for task in list(self._tasks.values()):
+            task.cancel()
+        self._socket.close(linger=0)
+        try:
+            os.unlink(self.endpoint.ipc.removeprefix("ipc://"))
+        except OSError:
+            pass
+
+
+def serve_calls(target: Any, methods: Collection[str], *, name: str, cancellable: bool = True) -> CallServer:
+    """Open ``target``'s call socket inside its Ray actor (node id and IP from Ray's runtime context)."""
+    import ray
+
+    return CallServer(
+        target, methods, node_id=ray.get_runtime_context().get_node_id(), tcp_host=ray.util.get_node_ip_address(),
+        name=name, cancellable=cancellable,
+    )
+
+
+class ZmqCaller:
+    """The caller's side of a CallServer. The socket opens on the first call, in the caller's event loop.
+
+    ``endpoint``: asks the actor (over Ray) where its socket is. ``probe``: a Ray call that raises one of
+    ``dead_errors`` when the actor is gone; then every call in flight, and every later one, fails with
+    ``dead_error(reason)``. ``what`` names the actor and ``fallback`` the setting that avoids ZMQ, for the
+    connect error.
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint: Callable[[], Awaitable[CallEndpoint]],
+        probe: Callable[[], Awaitable[Any]],
+        dead_errors: tuple[type[BaseException], ...],
+        dead_error: Callable[[str], BaseException],
+        what: str,
+        fallback: str,
+        node_id: str | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        self._endpoint = endpoint
+        self._probe = probe
+        self._dead_errors = dead_errors
+        self._dead_error = dead_error
+        self._what = what
+        self._fallback = fallback
+        self._node_id = node_id
+        self._connect_timeout_s = connect_timeout_s
+        self._pending: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._connect_lock = asyncio.Lock()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.dead: str | None = None
+        self._ready = False  # the first exchange (a ping) came back
+        self._connect_error: ZmqConnectError | None = None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        if self.dead is not None:
+            raise self._dead_error(self.dead)
+        await self._connect()
+        return await self._send(_CALL, (method, args))
+
+    # -- connection --------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        if self._ready:
+            return
+        async with self._connect_lock:
+            if self._connect_error is not None:
+                raise self._connect_error  # every caller gets the answer of the first attempt at once
+            if self._ready:
+                return
+            endpoint = await self._endpoint()
+            socket = _context().socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            monitor.setsockopt(zmq.LINGER, 0)
+            address = endpoint.address_for(self._node_id)
+            socket.connect(address)
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._read_replies(socket)), loop.create_task(self._watch(monitor))]
+            self._socket, self._monitor = socket, monitor
+            try:
+                await asyncio.wait_for(self._send(_PING, None), self._connect_timeout_s)
+            except asyncio.TimeoutError:
+                self.close()
+                self._connect_error = ZmqConnectError(
+                    f"{self._what}'s call socket {address} did not answer within {self._connect_timeout_s:.0f}s "
+                    f"(its node {endpoint.node_id[:12]}, this node {str(self._node_id)[:12]}); open TCP ports "
+                    f"between the nodes or set {self._fallback}"
+                )
+                raise self._connect_error from None
+            self._ready = True
+
+    async def _read_replies(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            kind, call_id, payload = pickle.loads(await socket.recv())
+            future = self._pending.get(call_id)
+            if future is None or future.done():
+                continue  # cancelled meanwhile
+            if kind in (_RESULT, _PONG):
+                future.set_result(payload)
+            else:
+                future.set_exception(payload)
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """On every dropped connection, ask Ray whether the actor is gone; if so, fail what is in flight."""
+        while True:
+            event = await recv_monitor_message(monitor)
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            try:
+                await asyncio.wait_for(self._probe(), LIVENESS_TIMEOUT_S)
+                logger.warning("%s: call connection dropped but the actor answers; reconnecting", self._what)
+            except self._dead_errors as exc:
+                self._fail_all(str(exc))
+                return
+            except asyncio.TimeoutError:
+                logger.warning("%s: call connection dropped and the actor did not answer in %.0fs", self._what, LIVENESS_TIMEOUT_S)
+
+    def _fail_all(self, reason: str) -> None:
+        self.dead = reason
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(self._dead_error(reason))
+
+    async def _send(self, kind: int, payload: Any) -> Any:
+        """Send one message and wait for its answer; a cancelled wait tells the server (see CallServer)."""
+        socket = self._socket
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        try:
+            await socket.send(_dumps((kind, call_id, payload)))
+            return await future
+        except asyncio.CancelledError:
+            answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
+            if not answered and self.dead is None:
+                try:
+                    socket.send(_dumps((_CANCEL, call_id, None)), flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            raise
+        finally:
+            self._pending.pop(call_id, None)
+
+    def close(self) -> None:
+        """Close the socket and its monitor (idempotent)."""
+        for task in self._tasks:
+            task.cancel()
+        if self._socket is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self._socket.close(linger=0)
+        self._socket = self._monitor = None

@@ -1,0 +1,171 @@
+"""Actor methods over ZMQ (roll_async/zmq_rpc.py) and the queue hand-overs that use it, without Ray.
+
+The actor's handle is a local stand-in: ``method.remote(...)`` calls the object, and once the test
+"kills" it, every Ray call raises Ray's actor-death error and its socket is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ray.exceptions import RayActorError
+
+from env_managers.worker import QueueActorDeadError, RaySchedulerClient
+from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.scheduler.rollout_scheduler import QUEUE_HANDOVER_METHODS
+from roll_async.zmq_rpc import CallServer, ZmqCaller
+
+
+class _Method:
+    def __init__(self, handle: "LocalActor", name: str) -> None:
+        self.handle, self.name = handle, name
+
+    async def remote(self, *args):
+        if self.handle.dead:
+            raise RayActorError()
+        return await getattr(self.handle.target, self.name)(*args)
+
+
+class LocalActor:
+    """A queue actor's handle, in process: its call socket opens on call_endpoint, kill() ends both."""
+
+    def __init__(self, target, methods, *, cancellable: bool) -> None:
+        self.target, self.dead = target, False
+        self.server = CallServer(target, methods, node_id="node-a", tcp_host="127.0.0.1", name="test", cancellable=cancellable)
+        target.call_endpoint = self._endpoint
+        target.ping = self._ping
+
+    async def _endpoint(self):
+        return self.server.endpoint
+
+    async def _ping(self):
+        return None
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self, name)
+
+    def kill(self) -> None:
+        self.dead = True
+        self.server.close()
+
+
+class SlowQueue:
+    """Hands out a seat only when the test says so; records what was handed over."""
+
+    def __init__(self) -> None:
+        self.seat_ready = asyncio.Event()
+        self.handed_out: list[int] = []
+        self.received: list[str] = []
+
+    async def next_episode(self, env_id: int, incarnation: int = 0) -> EpisodeSpec | None:
+        await self.seat_ready.wait()
+        self.handed_out.append(env_id)
+        return EpisodeSpec(tag="t", group_id=0, episode_id=env_id, seed=1, created_step=0)
+
+    async def put_trajectory(self, trajectory: Trajectory) -> None:
+        self.received.append(trajectory.traj_id)
+
+    async def put_trajectory_and_next_episode(self, trajectory: Trajectory, incarnation: int = 0) -> EpisodeSpec | None:
+        await self.put_trajectory(trajectory)
+        return await self.next_episode(trajectory.env_id, incarnation)
+
+    async def get_batch(self, batch_size: int, step: int):  # not a hand-over: must not be served over ZMQ
+        return []
+
+
+@pytest.fixture
+async def actors():
+    made: list = []
+    yield made
+    for item in made:
+        (item.kill if isinstance(item, LocalActor) else item.close)()
+
+
+def trajectory(env_id: int) -> Trajectory:
+    return Trajectory(tag="t", group_id=0, episode_id=env_id, env_id=env_id, seed=1, traj_id=f"t-{env_id}", created_step=0)
+
+
+async def test_hand_overs_go_over_zmq_and_only_they_are_served(actors):
+    queue = SlowQueue()
+    actor = LocalActor(queue, QUEUE_HANDOVER_METHODS, cancellable=False)
+    client = RaySchedulerClient(actor, transport="zmq")
+    actors += [actor, client]
+    queue.seat_ready.set()
+    spec = await asyncio.wait_for(client.put_trajectory_and_next_episode(trajectory(3)), 10)
+    assert spec.episode_id == 3 and queue.received == ["t-3"] and actor.server.calls_served == 1
+    await asyncio.wait_for(client.put_trajectory(trajectory(4)), 10)
+    assert queue.received == ["t-3", "t-4"]
+    with pytest.raises(AttributeError, match="get_batch is not served over ZMQ"):
+        await asyncio.wait_for(client._caller.call("get_batch", 1, 0), 10)
+
+
+async def test_a_hand_over_whose_caller_gave_up_still_completes_on_the_queue(actors):
+    # As with a Ray call: cancelling the caller does not cancel the queue's work, so a seat handed out
+    # meanwhile is never lost between a cancel and a reply (the incarnation check returns it).
+    queue = SlowQueue()
+    actor = LocalActor(queue, QUEUE_HANDOVER_METHODS, cancellable=False)
+    client = RaySchedulerClient(actor, transport="zmq")
+    actors += [actor, client]
+    waiting = asyncio.create_task(client.next_episode(7))
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    queue.seat_ready.set()
+    for _ in range(100):
+        if queue.handed_out:
+            break
+        await asyncio.sleep(0.02)
+    assert queue.handed_out == [7]
+
+
+async def test_a_dead_queue_actor_fails_waiting_hand_overs_with_a_named_error(actors):
+    queue = SlowQueue()
+    actor = LocalActor(queue, QUEUE_HANDOVER_METHODS, cancellable=False)
+    client = RaySchedulerClient(actor, transport="zmq")
+    actors += [actor, client]
+    await asyncio.wait_for(client.put_trajectory(trajectory(1)), 10)  # connected
+    waiting = asyncio.create_task(client.next_episode(1))
+    await asyncio.sleep(0.2)
+    actor.kill()
+    with pytest.raises(QueueActorDeadError, match="GroupQueueActor died"):
+        await asyncio.wait_for(waiting, 10)
+    with pytest.raises(QueueActorDeadError):
+        await asyncio.wait_for(client.next_episode(2), 10)
+
+
+async def test_ray_transport_keeps_actor_calls():
+    queue = SlowQueue()
+    queue.seat_ready.set()
+    actor = LocalActor(queue, QUEUE_HANDOVER_METHODS, cancellable=False)
+    try:
+        client = RaySchedulerClient(actor, transport="ray")
+        assert (await client.next_episode(5)).episode_id == 5
+        assert actor.server.calls_served == 0 and client._caller is None
+        client.close()
+    finally:
+        actor.kill()
+
+
+async def test_a_method_the_server_does_not_list_is_an_error_not_a_hang():
+    class Echo:
+        async def echo(self, value):
+            return value
+
+    server = CallServer(Echo(), ["echo"], node_id="n", tcp_host="127.0.0.1")
+
+    async def endpoint():
+        return server.endpoint
+
+    async def probe():
+        return None
+
+    caller = ZmqCaller(endpoint=endpoint, probe=probe, dead_errors=(RayActorError,), dead_error=RuntimeError,
+                       what="echo", fallback="nothing", node_id="n")
+    try:
+        assert await asyncio.wait_for(caller.call("echo", {"a": [1, 2]}), 10) == {"a": [1, 2]}
+        with pytest.raises(AttributeError, match="Echo.missing"):
+            await asyncio.wait_for(caller.call("missing"), 10)
+    finally:
+        caller.close()
+        server.close()
