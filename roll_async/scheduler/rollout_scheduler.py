@@ -63,7 +63,8 @@ class GroupQueueActor:
     Every method is ``async`` so all of them run on the actor's event loop (the
     manager is not thread-safe). The per-episode hand-overs can also come over its
     ZMQ call socket (``call_endpoint``, roll_async/zmq_rpc.py): one process serves
-    every worker, and a Ray call costs it ~0.7 ms of CPU per episode.
+    every worker, and it spent 1.44 ms of CPU per episode over Ray calls, 0.79 ms over
+    ZMQ (benchmarks/README.md, "Episode hand-overs over ZMQ too").
     """
 
     def __init__(
@@ -80,8 +81,8 @@ class GroupQueueActor:
     async def call_endpoint(self) -> CallEndpoint:
         """Where EnvManagerWorkers send hand-overs instead of Ray calls (opens on the first ask).
 
-        Not cancellable from the caller, as a Ray call is not: a seat handed to a call whose caller
-        gave up is returned by the incarnation check, never lost between a cancel and a reply.
+        Not cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
+        caller gave up, and a seat handed to a dead worker's call is returned by the incarnation check.
         """
         if self._call_server is None:
             self._call_server = serve_calls(self, QUEUE_HANDOVER_METHODS, name="queue", cancellable=False)
