@@ -101,8 +101,8 @@ async def test_hand_overs_go_over_zmq_and_only_they_are_served(actors):
 
 
 async def test_a_hand_over_whose_caller_gave_up_still_completes_on_the_queue(actors):
-    # As with a Ray call: cancelling the caller does not cancel the queue's work, so a seat handed out
-    # meanwhile is never lost between a cancel and a reply (the incarnation check returns it).
+    # As with a Ray call: cancelling the caller does not cancel the queue's work half-way (a seat taken
+    # but never returned); the queue finishes it, and a dead worker's seat goes back by the incarnation check.
     queue = SlowQueue()
     actor = LocalActor(queue, QUEUE_HANDOVER_METHODS, cancellable=False)
     client = RaySchedulerClient(actor, transport="zmq")
