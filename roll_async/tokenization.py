@@ -45,6 +45,7 @@ behaviour; ``model.chat_template`` (a file) overrides the tokenizer's template.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,14 @@ class ChatPromptBuilder:
 
     def decode(self, token_ids: list[int]) -> str:
         """Text handed to the env: special tokens (EOS) removed."""
+        return self._decode(token_ids, skip_special_tokens=True)
+
+    def _decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """transformers' decode. Without clean-up it is the fast backend's decode plus a per-id type check
+        that costs more than the decode itself on long conversations, so the backend is called directly."""
         if self._backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
-            # What transformers' decode returns without clean-up, minus its per-id list conversion.
-            return self._backend.decode(token_ids, skip_special_tokens=True)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def _reference(self) -> list[dict[str, str]]:
         """System, a sentinel user message and a sentinel reply: the closed turn continuations follow."""
@@ -211,9 +216,9 @@ class ChatPromptBuilder:
         # Common to both, cut at a token boundary (``<|end|>\\n<|`` of ``<|endoftext|>`` / ``<|user|>`` is not a closure).
         common = _common_prefix(closure_when_last, after_reply)
         ids = self.encode(common)
-        while ids and not (after_reply.startswith(self.tokenizer.decode(ids)) and self.encode(after_reply)[: len(ids)] == ids):
+        while ids and not (after_reply.startswith(self._decode(ids)) and self.encode(after_reply)[: len(ids)] == ids):
             ids = ids[:-1]
-        return self.tokenizer.decode(ids) if ids else ""
+        return self._decode(ids) if ids else ""
 
     def _role_ending(self, role: str) -> tuple[str, str]:
         """(tail, prompt_ending) for a last message of ``role``: its end + the next assistant header, and
@@ -296,7 +301,7 @@ class ChatPromptBuilder:
         ids = list(generated_ids)
         if ids and self.closure_ids and ids[-1] == self.closure_ids[0]:  # the closure supplies it (closure_ids_after)
             ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self._decode(ids)
 
     def incremental_ids(self, user_texts: list[str], generated: list[list[int]]) -> list[int]:
         """The token-in/token-out ids of a conversation: first turn, then per reply its ids, closure, next user turn."""
@@ -322,7 +327,7 @@ class ChatPromptBuilder:
         Compared as text, so a random model's non-canonical tokenizations do not count; what counts is
         what the template does (think stripping, a system prompt moved, content trimmed).
         """
-        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        text = self._decode(token_ids)
         return not self.fresh_render_text(user_texts, generated).startswith(text)
 
     def describe(self) -> TemplateBehaviour:
@@ -339,7 +344,7 @@ class ChatPromptBuilder:
         ids = self.incremental_ids(user_texts, generated)
         append_only = not self.fresh_render_differs(ids, user_texts, generated) and len(
             self.fresh_render_text(user_texts, generated)
-        ) == len(self.tokenizer.decode(ids, skip_special_tokens=False))
+        ) == len(self._decode(ids))
         notes: list[str] = []
         first = self._render(self._system() + [{"role": "user", "content": _SENTINEL_USER}], add_generation_prompt=True)
         leading = first[: first.find(_SENTINEL_USER)]
@@ -350,7 +355,7 @@ class ChatPromptBuilder:
             fresh = self.fresh_render_text(user_texts, generated)
             if fresh.count(self.system_prompt) and fresh.find(self.system_prompt) > fresh.find(user_texts[0]):
                 notes.append("a fresh render moves the system prompt to the last user message; it is kept once, in the first turn")
-        if "<think>" in prefix or "<think>" in self.tokenizer.decode(ids, skip_special_tokens=False):
+        if "<think>" in prefix or "<think>" in self._decode(ids):
             notes.append("rewrites earlier assistant turns (think stripping); the model's own ids are kept")
         if prefix.strip() == "" and prefix:
             notes.append(f"reply starts with {prefix!r} after the generation prompt")
