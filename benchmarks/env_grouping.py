@@ -66,6 +66,8 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 QUICK_CONFIG = CONFIG_DIR / "grouping_quick.yaml"
 FULL_CONFIG = CONFIG_DIR / "grouping_full.yaml"
 SCHEDULERS = ("per_env", "per_env_sync", "per_env_first_complete", "barrier", "replay")
+#: A workload's schedulers when its YAML names none.
+DEFAULT_SCHEDULERS = ("per_env", "barrier")
 TRANSPORTS = ("ray", "inprocess")
 
 
@@ -103,7 +105,7 @@ class Workload:
     custom_envs: dict[str, Any]
     grid: list[GridPoint]
     description: str = ""
-    schedulers: list[str] = field(default_factory=lambda: Workload.default_schedulers())
+    schedulers: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEDULERS))
     num_groups_partition: list[int] = field(default_factory=list)
     ceiling: bool = True
     num_batches: int | None = None
@@ -114,10 +116,6 @@ class Workload:
     @property
     def tags(self) -> list[str]:
         return list(self.custom_envs)
-
-    @staticmethod
-    def default_schedulers() -> list[str]:
-        return ["per_env", "barrier"]
 
 
 @dataclass
@@ -170,7 +168,7 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         if unknown:
             raise ValueError(f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}")
         for point in grid:
-            schedulers = list(point.schedulers or entry.get("schedulers") or Workload.default_schedulers())
+            schedulers = list(point.schedulers or entry.get("schedulers") or DEFAULT_SCHEDULERS)
             if "replay" in schedulers and ("per_env" not in schedulers or schedulers.index("per_env") > schedulers.index("replay")):
                 raise ValueError(
                     f"{path}: workload {entry.get('name')} point {point.label}: schedulers {schedulers}: 'replay' replays "
