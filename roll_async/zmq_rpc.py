@@ -168,6 +168,32 @@ def serve_calls(target: Any, methods: Collection[str], *, name: str, cancellable
     )
 
 
+class ServesCallsOverZmq:
+    """For a class run as a Ray actor: serves ``ZMQ_METHODS`` on a call socket that opens on the first
+    ``call_endpoint()`` (asked over Ray by a ZmqCaller) and closes on ``close_call_socket()``."""
+
+    ZMQ_METHODS: tuple[str, ...] = ()
+    ZMQ_NAME: str = "calls"
+    #: False: a call whose caller gave up still runs to its end on the actor, as a Ray call does.
+    ZMQ_CANCELLABLE: bool = True
+    _call_server: CallServer | None = None
+
+    async def call_endpoint(self) -> CallEndpoint:
+        if self._call_server is None:
+            self._call_server = serve_calls(self, self.ZMQ_METHODS, name=self.ZMQ_NAME, cancellable=self.ZMQ_CANCELLABLE)
+        return self._call_server.endpoint
+
+    async def close_call_socket(self) -> None:
+        """Async so that, in an async Ray actor, it runs on the event loop the server's tasks live on."""
+        if self._call_server is not None:
+            self._call_server.close()
+            self._call_server = None
+
+    @property
+    def calls_served(self) -> int:
+        return self._call_server.calls_served if self._call_server is not None else 0
+
+
 class ZmqCaller:
     """The caller's side of a CallServer. The socket opens on the first call, in the caller's event loop.
 

@@ -80,20 +80,21 @@ class RayEngineClient:
         self.handle = handle
         self._dead_errors = actor_death_errors()
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
+    async def _remote(self, method: str, *args: Any) -> Any:
+        """``handle.method.remote(*args)``; a dead actor's error becomes ReplicaDeadError (the Router fails over)."""
         try:
-            return await self.handle.generate.remote(request)
+            return await getattr(self.handle, method).remote(*args)
         except self._dead_errors as exc:
             raise replica_dead_error(exc) from exc
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self._remote("generate", request)
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.handle.abort.remote(request_ids)
 
     async def stats(self) -> dict:
-        try:
-            return await self.handle.stats.remote()
-        except self._dead_errors as exc:
-            raise replica_dead_error(exc) from exc
+        return await self._remote("stats")
 
     def close(self) -> None:
         """Nothing to release: Ray owns the connection (ZmqEngineClient closes its socket)."""

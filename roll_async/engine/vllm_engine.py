@@ -234,7 +234,7 @@ class VLLMEngine(ServesRequestsOverZmq):
 
     async def shutdown(self) -> None:
         """Stop the engine core process; nothing of vLLM stays behind."""
-        self.close_request_socket()
+        await self.close_call_socket()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()

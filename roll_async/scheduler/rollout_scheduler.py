@@ -45,7 +45,7 @@ from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.ray_utils import actor_death_errors, describe_ray_error, unwrap_ray_error
 from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
-from roll_async.zmq_rpc import CallEndpoint, CallServer, serve_calls
+from roll_async.zmq_rpc import ServesCallsOverZmq
 
 logger = logging.getLogger(__name__)
 
@@ -57,36 +57,32 @@ _SHUTDOWN_TIMEOUT_S = 30.0
 QUEUE_HANDOVER_METHODS = ("next_episode", "put_trajectory", "put_trajectory_and_next_episode")
 
 
-class GroupQueueActor:
+class GroupQueueActor(ServesCallsOverZmq):
     """Ray actor around a GroupQueueManager; forwards episode cancellations to the EnvManagerWorkers.
 
     Every method is ``async`` so all of them run on the actor's event loop (the
     manager is not thread-safe). The per-episode hand-overs can also come over its
     ZMQ call socket (``call_endpoint``, roll_async/zmq_rpc.py): one process serves
     every worker, and it spent 1.44 ms of CPU per episode over Ray calls, 0.79 ms over
-    ZMQ (benchmarks/README.md, "Episode hand-overs over ZMQ too").
+    ZMQ (benchmarks/README.md, "Episode hand-overs over ZMQ too"). Those calls are not
+    cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
+    caller gave up, and a seat handed to a dead worker's call is returned by the incarnation
+    check. The socket closes (``close_call_socket``) once the workers have stopped.
     """
+
+    ZMQ_METHODS = QUEUE_HANDOVER_METHODS
+    ZMQ_NAME = "queue"
+    ZMQ_CANCELLABLE = False
 
     def __init__(
         self, config: PipelineConfig, which: str, start_step: int, seed_state: dict[str, Any] | None = None
     ) -> None:
         self._workers_by_env: dict[int, Any] = {}
-        self._call_server: CallServer | None = None
         #: env_id -> incarnation of the worker that hosts it now (bumped on each restart).
         self._incarnation: dict[int, int] = {}
         self.queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
         if seed_state:
             self.queue.load_seed_state(seed_state)
-
-    async def call_endpoint(self) -> CallEndpoint:
-        """Where EnvManagerWorkers send hand-overs instead of Ray calls (opens on the first ask).
-
-        Not cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
-        caller gave up, and a seat handed to a dead worker's call is returned by the incarnation check.
-        """
-        if self._call_server is None:
-            self._call_server = serve_calls(self, QUEUE_HANDOVER_METHODS, name="queue", cancellable=False)
-        return self._call_server.endpoint
 
     async def ping(self) -> None:
         """A liveness probe for ZMQ callers whose connection dropped."""
@@ -151,15 +147,8 @@ class GroupQueueActor:
     async def shutdown(self) -> None:
         self.queue.shutdown()
 
-    async def close_call_socket(self) -> None:
-        """After the workers stopped (their hand-overs in flight were answered at shutdown)."""
-        if self._call_server is not None:
-            self._call_server.close()
-            self._call_server = None
-
     async def describe(self) -> dict[str, Any]:
-        served = self._call_server.calls_served if self._call_server is not None else 0
-        return {**self.queue.describe(), "handovers_over_zmq": served}
+        return {**self.queue.describe(), "handovers_over_zmq": self.calls_served}
 
     async def seed_state(self) -> dict[str, Any]:
         return self.queue.seed_state()

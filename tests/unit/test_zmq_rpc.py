@@ -1,7 +1,7 @@
 """Actor methods over ZMQ (roll_async/zmq_rpc.py) and the queue hand-overs that use it, without Ray.
 
-The actor's handle is a local stand-in: ``method.remote(...)`` calls the object, and once the test
-"kills" it, every Ray call raises Ray's actor-death error and its socket is gone.
+The actor's handle is a local stand-in (tests/unit/local_actor.py): ``method.remote(...)`` calls the
+object, and once the test "kills" it, every Ray call raises Ray's actor-death error and its socket is gone.
 """
 
 from __future__ import annotations
@@ -15,39 +15,7 @@ from env_managers.worker import QueueActorDeadError, RaySchedulerClient
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.rollout_scheduler import QUEUE_HANDOVER_METHODS
 from roll_async.zmq_rpc import CallServer, ZmqCaller
-
-
-class _Method:
-    def __init__(self, handle: "LocalActor", name: str) -> None:
-        self.handle, self.name = handle, name
-
-    async def remote(self, *args):
-        if self.handle.dead:
-            raise RayActorError()
-        return await getattr(self.handle.target, self.name)(*args)
-
-
-class LocalActor:
-    """A queue actor's handle, in process: its call socket opens on call_endpoint, kill() ends both."""
-
-    def __init__(self, target, methods, *, cancellable: bool) -> None:
-        self.target, self.dead = target, False
-        self.server = CallServer(target, methods, node_id="node-a", tcp_host="127.0.0.1", name="test", cancellable=cancellable)
-        target.call_endpoint = self._endpoint
-        target.ping = self._ping
-
-    async def _endpoint(self):
-        return self.server.endpoint
-
-    async def _ping(self):
-        return None
-
-    def __getattr__(self, name: str) -> _Method:
-        return _Method(self, name)
-
-    def kill(self) -> None:
-        self.dead = True
-        self.server.close()
+from tests.unit.local_actor import LocalActor
 
 
 class SlowQueue:
@@ -70,6 +38,9 @@ class SlowQueue:
         await self.put_trajectory(trajectory)
         return await self.next_episode(trajectory.env_id, incarnation)
 
+    async def ping(self) -> None:  # GroupQueueActor's liveness probe
+        return None
+
     async def get_batch(self, batch_size: int, step: int):  # not a hand-over: must not be served over ZMQ
         return []
 
@@ -79,7 +50,7 @@ async def actors():
     made: list = []
     yield made
     for item in made:
-        (item.kill if isinstance(item, LocalActor) else item.close)()
+        item.close()
 
 
 def trajectory(env_id: int) -> Trajectory:
@@ -93,7 +64,7 @@ async def test_hand_overs_go_over_zmq_and_only_they_are_served(actors):
     actors += [actor, client]
     queue.seat_ready.set()
     spec = await asyncio.wait_for(client.put_trajectory_and_next_episode(trajectory(3)), 10)
-    assert spec.episode_id == 3 and queue.received == ["t-3"] and actor.server.calls_served == 1
+    assert spec.episode_id == 3 and queue.received == ["t-3"] and actor.calls_served == 1
     await asyncio.wait_for(client.put_trajectory(trajectory(4)), 10)
     assert queue.received == ["t-3", "t-4"]
     with pytest.raises(AttributeError, match="get_batch is not served over ZMQ"):
@@ -141,7 +112,7 @@ async def test_ray_transport_keeps_actor_calls():
     try:
         client = RaySchedulerClient(actor, transport="ray")
         assert (await client.next_episode(5)).episode_id == 5
-        assert actor.server.calls_served == 0 and client._caller is None
+        assert actor.calls_served == 0 and client._caller is None
         client.close()
     finally:
         actor.kill()

@@ -1,7 +1,8 @@
 """Engine requests over ZMQ (roll_async/engine/zmq_transport.py on roll_async/zmq_rpc.py), with a FakeEngine behind the socket.
 
-No Ray here: the engine actor's handle is a local stand-in whose ``method.remote(...)`` calls the
-object, and whose liveness check raises Ray's actor-death error once the test "kills" it.
+No Ray here: the engine actor's handle is a local stand-in (tests/unit/local_actor.py) whose
+``method.remote(...)`` calls the object, and whose liveness check raises Ray's actor-death error once
+the test "kills" it.
 """
 
 from __future__ import annotations
@@ -9,51 +10,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from ray.exceptions import RayActorError
 
 from roll_async.engine.fake_engine import FakeEngine, FakeEngineError
 from roll_async.engine.router import ReplicaDeadError, Router
 from roll_async.engine.zmq_transport import ENGINE_METHODS, ZmqEngineClient
-from roll_async.zmq_rpc import CallEndpoint, CallServer, ZmqConnectError
 from roll_async.protocol import GenerationRequest
-
-
-class _Method:
-    def __init__(self, handle: "LocalActorHandle", name: str) -> None:
-        self.handle, self.name = handle, name
-
-    async def remote(self, *args):
-        if self.handle.dead:
-            raise RayActorError()
-        result = getattr(self.handle.engine, self.name)(*args)
-        return await result if asyncio.iscoroutine(result) else result
-
-
-class LocalActorHandle:
-    """An engine actor's handle, in process: the server opens on request_endpoint, kill() ends both."""
-
-    def __init__(self, engine: FakeEngine, node_id: str = "node-a") -> None:
-        self.engine, self.node_id, self.dead = engine, node_id, False
-        self.server: CallServer | None = None
-        engine.request_endpoint = self._request_endpoint  # what serve_calls does inside a Ray actor
-
-    async def _request_endpoint(self):
-        if self.server is None:
-            self.server = CallServer(self.engine, ENGINE_METHODS, node_id=self.node_id, tcp_host="127.0.0.1")
-        return self.server.endpoint
-
-    def __getattr__(self, name: str) -> _Method:
-        return _Method(self, name)
-
-    def kill(self) -> None:
-        """As a crash: the process (its socket) is gone and Ray reports the actor dead."""
-        self.dead = True
-        self.close()
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+from roll_async.zmq_rpc import CallEndpoint, ZmqConnectError
+from tests.unit.local_actor import LocalActor
 
 
 def request(i: int, max_tokens: int = 4) -> GenerationRequest:
@@ -63,7 +26,7 @@ def request(i: int, max_tokens: int = 4) -> GenerationRequest:
 @pytest.fixture
 def clients():
     """Clients and handles a test made; their sockets are closed after it."""
-    made: list[ZmqEngineClient | LocalActorHandle] = []
+    made: list[ZmqEngineClient | LocalActor] = []
     yield made
     for item in made:
         item.close()
@@ -72,7 +35,7 @@ def clients():
 @pytest.mark.parametrize("client_node", ["node-a", "node-b"], ids=["ipc-same-node", "tcp-other-node"])
 async def test_generate_round_trip_same_result_as_a_direct_call(clients, client_node):
     engine = FakeEngine(output_fn=lambda r: [7, 8, r.prompt_token_ids[-1]], latency_s=0.01)
-    handle = LocalActorHandle(engine)
+    handle = LocalActor(engine, ENGINE_METHODS)
     client = ZmqEngineClient(handle, node_id=client_node)
     clients += [client, handle]
     results = await asyncio.gather(*(client.generate(request(i)) for i in range(50)))
@@ -83,7 +46,7 @@ async def test_generate_round_trip_same_result_as_a_direct_call(clients, client_
 
 
 async def test_engine_error_surfaces_with_its_type_and_message(clients):
-    handle = LocalActorHandle(FakeEngine(fail_requests=1))
+    handle = LocalActor(FakeEngine(fail_requests=1), ENGINE_METHODS)
     client = ZmqEngineClient(handle, node_id="node-a")
     clients += [client, handle]
     with pytest.raises(FakeEngineError):
@@ -93,7 +56,7 @@ async def test_engine_error_surfaces_with_its_type_and_message(clients):
 
 async def test_cancelled_call_cancels_the_engine_request(clients):
     engine = FakeEngine(latency_s=30.0)
-    handle = LocalActorHandle(engine)
+    handle = LocalActor(engine, ENGINE_METHODS)
     client = ZmqEngineClient(handle, node_id="node-a")
     clients += [client, handle]
     task = asyncio.create_task(client.generate(request(0)))
@@ -113,7 +76,7 @@ async def test_cancelled_call_cancels_the_engine_request(clients):
 
 
 async def test_dead_engine_fails_requests_in_flight_and_later_ones(clients):
-    handle = LocalActorHandle(FakeEngine(latency_s=30.0))
+    handle = LocalActor(FakeEngine(latency_s=30.0), ENGINE_METHODS)
     client = ZmqEngineClient(handle, node_id="node-a")
     clients += [client, handle]
     pending = [asyncio.create_task(client.generate(request(i))) for i in range(3)]
@@ -128,7 +91,7 @@ async def test_dead_engine_fails_requests_in_flight_and_later_ones(clients):
 
 
 async def test_router_fails_over_from_a_dead_zmq_replica(clients):
-    first, second = LocalActorHandle(FakeEngine(latency_s=0.5)), LocalActorHandle(FakeEngine())
+    first, second = LocalActor(FakeEngine(latency_s=0.5), ENGINE_METHODS), LocalActor(FakeEngine(), ENGINE_METHODS)
     replicas = [ZmqEngineClient(first, node_id="node-a"), ZmqEngineClient(second, node_id="node-a")]
     clients += [*replicas, first, second]
     router = Router(replicas, load_poll_s=0, rotation_offset=0)
@@ -137,7 +100,7 @@ async def test_router_fails_over_from_a_dead_zmq_replica(clients):
     assert router.replica_for("env-0") == 0
     first.kill()
     result = await asyncio.wait_for(task, timeout=10)
-    assert result.request_id == "r0" and len(second.engine.requests) == 1
+    assert result.request_id == "r0" and len(second.target.requests) == 1
     assert router.stats()["replicas"][0]["dead"]
 
 
@@ -148,13 +111,13 @@ async def test_unreachable_socket_is_an_error_naming_the_address_not_a_hang(clie
     with socket.socket() as probe:  # a free TCP port that nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    handle = LocalActorHandle(FakeEngine(), node_id="node-a")
+    handle = LocalActor(FakeEngine(), ENGINE_METHODS, node_id="node-a")
     dead_end = CallEndpoint(node_id="node-a", ipc="ipc:///nonexistent/roll_async.sock", tcp=f"tcp://127.0.0.1:{port}")
 
     async def endpoint():
         return dead_end
 
-    handle.engine.request_endpoint = endpoint
+    handle.target.call_endpoint = endpoint
     client = ZmqEngineClient(handle, node_id="node-b", connect_timeout_s=0.5)
     clients += [client, handle]
     results = await asyncio.wait_for(asyncio.gather(*(client.generate(request(i)) for i in range(3)), return_exceptions=True), 10)

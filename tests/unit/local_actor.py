@@ -1,0 +1,57 @@
+"""A Ray actor handle, in process, for tests of roll_async/zmq_rpc.py without Ray.
+
+``handle.method.remote(*args)`` calls the object's method; the object's ``call_endpoint`` opens a
+local CallServer for ``methods`` (what ServesCallsOverZmq does inside a Ray actor). ``kill()`` is a
+crash: the socket is gone and every Ray call raises Ray's actor-death error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from typing import Any
+
+from ray.exceptions import RayActorError
+
+from roll_async.zmq_rpc import CallEndpoint, CallServer
+
+
+class _Method:
+    def __init__(self, handle: LocalActor, name: str) -> None:
+        self.handle, self.name = handle, name
+
+    async def remote(self, *args: Any) -> Any:
+        if self.handle.dead:
+            raise RayActorError()
+        result = getattr(self.handle.target, self.name)(*args)
+        return await result if asyncio.iscoroutine(result) else result
+
+
+class LocalActor:
+    def __init__(self, target: Any, methods: Collection[str], *, node_id: str = "node-a", cancellable: bool = True) -> None:
+        self.target, self.node_id, self.dead = target, node_id, False
+        self._methods, self._cancellable = methods, cancellable
+        self.server: CallServer | None = None
+        target.call_endpoint = self._call_endpoint
+
+    async def _call_endpoint(self) -> CallEndpoint:
+        if self.server is None:
+            self.server = CallServer(self.target, self._methods, node_id=self.node_id, tcp_host="127.0.0.1",
+                                     name="test", cancellable=self._cancellable)
+        return self.server.endpoint
+
+    @property
+    def calls_served(self) -> int:
+        return self.server.calls_served if self.server is not None else 0
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self, name)
+
+    def kill(self) -> None:
+        self.dead = True
+        self.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
