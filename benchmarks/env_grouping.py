@@ -25,9 +25,11 @@ sampling params:
   replay ÷ ceiling is what the multi-turn request pattern itself does to the
   engine. Needs ``per_env`` listed before it; replays no env latency.
 
-Then the engine ceiling (``benchmarks.engine_ceiling.measure``) is measured on
-the same engine at the grid point's concurrency and the mean prompt/output
-lengths its requests had. Results (JSON, CSV, markdown, PNG) go to
+After every repeat the engine ceiling (``benchmarks.engine_ceiling.measure``)
+is measured on the same engine at the grid point's concurrency and the mean
+prompt/output lengths its requests had. Over Ray, the driver's loops (barrier,
+replay, ceiling) run at the Ray workers' niceness and the rollout's scheduling
+policy, as the per-env workers do (``treat_driver_like_workers``). Results (JSON, CSV, markdown, PNG) go to
 ``benchmarks/results/env_grouping_<cpu|gpu>_<name>.*``, stamped with the
 machine and the command. Ratios are only meaningful within one run.
 
@@ -57,6 +59,7 @@ import yaml
 from benchmarks import process_cpu
 from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
 from benchmarks.grouping_stats import BatchWindow, EngineSample, mean_request_shape, summarize_run
+from roll_async import sched_policy
 from roll_async.config import REQUEST_TRANSPORTS
 from roll_async.protocol import Trajectory
 
@@ -137,6 +140,9 @@ class BenchConfig:
     #: Seconds the fresh per-env worker processes get to settle before timing (see run_per_env); 0: none.
     per_env_warmup_s: float = 1.0
     ray_num_cpus: int | None = None
+    #: train_env_manager.rollout_sched_policy of the per-env workers and queue; over Ray the driver's rollout
+    #: loops (barrier, replay, ceiling, get_batch) run under the same policy, so every row gets the same treatment.
+    rollout_sched_policy: str = "batch"
     description: str = ""
 
 
@@ -212,6 +218,7 @@ def pipeline_config(bench: BenchConfig, workload: Workload, point: GridPoint, sc
             "env_step_timeout_s": bench.env_step_timeout_s,
             "watchdog_timeout_s": max(300.0, 2 * bench.env_step_timeout_s),
             "serve_order": "first_complete" if scheduler == "per_env_first_complete" else "fifo",
+            "rollout_sched_policy": bench.rollout_sched_policy,
         },
         "logging": {"console": False, "progress_bar": False, "save_trajectories": False},
     }
@@ -529,7 +536,8 @@ async def run_point(
     ceiling: bool,
     barrier_cache: dict[tuple, tuple[str, RunOutput]] | None = None,
 ) -> list[dict[str, Any]]:
-    """All schedulers of one grid point back to back, then the ceiling at the point's concurrency and lengths.
+    """All schedulers of one grid point back to back, then the ceiling at the point's concurrency and lengths
+    (after every repeat, so each repeat's ratio to it is side by side).
 
     The barrier does not depend on max_env_num_per_worker (it has no workers), so a point that differs
     from an earlier one only in that reuses the earlier barrier run (``note_barrier_from`` says which).
@@ -539,6 +547,7 @@ async def run_point(
     schedulers = list(point.schedulers or workload.schedulers)
     runs: dict[str, list[RunOutput]] = {s: [] for s in schedulers}
     configs: dict[str, Any] = {}
+    ceilings: list[dict[str, Any]] = []
     for repeat in range(max(1, workload.repeats)):
         # ABBA order over repeats, so a drift in machine load does not favour one scheduler
         for scheduler in schedulers if repeat % 2 == 0 else schedulers[::-1]:
@@ -576,6 +585,10 @@ async def run_point(
                 f"p50/p99 {once['episode_latency_p50_s']:.2f}/{once['episode_latency_p99_s']:.2f}s, tail10 {once['tail10_share']:.2f}",
                 flush=True,
             )
+        if ceiling:
+            # Measured after every repeat, so each repeat's ratio to the ceiling is side by side (the machine's
+            # speed drifts by 10-35% within minutes here); the shape is this repeat's mean request.
+            ceilings.append(await _ceiling_for(ctx, workload, point, bench, [outs[-1] for outs in runs.values() if outs]))
     outputs = {s: pool_runs(outs) for s, outs in runs.items()}
     rows = [_row(bench, workload, point, s, configs[s], outputs[s]) for s in schedulers]
     for row in rows:
@@ -599,26 +612,38 @@ async def run_point(
         per_env_row["tokens_vs_replay_runs"] = spread(
             [mine[1] / theirs[1] for mine, theirs in zip(per_repeat["per_env"], per_repeat["replay"]) if theirs[1] > 0]
         )
-    if ceiling:
-        pooled = [t for out in outputs.values() for t in out.trajectories]
-        prompt_mean, output_mean, _ = mean_request_shape(pooled)
-        concurrency = min(point.num_envs, ctx.engine_config.max_num_seqs)
-        prompt_len, output_len = max(1, round(prompt_mean)), max(1, round(output_mean))
-        print(f"[{workload.name} {point.label}] ceiling: N={concurrency} prompt={prompt_len} output={output_len} ...", flush=True)
-        c = await measure_ceiling(ctx, concurrency, prompt_len, output_len, bench.ceiling_rounds)
+    if ceilings:
+        # The row's ceiling is the median repeat's; each repeat's ratio uses its own ceiling.
+        c = sorted(ceilings, key=lambda m: m["tokens_per_s"])[(len(ceilings) - 1) // 2]
         for row in rows:
             row.update(
-                ceiling_concurrency=concurrency,
+                ceiling_concurrency=c["concurrency"],
                 ceiling_prompt_len=c["prompt_len"],
-                ceiling_output_len=output_len,
+                ceiling_output_len=c["output_len"],
                 ceiling_tokens_per_s=c["tokens_per_s"],
                 tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"] if c["tokens_per_s"] > 0 else math.nan,
                 **{key: value for key, value in c.items() if key.startswith("ceiling_")},
             )
-            if row["repeats"] > 1 and c["tokens_per_s"] > 0:
-                row["tokens_vs_ceiling_runs"] = spread([tok / c["tokens_per_s"] for _, tok in per_repeat[row["scheduler"]]])
-        print(f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s", flush=True)
+            if len(ceilings) > 1:
+                row["ceiling_tokens_per_s_runs"] = spread([m["tokens_per_s"] for m in ceilings])
+            if row["repeats"] > 1 and len(ceilings) == row["repeats"]:
+                row["tokens_vs_ceiling_runs"] = spread(
+                    [tok / m["tokens_per_s"] for (_, tok), m in zip(per_repeat[row["scheduler"]], ceilings) if m["tokens_per_s"] > 0]
+                )
     return rows
+
+
+async def _ceiling_for(
+    ctx: BenchContext, workload: Workload, point: GridPoint, bench: BenchConfig, outs: list[RunOutput]
+) -> dict[str, Any]:
+    """The engine ceiling at the point's concurrency and the mean request shape of ``outs``."""
+    prompt_mean, output_mean, _ = mean_request_shape([t for out in outs for t in out.trajectories])
+    concurrency = min(point.num_envs, ctx.engine_config.max_num_seqs)
+    prompt_len, output_len = max(1, round(prompt_mean)), max(1, round(output_mean))
+    print(f"[{workload.name} {point.label}] ceiling: N={concurrency} prompt={prompt_len} output={output_len} ...", flush=True)
+    c = await measure_ceiling(ctx, concurrency, prompt_len, output_len, bench.ceiling_rounds)
+    print(f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s", flush=True)
+    return {**c, "concurrency": concurrency, "output_len": output_len}
 
 
 # -- the whole benchmark -------------------------------------------------------------------
@@ -650,6 +675,30 @@ async def start_engine(bench: BenchConfig) -> BenchContext:
                         sample_interval_s=bench.sample_interval_s)
 
 
+async def treat_driver_like_workers(ctx: BenchContext, policy: str) -> dict[str, Any]:
+    """Give the driver's rollout loops (barrier, replay, ceiling, get_batch) the per-env workers' CPU standing.
+
+    Ray starts its worker processes (the engine actor and vLLM's processes under it, the EnvManagerWorkers,
+    the queue actor) at niceness 15 and leaves the driver at 0: a weight of 1024 against 36, so a loop in the
+    driver would get the CPU ahead of the engine and of per-env's loops. The driver takes the engine
+    actor's niceness (read from its pid; same machine) and the rollout scheduling policy, after the engine's
+    processes started (they must not inherit either). In one process (inprocess) nothing is changed.
+    """
+    info = await ctx.handles[0].info.remote()
+    try:
+        niceness = os.getpriority(os.PRIO_PROCESS, int(info["pid"]))
+    except (KeyError, OSError, TypeError, ValueError):
+        niceness = None  # not on this machine: leave it
+    if niceness is not None:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) < niceness:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            except OSError:
+                continue
+    return {"driver_niceness": niceness, "rollout_sched_policy": sched_policy.apply_to_process(policy)}
+
+
 async def stop_engine(ctx: BenchContext | None) -> None:
     if ctx is None:
         return
@@ -670,8 +719,11 @@ async def run_benchmark(bench: BenchConfig) -> dict[str, Any]:
     load_start = _load1()
     ctx: BenchContext | None = None
     rows: list[dict[str, Any]] = []
+    driver_standing: dict[str, Any] = {}
     try:
         ctx = await start_engine(bench)
+        if ctx.transport == "ray":
+            driver_standing = await treat_driver_like_workers(ctx, bench.rollout_sched_policy)
         startup = time.perf_counter() - started
         print(f"engine ready in {startup:.0f}s ({bench.transport}); warming up", flush=True)
         await measure_ceiling(ctx, min(16, ctx.engine_config.max_num_seqs), 64, 16, 1)
@@ -685,6 +737,8 @@ async def run_benchmark(bench: BenchConfig) -> dict[str, Any]:
         "name": bench.name,
         "transport": bench.transport,
         "request_transport": ctx.engine_config.request_transport if ctx else bench.engine.get("request_transport"),
+        "rollout_sched_policy": bench.rollout_sched_policy if bench.transport == "ray" else "normal",
+        "driver_niceness": driver_standing.get("driver_niceness"),
         "model": ctx.model_path if ctx else bench.model,
         "engine": bench.engine,
         "seconds_total": time.perf_counter() - started,
@@ -788,7 +842,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         + (
             "per-env = RolloutScheduler over Ray (GroupQueueManager actor + EnvManagerWorker actors) calling the engine "
             "actor; barrier and ceiling run in the driver and call the same engine actor. Generate requests go by "
-            f"engine.request_transport: **{result.get('request_transport') or 'ray'}** (workers, barrier and ceiling alike)."
+            f"engine.request_transport: **{result.get('request_transport') or 'ray'}** (workers, barrier and ceiling alike). "
+            f"Rollout scheduling policy: **{result.get('rollout_sched_policy') or 'normal'}** (workers, queue and the "
+            "driver's loops alike; roll_async/sched_policy.py); the driver's loops run at the Ray workers' niceness "
+            f"({result.get('driver_niceness')})."
             if result["transport"] == "ray"
             else "everything in one process: per-env = LocalRolloutScheduler, barrier and ceiling in the same event loop, "
             "all on one in-process VLLMEngine (max_env_num_per_worker has no effect)."
@@ -898,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=TRANSPORTS, default=None, help="override the config's transport")
     parser.add_argument("--request-transport", choices=REQUEST_TRANSPORTS, default=None,
                         help="override engine.request_transport (how workers, the barrier and the ceiling send requests)")
+    parser.add_argument("--rollout-sched-policy", choices=sorted(sched_policy.POLICIES), default=None,
+                        help="override rollout_sched_policy (the per-env workers and queue, and over Ray the driver's loops)")
     parser.add_argument("--model", default=None, help="model dir (default: the config's, else the offline tiny model)")
     parser.add_argument("--workloads", nargs="+", default=None, help="run only these workloads")
     parser.add_argument("--num-batches", type=int, default=None, help="override num_batches for every workload")
@@ -925,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.transport = args.transport
     if args.request_transport:
         bench.engine = {**bench.engine, "request_transport": args.request_transport}
+    if args.rollout_sched_policy:
+        bench.rollout_sched_policy = args.rollout_sched_policy
     if args.model:
         bench.model = args.model
     if args.workloads:

@@ -25,6 +25,7 @@ from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeSche
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
 from roll_async import node_files
+from roll_async import sched_policy
 from roll_async.gc_tuning import tune_gc_for_env_loops
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.engine_actor import engine_clients
@@ -330,6 +331,7 @@ class EnvManagerWorker:
             on_fatal=lambda message: scheduler_handle.report_fatal.remote(f"worker {worker_index}: {message}"),
         )
         tune_gc_for_env_loops(em.worker_gc_threshold)  # this process hosts env loops only (roll_async/gc_tuning.py)
+        self.sched_policy = sched_policy.apply_to_process(em.rollout_sched_policy)  # off vLLM's critical path
 
     async def run(self) -> None:
         """Returns when every loop ended (scheduler shut down); raises when one died."""
@@ -357,6 +359,7 @@ class EnvManagerWorker:
             "router_load": self._router.load(),
             "router": self._router.stats(),
             "node_id": _node_id(),
+            "sched_policy": sched_policy.process_policies(),
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
             },

@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from roll_async.sampling import SamplingSettings
+from roll_async.sched_policy import POLICIES as SCHED_POLICIES
 
 
 class ConfigError(ValueError):
@@ -122,6 +123,9 @@ class EnvManagerConfig:
     #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
     #: worker built (roll_async/gc_tuning.py); 0 keeps Python's default (700).
     worker_gc_threshold: int = 250_000
+    #: Linux scheduling policy of the EnvManagerWorker and GroupQueueActor processes (roll_async/sched_policy.py):
+    #: batch (SCHED_BATCH: same CPU share, but their wake-ups do not preempt vLLM's steps on a shared core) | normal.
+    rollout_sched_policy: str = "batch"
     #: Ray CPUs reserved by each EnvManagerWorker actor.
     num_cpus_per_worker: float = 0.0
     #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
@@ -421,6 +425,11 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
         raise ConfigError(f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0")
     if em.worker_gc_threshold < 0:
         raise ConfigError(f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)")
+    if em.rollout_sched_policy not in SCHED_POLICIES:
+        raise ConfigError(
+            f"{name}.rollout_sched_policy={em.rollout_sched_policy!r} is unknown; use one of {sorted(SCHED_POLICIES)} "
+            "(batch: the rollout's wake-ups do not preempt the engine; normal: the kernel's default)"
+        )
     if em.env_step_timeout_s <= 0:
         raise ConfigError(f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds")
     if not em.tags:

@@ -25,6 +25,13 @@ silently forever) fails with ``ZmqConnectError`` naming the address and the
 setting that avoids ZMQ. A call cancelled by its caller is cancelled on the
 server too when the server was opened with ``cancellable=True``; otherwise the
 server finishes it, as Ray does with an abandoned actor call.
+
+Sockets are plain (blocking-API) ZMQ sockets driven by the event loop
+(``_LoopSocket``): one reader callback drains every message that is ready, and a
+send goes out at once without blocking. pyzmq's ``zmq.asyncio`` sockets cost a
+future, a poller registration and several enum operations per message; on the
+rollout's path (one message per turn each way) that was a fifth of an env
+worker's CPU.
 """
 
 from __future__ import annotations
@@ -41,8 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-import zmq.asyncio
-from zmq.utils.monitor import recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +66,88 @@ class ZmqConnectError(RuntimeError):
     """An actor's call socket did not answer: a port blocked between nodes, most likely."""
 
 
-def _context() -> zmq.asyncio.Context:
+def _context() -> zmq.Context:
     """The process's one ZMQ context (pyzmq's singleton), never terminated by us.
 
     A context's ``term()`` waits until every one of its sockets is closed; a per-object context
     reached by the garbage collector while any socket of it is left open blocks that process for
     good (seen in a benchmark driver). Sockets are closed explicitly; the shared context lives
     until the process exits, where pyzmq skips the wait.
+
+    Its I/O threads, started with the first socket, run under the scheduling policy of the thread
+    that asks first (``roll_async/sched_policy.py`` sets the rollout's). Left alone, libzmq re-applies
+    the policy glibc cached for the creating thread, which in a Ray actor predates the change.
     """
-    return zmq.asyncio.Context.instance()
+    global _context_configured
+    context = zmq.Context.instance()
+    if not _context_configured and hasattr(os, "sched_getscheduler"):
+        context.set(zmq.THREAD_SCHED_POLICY, os.sched_getscheduler(0))
+        _context_configured = True
+    return context
+
+
+_context_configured = False
+
+
+class _LoopSocket:
+    """A ZMQ socket driven by the running event loop: ``on_message(frames)`` for every message received.
+
+    ZMQ's file descriptor is edge-triggered and only says "look again": the reader callback drains
+    every ready message, and after each send (which may consume that edge) the socket's events are
+    checked again; a socket is also checked once when it is made (a pipe signals a message only after
+    a read found it empty). Sends never block: queues are unbounded (a message per request in flight), and a
+    full queue (zmq.Again) is retried on the next loop iterations.
+    """
+
+    def __init__(self, socket: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket = socket
+        self._on_message = on_message
+        self._loop = asyncio.get_running_loop()
+        self._fd = socket.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._drain)
+        self._closed = False
+        # A pipe signals new messages only after a read found it empty: look once, so the first one is seen.
+        self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        socket = self.socket
+        while not self._closed and socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._on_message(frames)
+            except Exception:  # a handler bug must not stop the socket
+                logger.exception("zmq message handler failed")
+
+    def send_now(self, frames: list[bytes]) -> bool:
+        """Send without waiting; False if the queue is full (zmq.Again)."""
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._drain)  # the send consumed the readable edge
+        return True
+
+    async def send(self, frames: list[bytes]) -> None:
+        delay = 0.0005
+        while not self.send_now(frames):
+            if self._closed:
+                raise zmq.ZMQError(zmq.ENOTSOCK, "socket closed")
+            await asyncio.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._fd)
+        self.socket.close(linger=0)
 
 
 @dataclass(frozen=True)
@@ -106,31 +185,37 @@ class CallServer:
         self._target = target
         self._methods = frozenset(methods)
         self._cancellable = cancellable
-        self._socket = _context().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        ipc = f"ipc://{os.path.join(tempfile.gettempdir(), f'roll_async_{name}_{uuid.uuid4().hex[:12]}.sock')}"
-        self._socket.bind(ipc)
-        port = self._socket.bind_to_random_port(f"tcp://{tcp_host}")
-        self.endpoint = CallEndpoint(node_id=node_id, ipc=ipc, tcp=f"tcp://{tcp_host}:{port}")
         self._tasks: dict[tuple[bytes, int], asyncio.Task] = {}
-        self._serve_task = asyncio.get_running_loop().create_task(self._serve())
+        self._loop = asyncio.get_running_loop()
+        self._socket = _LoopSocket(_context().socket(zmq.ROUTER), self._on_message)  # options set before binding
+        ipc = f"ipc://{os.path.join(tempfile.gettempdir(), f'roll_async_{name}_{uuid.uuid4().hex[:12]}.sock')}"
+        self._socket.socket.bind(ipc)
+        port = self._socket.socket.bind_to_random_port(f"tcp://{tcp_host}")
+        self.endpoint = CallEndpoint(node_id=node_id, ipc=ipc, tcp=f"tcp://{tcp_host}:{port}")
         self.calls_served = 0
 
-    async def _serve(self) -> None:
-        while True:
-            identity, frame = await self._socket.recv_multipart()
-            try:
-                kind, call_id, payload = pickle.loads(frame)
-            except Exception as exc:  # a foreign or truncated message: nobody to answer
-                logger.warning("call socket: unreadable message dropped (%s)", exc)
-                continue
-            key = (identity, call_id)
-            if kind == _CALL:
-                self._tasks[key] = asyncio.get_running_loop().create_task(self._run(key, *payload))
-            elif kind == _CANCEL and self._cancellable and key in self._tasks:
-                self._tasks[key].cancel()
-            elif kind == _PING:
-                await self._socket.send_multipart([identity, _dumps((_PONG, call_id, None))])
+    def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            logger.warning("call socket: message of %d frames dropped", len(frames))
+            return
+        identity, frame = frames
+        try:
+            kind, call_id, payload = pickle.loads(frame)
+        except Exception as exc:  # a foreign or truncated message: nobody to answer
+            logger.warning("call socket: unreadable message dropped (%s)", exc)
+            return
+        key = (identity, call_id)
+        if kind == _CALL:
+            self._tasks[key] = self._loop.create_task(self._run(key, *payload))
+        elif kind == _CANCEL and self._cancellable and key in self._tasks:
+            self._tasks[key].cancel()
+        elif kind == _PING:
+            self._reply(identity, (_PONG, call_id, None))
+
+    def _reply(self, identity: bytes, message: tuple) -> None:
+        frames = [identity, _dumps(message)]
+        if not self._socket.send_now(frames):
+            self._loop.create_task(self._socket.send(frames))
 
     async def _run(self, key: tuple[bytes, int], method: str, args: tuple) -> None:
         identity, call_id = key
@@ -145,13 +230,12 @@ class CallServer:
         finally:
             self._tasks.pop(key, None)
         self.calls_served += 1
-        await self._socket.send_multipart([identity, _dumps(reply)])
+        self._reply(identity, reply)
 
     def close(self) -> None:
-        self._serve_task.cancel()
         for task in list(self._tasks.values()):
             task.cancel()
-        self._socket.close(linger=0)
+        self._socket.close()
         try:
             os.unlink(self.endpoint.ipc.removeprefix("ipc://"))
         except OSError:
@@ -226,9 +310,9 @@ class ZmqCaller:
         self._pending: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._connect_lock = asyncio.Lock()
-        self._socket: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._socket: _LoopSocket | None = None
+        self._monitor: _LoopSocket | None = None
+        self._watch_task: asyncio.Task | None = None
         self.dead: str | None = None
         self._ready = False  # the first exchange (a ping) came back
         self._connect_error: ZmqConnectError | None = None
@@ -251,14 +335,11 @@ class ZmqCaller:
                 return
             endpoint = await self._endpoint()
             socket = _context().socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
             monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            monitor.setsockopt(zmq.LINGER, 0)
             address = endpoint.address_for(self._node_id)
+            self._socket = _LoopSocket(socket, self._on_reply)
+            self._monitor = _LoopSocket(monitor, self._on_monitor_event)
             socket.connect(address)
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._read_replies(socket)), loop.create_task(self._watch(monitor))]
-            self._socket, self._monitor = socket, monitor
             try:
                 await asyncio.wait_for(self._send(_PING, None), self._connect_timeout_s)
             except asyncio.TimeoutError:
@@ -271,31 +352,31 @@ class ZmqCaller:
                 raise self._connect_error from None
             self._ready = True
 
-    async def _read_replies(self, socket: zmq.asyncio.Socket) -> None:
-        while True:
-            kind, call_id, payload = pickle.loads(await socket.recv())
-            future = self._pending.get(call_id)
-            if future is None or future.done():
-                continue  # cancelled meanwhile
-            if kind in (_RESULT, _PONG):
-                future.set_result(payload)
-            else:
-                future.set_exception(payload)
+    def _on_reply(self, frames: list[bytes]) -> None:
+        kind, call_id, payload = pickle.loads(frames[-1])
+        future = self._pending.get(call_id)
+        if future is None or future.done():
+            return  # cancelled meanwhile
+        if kind in (_RESULT, _PONG):
+            future.set_result(payload)
+        else:
+            future.set_exception(payload)
 
-    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """On every dropped connection, ask Ray whether the actor is gone; if so, fail what is in flight."""
-        while True:
-            event = await recv_monitor_message(monitor)
-            if event["event"] != zmq.EVENT_DISCONNECTED:
-                continue
-            try:
-                await asyncio.wait_for(self._probe(), LIVENESS_TIMEOUT_S)
-                logger.warning("%s: call connection dropped but the actor answers; reconnecting", self._what)
-            except self._dead_errors as exc:
-                self._fail_all(str(exc))
-                return
-            except asyncio.TimeoutError:
-                logger.warning("%s: call connection dropped and the actor did not answer in %.0fs", self._what, LIVENESS_TIMEOUT_S)
+    def _on_monitor_event(self, frames: list[bytes]) -> None:
+        if parse_monitor_message(frames)["event"] != zmq.EVENT_DISCONNECTED or self.dead is not None:
+            return
+        if self._watch_task is None or self._watch_task.done():  # one liveness probe at a time
+            self._watch_task = asyncio.get_running_loop().create_task(self._check_liveness())
+
+    async def _check_liveness(self) -> None:
+        """The connection dropped: ask Ray whether the actor is gone; if so, fail what is in flight."""
+        try:
+            await asyncio.wait_for(self._probe(), LIVENESS_TIMEOUT_S)
+            logger.warning("%s: call connection dropped but the actor answers; reconnecting", self._what)
+        except self._dead_errors as exc:
+            self._fail_all(str(exc))
+        except asyncio.TimeoutError:
+            logger.warning("%s: call connection dropped and the actor did not answer in %.0fs", self._what, LIVENESS_TIMEOUT_S)
 
     def _fail_all(self, reason: str) -> None:
         self.dead = reason
@@ -310,13 +391,15 @@ class ZmqCaller:
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            await socket.send(_dumps((kind, call_id, payload)))
+            frames = [_dumps((kind, call_id, payload))]
+            if not socket.send_now(frames):
+                await socket.send(frames)
             return await future
         except asyncio.CancelledError:
             answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
-            if not answered and self.dead is None:
+            if not answered and self.dead is None and self._socket is socket:
                 try:
-                    socket.send(_dumps((_CANCEL, call_id, None)), flags=zmq.NOBLOCK)
+                    socket.send_now([_dumps((_CANCEL, call_id, None))])
                 except zmq.ZMQError:
                     pass
             raise
@@ -325,10 +408,10 @@ class ZmqCaller:
 
     def close(self) -> None:
         """Close the socket and its monitor (idempotent)."""
-        for task in self._tasks:
-            task.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         if self._socket is not None:
-            self._socket.disable_monitor()
-            self._monitor.close(linger=0)
-            self._socket.close(linger=0)
+            self._socket.socket.disable_monitor()
+            self._monitor.close()
+            self._socket.close()
         self._socket = self._monitor = None

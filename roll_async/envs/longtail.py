@@ -125,11 +125,15 @@ class LongTailEnv:
 
     def draw_turns(self, action_text: str) -> int:
         c = self.config
+        if c.turns_alpha <= 0 or c.min_turns == c.max_turns:
+            return c.min_turns  # fixed: no draw (each draw has its own generator, so skipping one changes no other)
         u = 1.0 - self._rng(1, self._action_key(action_text)).random()  # (0, 1]
         return pareto_turns(u, c.min_turns, c.max_turns, c.turns_alpha)
 
     def draw_step_latency(self, turn: int, action_text: str) -> float:
         c = self.config
+        if c.step_latency_s <= 0 and c.slow_step_prob <= 0:
+            return 0.0  # no latency to draw
         rng = self._rng(2, turn, self._action_key(action_text))
         z, slow = rng.standard_normal(), rng.random()
         delay = 0.0
@@ -145,7 +149,7 @@ class LongTailEnv:
         rng = self._rng(3, turn, self._action_key(action_text))
         factor = math.exp(c.observation_words_sigma * rng.standard_normal()) if c.observation_words_sigma > 0 else 1.0
         n = max(1, int(round(c.observation_words * factor)))
-        words = " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=n))
+        words = " ".join([_WORDS[i] for i in rng.integers(0, len(_WORDS), size=n).tolist()])
         return f"Step {turn}: tool returned: {words}"
 
     # -- gym API -----------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any
 
 from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
 from roll_async.config import PipelineConfig, validate_config
-from roll_async import node_files
+from roll_async import node_files, sched_policy
 from roll_async.metrics import replica_metrics
 from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.ray_utils import actor_death_errors, describe_ray_error, unwrap_ray_error
@@ -83,6 +83,8 @@ class GroupQueueActor(ServesCallsOverZmq):
         self.queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
         if seed_state:
             self.queue.load_seed_state(seed_state)
+        # Every hand-over wakes this process; like the workers, it must not preempt vLLM's steps.
+        sched_policy.apply_to_process(env_manager_config(config, which).rollout_sched_policy)
 
     async def ping(self) -> None:
         """A liveness probe for ZMQ callers whose connection dropped."""
@@ -148,7 +150,7 @@ class GroupQueueActor(ServesCallsOverZmq):
         self.queue.shutdown()
 
     async def describe(self) -> dict[str, Any]:
-        return {**self.queue.describe(), "handovers_over_zmq": self.calls_served}
+        return {**self.queue.describe(), "handovers_over_zmq": self.calls_served, "sched_policy": sched_policy.process_policies()}
 
     async def seed_state(self) -> dict[str, Any]:
         return self.queue.seed_state()

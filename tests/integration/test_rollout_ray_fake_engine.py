@@ -89,8 +89,12 @@ async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(ray_ses
             await scheduler.resume()
         assert scheduler.num_workers == 2
         # engine.request_transport: zmq (the default) carries each episode's hand-over too (3 steps x 4 envs at least)
-        handovers = (await scheduler.describe())["queue"]["handovers_over_zmq"]
+        described = await scheduler.describe()
+        handovers = described["queue"]["handovers_over_zmq"]
         assert handovers >= 12 if request_transport == "zmq" else handovers == 0
+        # rollout_sched_policy: batch (the default) on every thread of the queue actor and the workers
+        for process in [described["queue"], *described["workers"]]:
+            assert set(process["sched_policy"]) == {"batch"}, process["sched_policy"]
         requests = await engine.received_requests.remote()
         assert {r.request_id.split("-env")[1].split("-")[0] for r in requests} == {"0", "1", "2", "3"}
     finally:
