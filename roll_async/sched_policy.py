@@ -12,9 +12,9 @@ but tells the kernel not to preempt on wake-up: the rollout thread runs when the
 engine's processes yield (vLLM's processes poll with ``sched_yield`` between
 steps) or at the end of their time slice.
 
-Measured on the 2-core VM, zero-latency workload, 3 paired runs each
-(``benchmarks/README.md``): per-env ÷ barrier 0.87× with ``normal``, 1.08× with
-``batch``. The price is up to one scheduler slice (a few ms) of wake-up delay for
+Measured on the 2-core VM, zero-latency workload, 5 paired runs per series
+(``benchmarks/README.md``): per-env ÷ barrier 0.83× with ``normal``; 1.05×, 0.94×
+and 1.03× in three ``batch`` series. The price is up to one scheduler slice (a few ms) of wake-up delay for
 a rollout thread on a busy core, nothing against an LLM turn.
 
 Applied by each EnvManagerWorker and the GroupQueueActor at start, to every
