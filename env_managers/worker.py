@@ -24,8 +24,7 @@ from typing import Any
 from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
-from roll_async import node_files
-from roll_async import sched_policy
+from roll_async import node_files, sched_policy
 from roll_async.gc_tuning import tune_gc_for_env_loops
 from roll_async.config import CustomEnvConfig, PipelineConfig
 from roll_async.engine.engine_actor import engine_clients
@@ -331,7 +330,7 @@ class EnvManagerWorker:
             on_fatal=lambda message: scheduler_handle.report_fatal.remote(f"worker {worker_index}: {message}"),
         )
         tune_gc_for_env_loops(em.worker_gc_threshold)  # this process hosts env loops only (roll_async/gc_tuning.py)
-        self.sched_policy = sched_policy.apply_to_process(em.rollout_sched_policy)  # off vLLM's critical path
+        sched_policy.apply_to_process(em.rollout_sched_policy)  # off vLLM's critical path; describe() reports it
 
     async def run(self) -> None:
         """Returns when every loop ended (scheduler shut down); raises when one died."""

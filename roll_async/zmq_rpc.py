@@ -391,9 +391,7 @@ class ZmqCaller:
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            frames = [_dumps((kind, call_id, payload))]
-            if not socket.send_now(frames):
-                await socket.send(frames)
+            await socket.send([_dumps((kind, call_id, payload))])  # at once unless the queue is full
             return await future
         except asyncio.CancelledError:
             answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
