@@ -32,14 +32,30 @@ from typing import Any
 from benchmarks.common import spread, write_json
 
 LONGTAIL_ENV = {
-    "min_turns": 1, "max_turns": 12, "turns_alpha": 1.2, "step_latency_s": 0.2, "step_latency_sigma": 1.0,
-    "max_step_latency_s": 5.0, "slow_step_prob": 0.02, "slow_step_s": 3.0, "observation_words": 12,
+    "min_turns": 1,
+    "max_turns": 12,
+    "turns_alpha": 1.2,
+    "step_latency_s": 0.2,
+    "step_latency_sigma": 1.0,
+    "max_step_latency_s": 5.0,
+    "slow_step_prob": 0.02,
+    "slow_step_s": 3.0,
+    "observation_words": 12,
     "observation_words_sigma": 0.5,
 }
 
 
-def bench_config(mode: str, args: argparse.Namespace, step_s: float, output_dir: str) -> Any:
-    from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, LoggingConfig, PipelineConfig, validate_config
+def bench_config(
+    mode: str, args: argparse.Namespace, step_s: float, output_dir: str
+) -> Any:
+    from roll_async.config.schema import (
+        CustomEnvConfig,
+        EngineConfig,
+        EnvManagerConfig,
+        LoggingConfig,
+        PipelineConfig,
+        validate_config,
+    )
 
     config = PipelineConfig(
         mode=mode,
@@ -49,17 +65,32 @@ def bench_config(mode: str, args: argparse.Namespace, step_s: float, output_dir:
         max_steps=args.steps,
         seed=args.seed,
         output_dir=output_dir,
-        engine=EngineConfig(dtype="float32", max_model_len=2048, max_num_seqs=64, cpu_kv_cache_space_gib=0.5),
+        engine=EngineConfig(
+            dtype="float32",
+            max_model_len=2048,
+            max_num_seqs=64,
+            cpu_kv_cache_space_gib=0.5,
+        ),
         custom_envs={
-            "LongTail": CustomEnvConfig(env_type="longtail", env_config=dict(LONGTAIL_ENV), max_steps=12,
-                                        max_tokens_per_step=64, stop=[">", ".", ","])
+            "LongTail": CustomEnvConfig(
+                env_type="longtail",
+                env_config=dict(LONGTAIL_ENV),
+                max_steps=12,
+                max_tokens_per_step=64,
+                stop=[">", ".", ","],
+            )
         },
         train_env_manager=EnvManagerConfig(
-            num_env_groups=args.groups, group_size=args.group_size, tags=["LongTail"],
-            max_env_num_per_worker=args.groups * args.group_size, env_threads_per_worker=args.groups * args.group_size,
+            num_env_groups=args.groups,
+            group_size=args.group_size,
+            tags=["LongTail"],
+            max_env_num_per_worker=args.groups * args.group_size,
+            env_threads_per_worker=args.groups * args.group_size,
             serve_order=args.serve_order,
         ),
-        logging=LoggingConfig(console=False, progress_bar=False, save_trajectories=False),
+        logging=LoggingConfig(
+            console=False, progress_bar=False, save_trajectories=False
+        ),
     )
     config.trainer.simulate_step_s = step_s
     config.trainer.simulate_sync_s = args.sync_s
@@ -67,15 +98,21 @@ def bench_config(mode: str, args: argparse.Namespace, step_s: float, output_dir:
     return config
 
 
-async def run_once(mode: str, args: argparse.Namespace, step_s: float, engine: Any) -> dict[str, Any]:
-    from pipelines.agentic_pipeline import AgenticPipeline
+async def run_once(
+    mode: str, args: argparse.Namespace, step_s: float, engine: Any
+) -> dict[str, Any]:
+    from roll_async.pipelines.agentic_pipeline import AgenticPipeline
 
     with tempfile.TemporaryDirectory() as tmp:
         config = bench_config(mode, args, step_s, tmp)
         started = time.perf_counter()
         run_dir = await AgenticPipeline(config, engines=[engine]).run()
         wall = time.perf_counter() - started
-        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = [
+            json.loads(line)
+            for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
     rows = sorted((r for r in rows if "time/step_total" in r), key=lambda r: r["step"])
     measured = rows[1:]  # the first step includes starting the env loops
     total = sum(r["time/step_total"] for r in measured)
@@ -83,12 +120,24 @@ async def run_once(mode: str, args: argparse.Namespace, step_s: float, engine: A
         "mode": mode,
         "steps_measured": len(measured),
         "steps_per_s": len(measured) / total if total > 0 else float("nan"),
-        "step_total_s_median": statistics.median(r["time/step_total"] for r in measured),
-        "rollout_wait_s_median": statistics.median(r["time/step_rollout"] for r in measured),
-        "env_busy_fraction_mean": statistics.fmean(r.get("rollout/env_busy_fraction", float("nan")) for r in measured),
-        "staleness_mean": statistics.fmean(r.get("rollout/staleness/mean", 0.0) for r in measured),
-        "dropped_stale_groups": sum(r.get("rollout/dropped_stale_groups", 0.0) for r in measured),
-        "trajectories_per_s_served": statistics.fmean(r.get("rollout/trajectories_per_s", 0.0) for r in measured),
+        "step_total_s_median": statistics.median(
+            r["time/step_total"] for r in measured
+        ),
+        "rollout_wait_s_median": statistics.median(
+            r["time/step_rollout"] for r in measured
+        ),
+        "env_busy_fraction_mean": statistics.fmean(
+            r.get("rollout/env_busy_fraction", float("nan")) for r in measured
+        ),
+        "staleness_mean": statistics.fmean(
+            r.get("rollout/staleness/mean", 0.0) for r in measured
+        ),
+        "dropped_stale_groups": sum(
+            r.get("rollout/dropped_stale_groups", 0.0) for r in measured
+        ),
+        "trajectories_per_s_served": statistics.fmean(
+            r.get("rollout/trajectories_per_s", 0.0) for r in measured
+        ),
         "wall_s": wall,
         "load1": round(os.getloadavg()[0], 2),
     }
@@ -99,12 +148,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
     from roll_async.model.tiny import resolve_model_path
-    from roll_async.ray_utils import init_ray
+    from roll_async.runtime.ray_utils import init_ray
 
     init_ray(None, None)
     model_path = resolve_model_path(args.model)
     engine_config = bench_config("sync", args, 1.0, "/tmp").engine
-    (engine,) = await launch_engines(model_path, engine_config, name_prefix="async_speedup_engine")
+    (engine,) = await launch_engines(
+        model_path, engine_config, name_prefix="async_speedup_engine"
+    )
     runs: list[dict[str, Any]] = []
     try:
         step_s = args.step_s
@@ -113,7 +164,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             step_s = round(calibration["rollout_wait_s_median"], 2)
             calibration["role"] = "calibration (not counted)"
             runs.append(calibration)
-            print(f"calibration: sync rollout per step {step_s:.2f}s -> simulate_step_s={step_s}", flush=True)
+            print(
+                f"calibration: sync rollout per step {step_s:.2f}s -> simulate_step_s={step_s}",
+                flush=True,
+            )
         step_s = float(step_s)
         order = []
         for i in range(args.repeats):
@@ -122,9 +176,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             result = await run_once(mode, args, step_s, engine)
             result["role"] = "measured"
             runs.append(result)
-            write_json(f"{args.name}_partial", {"partial": True, "simulate_step_s": step_s, "runs": runs})
-            print(f"{mode:>5}: {result['steps_per_s']:.3f} steps/s (step {result['step_total_s_median']:.2f}s, "
-                  f"rollout wait {result['rollout_wait_s_median']:.2f}s, load {result['load1']})", flush=True)
+            write_json(
+                f"{args.name}_partial",
+                {"partial": True, "simulate_step_s": step_s, "runs": runs},
+            )
+            print(
+                f"{mode:>5}: {result['steps_per_s']:.3f} steps/s (step {result['step_total_s_median']:.2f}s, "
+                f"rollout wait {result['rollout_wait_s_median']:.2f}s, load {result['load1']})",
+                flush=True,
+            )
     finally:
         await shutdown_engines([engine])
         ray.shutdown()
@@ -137,8 +197,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "simulated_trainer": True,
         "simulate_step_s": step_s,
         "simulate_sync_s": args.sync_s,
-        "workload": {"env": "longtail", "env_config": LONGTAIL_ENV, "groups": args.groups, "group_size": args.group_size,
-                     "max_staleness": args.max_staleness, "serve_order": args.serve_order, "steps_per_run": args.steps},
+        "workload": {
+            "env": "longtail",
+            "env_config": LONGTAIL_ENV,
+            "groups": args.groups,
+            "group_size": args.group_size,
+            "max_staleness": args.max_staleness,
+            "serve_order": args.serve_order,
+            "steps_per_run": args.steps,
+        },
         "sync_steps_per_s": spread(sync),
         "async_steps_per_s": spread(asyn),
         "async_vs_sync": statistics.median(asyn) / statistics.median(sync),
@@ -148,7 +215,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def to_markdown(result: dict[str, Any]) -> str:
-    s, a, p = result["sync_steps_per_s"], result["async_steps_per_s"], result["async_vs_sync_pairwise"]
+    s, a, p = (
+        result["sync_steps_per_s"],
+        result["async_steps_per_s"],
+        result["async_vs_sync_pairwise"],
+    )
     lines = [
         "# Async ÷ sync step throughput, SIMULATED trainer, long-tail workload",
         "",
@@ -180,14 +251,22 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--step-s", default="auto", help="simulated train step seconds, or 'auto' (sync rollout time)")
-    parser.add_argument("--sync-s", type=float, default=0.2, help="simulated weight sync seconds")
+    parser.add_argument(
+        "--step-s",
+        default="auto",
+        help="simulated train step seconds, or 'auto' (sync rollout time)",
+    )
+    parser.add_argument(
+        "--sync-s", type=float, default=0.2, help="simulated weight sync seconds"
+    )
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--serve-order", default="fifo", choices=["fifo", "first_complete"])
+    parser.add_argument(
+        "--serve-order", default="fifo", choices=["fifo", "first_complete"]
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--model", default=None)
     parser.add_argument("--name", default="async_speedup_cpu_quick")
@@ -198,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     (path.parent / f"{args.name}_partial.json").unlink(missing_ok=True)
     saved = json.loads(path.read_text())
     path.with_suffix(".md").write_text(to_markdown(saved))
-    print(f"async ÷ sync: {result['async_vs_sync']:.2f}x; wrote {path} and {path.with_suffix('.md')}")
+    print(
+        f"async ÷ sync: {result['async_vs_sync']:.2f}x; wrote {path} and {path.with_suffix('.md')}"
+    )
     return 0
 
 

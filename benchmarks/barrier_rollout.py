@@ -30,14 +30,19 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from env_managers.env_manager import EnvManager, _episode_metrics, _numeric_metrics, append_generation
-from env_managers.worker import EnvFactory, RegisteredEnvFactory
-from roll_async.config import CustomEnvConfig, PipelineConfig
+from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient
-from roll_async.multimodal import observation_text
-from roll_async.protocol import GenerationRequest, Trajectory, TurnRecord
+from roll_async.env_managers.env_manager import (
+    EnvManager,
+    _episode_metrics,
+    _numeric_metrics,
+    append_generation,
+)
+from roll_async.env_managers.worker import EnvFactory, RegisteredEnvFactory
+from roll_async.prompts.images import observation_text
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.scheduler.group_queue import derive_seed, env_layout
-from roll_async.tokenization import ChatPromptBuilder
+from roll_async.trajectory import GenerationRequest, Trajectory, TurnRecord
 
 _append = EnvManager._append
 _note_versions = EnvManager._note_versions
@@ -79,7 +84,9 @@ class _Episode:
             "reward": 0.0,
             "turn": 0,
         }
-        prompt = self.prompts.first_turn_ids(self.render("instruction_template"))[: self.sequence_length]
+        prompt = self.prompts.first_turn_ids(self.render("instruction_template"))[
+            : self.sequence_length
+        ]
         _append(self.trajectory, prompt, generated=False)
         self.trajectory.prompt_length = len(prompt)
         if self.cfg.max_steps < 1:
@@ -93,7 +100,14 @@ class _Episode:
             return 0
         return min(self.cfg.max_tokens_per_step, budget)
 
-    def after_generation(self, token_ids: list[int], logprobs: list[float], finish: str, versions: list[int], seconds: float) -> bool:
+    def after_generation(
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        versions: list[int],
+        seconds: float,
+    ) -> bool:
         """Record the turn's reply; True if the env must step next."""
         t = self.trajectory
         _append(t, token_ids, generated=True, logprobs=logprobs)
@@ -132,8 +146,15 @@ class _Episode:
             return self.finish("max_steps")
         if sequence_full:
             return self.finish("max_length")
-        self.fields = {**self.fields, "observation": record.observation, "reward": record.reward, "turn": self.turn + 1}
-        delta = self.prompts.closure_ids_after(self.last_ids) + self.prompts.user_delta_ids(self.render("observation_template"))
+        self.fields = {
+            **self.fields,
+            "observation": record.observation,
+            "reward": record.reward,
+            "turn": self.turn + 1,
+        }
+        delta = self.prompts.closure_ids_after(
+            self.last_ids
+        ) + self.prompts.user_delta_ids(self.render("observation_template"))
         room = self.sequence_length - len(t.token_ids)
         if len(delta) >= room:
             _append(t, delta[:room], generated=False)
@@ -177,13 +198,20 @@ class BarrierRollout:
         em = config.train_env_manager
         self.config = config
         self.engine = engine
-        self.layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, 0)
+        self.layout = env_layout(
+            em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, 0
+        )
         self.group_size = em.group_size
         self._factory = env_factory or RegisteredEnvFactory(config.custom_envs)
         self._own_executor = executor is None
-        self.executor = executor or ThreadPoolExecutor(max_workers=max(1, len(self.layout)), thread_name_prefix="barrier-env")
+        self.executor = executor or ThreadPoolExecutor(
+            max_workers=max(1, len(self.layout)), thread_name_prefix="barrier-env"
+        )
         self._clock = clock
-        self._prompts = {tag: ChatPromptBuilder(tokenizer, config.custom_envs[tag].system_prompt) for tag in em.tags}
+        self._prompts = {
+            tag: ChatPromptBuilder(tokenizer, config.custom_envs[tag].system_prompt)
+            for tag in em.tags
+        }
         self._envs: dict[int, Any] = {}
         self._env_configs: dict[int, dict[str, Any]] = {}
         self._tag_group_count = {tag: 0 for tag in em.tags}
@@ -202,13 +230,19 @@ class BarrierRollout:
     def _inline(self, tag: str) -> bool:
         return self.config.custom_envs[tag].isolation == "inline"
 
-    async def _call(self, fn: Callable[..., Any], *args: Any, inline: bool = False) -> Any:
+    async def _call(
+        self, fn: Callable[..., Any], *args: Any, inline: bool = False
+    ) -> Any:
         """``inline``: the tag's ``isolation: inline`` (sync calls on the event loop), as the EnvManagers do."""
         if asyncio.iscoroutinefunction(fn):
             return await asyncio.wait_for(fn(*args), self.timeout_s)
         if inline:
             result = fn(*args)
-            return await asyncio.wait_for(result, self.timeout_s) if asyncio.iscoroutine(result) else result
+            return (
+                await asyncio.wait_for(result, self.timeout_s)
+                if asyncio.iscoroutine(result)
+                else result
+            )
         future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         result = await asyncio.wait_for(future, self.timeout_s)
         if asyncio.iscoroutine(result):
@@ -219,17 +253,28 @@ class BarrierRollout:
         env_id, tag = episode.env_id, episode.tag
         desired = dict(self.config.custom_envs[tag].env_config)
         try:
-            if self._envs.get(env_id) is None or self._env_configs.get(env_id) != desired:
-                self._envs[env_id] = await self._call(self._factory, tag, desired, inline=self._inline(tag))
+            if (
+                self._envs.get(env_id) is None
+                or self._env_configs.get(env_id) != desired
+            ):
+                self._envs[env_id] = await self._call(
+                    self._factory, tag, desired, inline=self._inline(tag)
+                )
                 self._env_configs[env_id] = desired
-            observation, info = await self._call(self._envs[env_id].reset, episode.trajectory.seed, inline=self._inline(tag))
+            observation, info = await self._call(
+                self._envs[env_id].reset,
+                episode.trajectory.seed,
+                inline=self._inline(tag),
+            )
         except Exception as exc:  # noqa: BLE001 - an env failure ends this episode, not the benchmark
             self._envs.pop(env_id, None)
             episode.fail(exc)
             return
         episode.begin(observation, info)
 
-    async def _generate(self, episode: _Episode, max_new_tokens: int) -> tuple[list[int], list[float], str, list[int], float]:
+    async def _generate(
+        self, episode: _Episode, max_new_tokens: int
+    ) -> tuple[list[int], list[float], str, list[int], float]:
         """One turn's generation; like EnvManager._generate it continues after an 'abort' finish."""
         gen = self.config.generation
         t = episode.trajectory
@@ -250,7 +295,9 @@ class BarrierRollout:
                 stop=list(episode.cfg.stop),
                 logprobs=True,
             )
-            result = await asyncio.wait_for(self.engine.generate(request), timeout=gen.request_timeout_s)
+            result = await asyncio.wait_for(
+                self.engine.generate(request), timeout=gen.request_timeout_s
+            )
             append_generation(result, token_ids, logprobs, versions)
             if result.finish_reason != "abort":
                 finish = result.finish_reason
@@ -261,7 +308,9 @@ class BarrierRollout:
         started = self._clock()
         try:
             result = await self._call(
-                self._envs[episode.env_id].step, episode.trajectory.turns[-1].action_text, inline=self._inline(episode.tag)
+                self._envs[episode.env_id].step,
+                episode.trajectory.turns[-1].action_text,
+                inline=self._inline(episode.tag),
             )
         except Exception as exc:  # noqa: BLE001
             self._envs.pop(episode.env_id, None)
@@ -286,7 +335,9 @@ class BarrierRollout:
                 group_id = self._next_group_id
                 self._next_group_id += 1
                 seed = derive_seed(self.config.seed, tag, index)
-                for episode_id, env_id in enumerate(env_ids[start : start + self.group_size]):
+                for episode_id, env_id in enumerate(
+                    env_ids[start : start + self.group_size]
+                ):
                     trajectory = Trajectory(
                         tag=tag,
                         group_id=group_id,
@@ -298,7 +349,14 @@ class BarrierRollout:
                         started_at=now,
                     )
                     episodes.append(
-                        _Episode(env_id, tag, cfg, self._prompts[tag], self.config.sequence_length, trajectory)
+                        _Episode(
+                            env_id,
+                            tag,
+                            cfg,
+                            self._prompts[tag],
+                            self.config.sequence_length,
+                            trajectory,
+                        )
                     )
         return episodes
 
@@ -306,7 +364,9 @@ class BarrierRollout:
         """Play one episode on every env, with a barrier after every generate phase and every step phase."""
         episodes = self._new_episodes()
         started_at = time.time()
-        await asyncio.gather(*(self._reset(e) for e in episodes))  # barrier: all envs reset
+        await asyncio.gather(
+            *(self._reset(e) for e in episodes)
+        )  # barrier: all envs reset
         turns = 0
         while True:
             budgets = {id(e): e.max_new_tokens() for e in episodes if not e.done}
@@ -314,11 +374,19 @@ class BarrierRollout:
             if not active:
                 break
             turns += 1
-            replies = await asyncio.gather(*(self._generate(e, budgets[id(e)]) for e in active))  # barrier: all replies
-            stepping = [e for e, reply in zip(active, replies) if e.after_generation(*reply)]
-            await asyncio.gather(*(self._step(e) for e in stepping))  # barrier: all env steps
+            replies = await asyncio.gather(
+                *(self._generate(e, budgets[id(e)]) for e in active)
+            )  # barrier: all replies
+            stepping = [
+                e for e, reply in zip(active, replies) if e.after_generation(*reply)
+            ]
+            await asyncio.gather(
+                *(self._step(e) for e in stepping)
+            )  # barrier: all env steps
         self._round += 1
-        return RoundResult([e.trajectory for e in episodes], started_at, time.time(), turns)
+        return RoundResult(
+            [e.trajectory for e in episodes], started_at, time.time(), turns
+        )
 
     async def collect(self, num_trajectories: int) -> list[RoundResult]:
         """Rounds until at least ``num_trajectories`` trajectories (every env plays one episode per round)."""

@@ -32,7 +32,9 @@ def machine_info() -> dict[str, Any]:
         import torch
 
         info["torch"] = torch.__version__
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        info["gpu"] = (
+            torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        )
     except ImportError:
         pass
     try:
@@ -64,16 +66,27 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
 
 
-def write_json(name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+def write_json(
+    name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR
+) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    payload = {"recorded_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command_line(),
-               "machine": machine_info(), **payload}
+    payload = {
+        "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command_line(),
+        "machine": machine_info(),
+        **payload,
+    }
     path.write_text(json.dumps(payload, indent=2))
     return path
 
 
 def spread(values: list[float]) -> dict[str, Any]:
     """Median, min and max of repeated measurements, with their count and the values themselves."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
-            "values": list(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": list(values),
+    }

@@ -17,14 +17,17 @@ import random
 import statistics
 import time
 import uuid
+
 from benchmarks.common import machine_info, write_json
-from roll_async.config import EngineConfig
+from roll_async.config.schema import EngineConfig
 from roll_async.engine import VLLMEngine
 from roll_async.model.tiny import resolve_model_path
-from roll_async.protocol import GenerationRequest
+from roll_async.trajectory import GenerationRequest
 
 
-async def measure(engine: VLLMEngine, n: int, prompt_len: int, output_len: int, rounds: int) -> dict[str, float]:
+async def measure(
+    engine: VLLMEngine, n: int, prompt_len: int, output_len: int, rounds: int
+) -> dict[str, float]:
     """Best-of-rounds timing for N concurrent requests whose prompts the prefix cache has never seen.
 
     Prompts are random ids (from the system's entropy, ids 10-209: known to any model's vocabulary
@@ -79,9 +82,14 @@ async def run(args: argparse.Namespace) -> dict:
     rows = []
     try:
         for n in args.concurrency:
-            row = await measure(engine, n, args.prompt_len, args.output_len, args.rounds)
+            row = await measure(
+                engine, n, args.prompt_len, args.output_len, args.rounds
+            )
             rows.append(row)
-            print(f"N={n:>4}  {row['tokens_per_s']:>9.1f} tok/s  decode step {row['decode_step_s'] * 1000:.1f} ms", flush=True)
+            print(
+                f"N={n:>4}  {row['tokens_per_s']:>9.1f} tok/s  decode step {row['decode_step_s'] * 1000:.1f} ms",
+                flush=True,
+            )
     finally:
         await engine.shutdown()
     return {"model": model_path, "engine_startup_s": startup, "rows": rows}
@@ -107,13 +115,23 @@ def to_markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="model dir (default: the offline tiny model)")
+    parser.add_argument(
+        "--model", default=None, help="model dir (default: the offline tiny model)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--dtype", default="float32", help="engine dtype (float32 matches the rollout configs)")
-    parser.add_argument("--name", default=None, help="results file stem (default: engine_ceiling_<cpu|gpu>)")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        help="engine dtype (float32 matches the rollout configs)",
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="results file stem (default: engine_ceiling_<cpu|gpu>)",
+    )
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
     device = "gpu" if machine_info().get("gpu") else "cpu"

@@ -35,7 +35,6 @@ machine and the command. Ratios are only meaningful within one run.
 
     python -m benchmarks.env_grouping                      # quick mode (CPU, tiny model, < 10 min)
     python -m benchmarks.env_grouping --config benchmarks/configs/grouping_full.yaml --model /models/Qwen2.5-7B-Instruct
-    roll-async bench grouping [same flags]
 """
 
 from __future__ import annotations
@@ -58,10 +57,15 @@ import yaml
 
 from benchmarks import process_cpu
 from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
-from benchmarks.grouping_stats import BatchWindow, EngineSample, mean_request_shape, summarize_run
-from roll_async import sched_policy
-from roll_async.config import REQUEST_TRANSPORTS
-from roll_async.protocol import Trajectory
+from benchmarks.grouping_stats import (
+    BatchWindow,
+    EngineSample,
+    mean_request_shape,
+    summarize_run,
+)
+from roll_async.config.schema import REQUEST_TRANSPORTS
+from roll_async.runtime import sched_policy
+from roll_async.trajectory import Trajectory
 
 logger = logging.getLogger("benchmarks.env_grouping")
 
@@ -168,14 +172,23 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         grid = _grid(entry.pop("grid"))
         unknown = [s for s in entry.get("schedulers", []) if s not in SCHEDULERS]
         if unknown:
-            raise ValueError(f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}")
+            raise ValueError(
+                f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}"
+            )
         for point in grid:
             unknown += [s for s in point.schedulers or [] if s not in SCHEDULERS]
         if unknown:
-            raise ValueError(f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}")
+            raise ValueError(
+                f"{path}: workload {entry.get('name')}: unknown schedulers {unknown}; choose from {SCHEDULERS}"
+            )
         for point in grid:
-            schedulers = list(point.schedulers or entry.get("schedulers") or DEFAULT_SCHEDULERS)
-            if "replay" in schedulers and ("per_env" not in schedulers or schedulers.index("per_env") > schedulers.index("replay")):
+            schedulers = list(
+                point.schedulers or entry.get("schedulers") or DEFAULT_SCHEDULERS
+            )
+            if "replay" in schedulers and (
+                "per_env" not in schedulers
+                or schedulers.index("per_env") > schedulers.index("replay")
+            ):
                 raise ValueError(
                     f"{path}: workload {entry.get('name')} point {point.label}: schedulers {schedulers}: 'replay' replays "
                     "the per_env run's requests, so list 'per_env' before it"
@@ -183,22 +196,30 @@ def load_bench_config(path: str | Path) -> BenchConfig:
         workloads.append(Workload(grid=grid, **entry))
     bench = BenchConfig(workloads=workloads, **raw)
     if bench.transport not in TRANSPORTS:
-        raise ValueError(f"{path}: transport={bench.transport!r}; use one of {TRANSPORTS}")
+        raise ValueError(
+            f"{path}: transport={bench.transport!r}; use one of {TRANSPORTS}"
+        )
     return bench
 
 
-def pipeline_config(bench: BenchConfig, workload: Workload, point: GridPoint, scheduler: str) -> Any:
+def pipeline_config(
+    bench: BenchConfig, workload: Workload, point: GridPoint, scheduler: str
+) -> Any:
     """The PipelineConfig one scheduler run uses (validated like any pipeline config)."""
     from omegaconf import OmegaConf
 
-    from roll_async.config import PipelineConfig, validate_config
+    from roll_async.config.schema import PipelineConfig, validate_config
 
     num_batches = point.num_batches or workload.num_batches or bench.num_batches
-    per_worker = point.max_env_num_per_worker if bench.transport == "ray" else point.num_envs
+    per_worker = (
+        point.max_env_num_per_worker if bench.transport == "ray" else point.num_envs
+    )
     mode = "sync" if scheduler == "per_env_sync" else "async"
     data: dict[str, Any] = {
         "mode": mode,
-        "max_staleness": None if mode == "sync" else (bench.max_staleness or max(1, num_batches)),
+        "max_staleness": None
+        if mode == "sync"
+        else (bench.max_staleness or max(1, num_batches)),
         "rollout_batch_size": point.batch_size,
         "sequence_length": workload.sequence_length or bench.sequence_length,
         "num_batches": num_batches,
@@ -217,12 +238,20 @@ def pipeline_config(bench: BenchConfig, workload: Workload, point: GridPoint, sc
             "env_threads_per_worker": max(8, per_worker),
             "env_step_timeout_s": bench.env_step_timeout_s,
             "watchdog_timeout_s": max(300.0, 2 * bench.env_step_timeout_s),
-            "serve_order": "first_complete" if scheduler == "per_env_first_complete" else "fifo",
+            "serve_order": "first_complete"
+            if scheduler == "per_env_first_complete"
+            else "fifo",
             "rollout_sched_policy": bench.rollout_sched_policy,
         },
-        "logging": {"console": False, "progress_bar": False, "save_trajectories": False},
+        "logging": {
+            "console": False,
+            "progress_bar": False,
+            "save_trajectories": False,
+        },
     }
-    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PipelineConfig), OmegaConf.create(data)))
+    config = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(PipelineConfig), OmegaConf.create(data))
+    )
     validate_config(config)
     return config
 
@@ -249,7 +278,9 @@ class BenchContext:
 class EngineSampler:
     """Samples the engine's stats every ``interval_s`` in the background (engine busy fraction, in-flight requests)."""
 
-    def __init__(self, stats: Callable[[], Awaitable[dict[str, Any]]], interval_s: float) -> None:
+    def __init__(
+        self, stats: Callable[[], Awaitable[dict[str, Any]]], interval_s: float
+    ) -> None:
         self._stats = stats
         self.interval_s = interval_s
         self.samples: list[EngineSample] = []
@@ -295,10 +326,16 @@ async def _maybe_await(value: Any) -> Any:
 
 
 #: VLLMEngine.stats() counters per engine step (cumulative); a run keeps their change over its window.
-ENGINE_STEP_COUNTERS = ("engine_steps", "engine_step_generation_tokens", "engine_step_running_sum")
+ENGINE_STEP_COUNTERS = (
+    "engine_steps",
+    "engine_step_generation_tokens",
+    "engine_step_running_sum",
+)
 
 
-def engine_step_notes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+def engine_step_notes(
+    before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, float]:
     """Engine steps and what they carried between two stats() snapshots ({} for an engine without the counters)."""
     if not all(key in before and key in after for key in ENGINE_STEP_COUNTERS):
         return {}
@@ -312,7 +349,8 @@ def engine_step_figures(notes: dict[str, Any], wall_s: float) -> dict[str, float
         return {}
     return {
         "engine_steps_per_s": steps / wall_s,
-        "generation_tokens_per_step": float(notes["engine_step_generation_tokens"]) / steps,
+        "generation_tokens_per_step": float(notes["engine_step_generation_tokens"])
+        / steps,
         "running_per_step": float(notes["engine_step_running_sum"]) / steps,
     }
 
@@ -332,8 +370,13 @@ class RunWindow:
         """(generated tokens, notes: engine step counts and ``cpu_s_<role>``) since :meth:`open`."""
         cpu = process_cpu.snapshot()
         stats = await ctx.stats()
-        tokens = float(stats.get("generation_tokens", 0)) - float(self.stats.get("generation_tokens", 0))
-        return tokens, {**engine_step_notes(self.stats, stats), **process_cpu.notes_from(self.cpu, cpu)}
+        tokens = float(stats.get("generation_tokens", 0)) - float(
+            self.stats.get("generation_tokens", 0)
+        )
+        return tokens, {
+            **engine_step_notes(self.stats, stats),
+            **process_cpu.notes_from(self.cpu, cpu),
+        }
 
 
 @dataclass
@@ -349,7 +392,9 @@ class RunOutput:
 
 def _rates(out: RunOutput) -> tuple[float, float]:
     """(trajectories/s, tokens/s) of one run, as the rows define them (summarize_run)."""
-    summary = summarize_run(out.trajectories, wall_s=out.wall_s, windows=out.windows, batch_waits=out.waits)
+    summary = summarize_run(
+        out.trajectories, wall_s=out.wall_s, windows=out.windows, batch_waits=out.waits
+    )
     return summary["trajectories_per_s"], summary["tokens_per_s"]
 
 
@@ -377,7 +422,9 @@ def pool_runs(outputs: list[RunOutput]) -> RunOutput:
     )
 
 
-async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: float = 0.0) -> RunOutput:
+async def run_per_env(
+    ctx: BenchContext, config: Any, *, sync: bool, warmup_s: float = 0.0
+) -> RunOutput:
     """Collect num_batches x rollout_batch_size trajectories through the real scheduler.
 
     ``warmup_s`` > 0: after the actors start, the scheduler is suspended at once (every env's first episode,
@@ -387,11 +434,15 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
     if ctx.transport == "ray":
         from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
-        scheduler: Any = RolloutScheduler(config, engine_handles=ctx.handles, tokenizer_path=ctx.model_path)
+        scheduler: Any = RolloutScheduler(
+            config, engine_handles=ctx.handles, tokenizer_path=ctx.model_path
+        )
     else:
         from roll_async.scheduler.local import LocalRolloutScheduler
 
-        scheduler = LocalRolloutScheduler(config, engines=ctx.engine, tokenizer=ctx.tokenizer)
+        scheduler = LocalRolloutScheduler(
+            config, engines=ctx.engine, tokenizer=ctx.tokenizer
+        )
     sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
     trajectories: list[Trajectory] = []
     windows: list[BatchWindow] = []
@@ -399,7 +450,9 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
     notes: dict[str, Any] = {}
     try:
         creating = time.perf_counter()
-        await scheduler.start()  # actors are created (Ray) and the env loops start at the end of this call
+        await (
+            scheduler.start()
+        )  # actors are created (Ray) and the env loops start at the end of this call
         if warmup_s > 0:
             await _maybe_await(scheduler.suspend(cancel_in_flight=True))
             await asyncio.sleep(warmup_s)
@@ -410,14 +463,18 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
         previous = started
         for step in range(config.num_batches):
             asked = time.time()
-            batch, metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+            batch, metrics = await scheduler.get_batch_with_metrics(
+                config.rollout_batch_size, step
+            )
             ready = time.time()
             waits.append(ready - asked)
             windows.append(BatchWindow(previous, ready, [t.finished_at for t in batch]))
             previous = ready
             trajectories.extend(batch)
             notes.setdefault("cancelled_episodes", 0)
-            notes["cancelled_episodes"] += int(metrics.get("rollout/cancelled_episodes", 0))
+            notes["cancelled_episodes"] += int(
+                metrics.get("rollout/cancelled_episodes", 0)
+            )
             if sync:
                 await _maybe_await(scheduler.resume())
         ended = time.time()
@@ -430,9 +487,21 @@ async def run_per_env(ctx: BenchContext, config: Any, *, sync: bool, warmup_s: f
         await sampler.stop()
         await scheduler.shutdown()
     # Without a warm-up the loops start a few ms before start() returns: count from the first episode if earlier.
-    t0 = started if warmup_s > 0 else min([started] + [t.started_at for t in trajectories if t.started_at > 0])
+    t0 = (
+        started
+        if warmup_s > 0
+        else min([started] + [t.started_at for t in trajectories if t.started_at > 0])
+    )
     windows[0].start = t0
-    return RunOutput(trajectories, ended - t0, windows, waits, [s for s in samples if t0 <= s.t <= ended], engine_tokens, notes)
+    return RunOutput(
+        trajectories,
+        ended - t0,
+        windows,
+        waits,
+        [s for s in samples if t0 <= s.t <= ended],
+        engine_tokens,
+        notes,
+    )
 
 
 async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
@@ -453,19 +522,46 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
         await sampler.stop()
         barrier.close()
     trajectories = [t for r in rounds for t in r.trajectories]
-    windows = [BatchWindow(r.started_at, r.finished_at, [t.finished_at for t in r.trajectories]) for r in rounds]
-    waits = [r.finished_at - r.started_at for r in rounds]  # a trainer waits for the whole round
-    notes = {"rounds": len(rounds), "barrier_turns": sum(r.turns for r in rounds), **window_notes}
-    return RunOutput(trajectories, ended - started, windows, waits, [s for s in samples if started <= s.t <= ended], engine_tokens, notes)
+    windows = [
+        BatchWindow(
+            r.started_at, r.finished_at, [t.finished_at for t in r.trajectories]
+        )
+        for r in rounds
+    ]
+    waits = [
+        r.finished_at - r.started_at for r in rounds
+    ]  # a trainer waits for the whole round
+    notes = {
+        "rounds": len(rounds),
+        "barrier_turns": sum(r.turns for r in rounds),
+        **window_notes,
+    }
+    return RunOutput(
+        trajectories,
+        ended - started,
+        windows,
+        waits,
+        [s for s in samples if started <= s.t <= ended],
+        engine_tokens,
+        notes,
+    )
 
 
-async def run_replay(ctx: BenchContext, config: Any, recorded: list[Trajectory]) -> RunOutput:
+async def run_replay(
+    ctx: BenchContext, config: Any, recorded: list[Trajectory]
+) -> RunOutput:
     """The per_env run's requests again, from ``num_envs`` bare loops in the driver (benchmarks.replay_rollout)."""
     from benchmarks.replay_rollout import ReplayRollout
 
-    concurrency = config.train_env_manager.num_env_groups * config.train_env_manager.group_size
-    replay = ReplayRollout(ctx.client, concurrency=concurrency, temperature=config.generation.temperature,
-                           top_p=config.generation.top_p)
+    concurrency = (
+        config.train_env_manager.num_env_groups * config.train_env_manager.group_size
+    )
+    replay = ReplayRollout(
+        ctx.client,
+        concurrency=concurrency,
+        temperature=config.generation.temperature,
+        top_p=config.generation.top_p,
+    )
     sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
     try:
         window = await RunWindow.open(ctx)
@@ -478,10 +574,20 @@ async def run_replay(ctx: BenchContext, config: Any, recorded: list[Trajectory])
     finally:
         await sampler.stop()
     windows = [BatchWindow(started, ended, [t.finished_at for t in trajectories])]
-    return RunOutput(trajectories, ended - started, windows, [], [s for s in samples if started <= s.t <= ended], engine_tokens, notes)
+    return RunOutput(
+        trajectories,
+        ended - started,
+        windows,
+        [],
+        [s for s in samples if started <= s.t <= ended],
+        engine_tokens,
+        notes,
+    )
 
 
-async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, output_len: int, rounds: int) -> dict[str, float]:
+async def measure_ceiling(
+    ctx: BenchContext, concurrency: int, prompt_len: int, output_len: int, rounds: int
+) -> dict[str, float]:
     from benchmarks.engine_ceiling import measure
 
     max_len = ctx.engine_config.max_model_len
@@ -497,7 +603,14 @@ async def measure_ceiling(ctx: BenchContext, concurrency: int, prompt_len: int, 
 # -- one grid point ------------------------------------------------------------------------
 
 
-def _row(bench: BenchConfig, workload: Workload, point: GridPoint, scheduler: str, config: Any, out: RunOutput) -> dict[str, Any]:
+def _row(
+    bench: BenchConfig,
+    workload: Workload,
+    point: GridPoint,
+    scheduler: str,
+    config: Any,
+    out: RunOutput,
+) -> dict[str, Any]:
     summary = summarize_run(
         out.trajectories,
         wall_s=out.wall_s,
@@ -542,7 +655,7 @@ async def run_point(
     The barrier does not depend on max_env_num_per_worker (it has no workers), so a point that differs
     from an earlier one only in that reuses the earlier barrier run (``note_barrier_from`` says which).
     """
-    from roll_async.preflight import check_envs
+    from roll_async.pipelines.preflight import check_envs
 
     schedulers = list(point.schedulers or workload.schedulers)
     runs: dict[str, list[RunOutput]] = {s: [] for s in schedulers}
@@ -551,16 +664,36 @@ async def run_point(
     for repeat in range(max(1, workload.repeats)):
         # ABBA order over repeats, so a drift in machine load does not favour one scheduler
         for scheduler in schedulers if repeat % 2 == 0 else schedulers[::-1]:
-            config = configs.get(scheduler) or pipeline_config(bench, workload, point, scheduler)
+            config = configs.get(scheduler) or pipeline_config(
+                bench, workload, point, scheduler
+            )
             if scheduler not in configs:
                 check_envs(config)
                 configs[scheduler] = config
-            tag = f"[{workload.name} {point.label}] {scheduler}" + (f" (repeat {repeat + 1})" if workload.repeats > 1 else "")
-            key = (workload.name, point.num_env_groups, point.group_size, config.rollout_batch_size, config.num_batches, repeat)
-            if scheduler == "barrier" and barrier_cache is not None and key in barrier_cache:
+            tag = f"[{workload.name} {point.label}] {scheduler}" + (
+                f" (repeat {repeat + 1})" if workload.repeats > 1 else ""
+            )
+            key = (
+                workload.name,
+                point.num_env_groups,
+                point.group_size,
+                config.rollout_batch_size,
+                config.num_batches,
+                repeat,
+            )
+            if (
+                scheduler == "barrier"
+                and barrier_cache is not None
+                and key in barrier_cache
+            ):
                 source, out = barrier_cache[key]
-                out = RunOutput(**{**vars(out), "notes": {**out.notes, "barrier_from": source}})
-                print(f"{tag}: same as at {source} (the barrier has no workers)", flush=True)
+                out = RunOutput(
+                    **{**vars(out), "notes": {**out.notes, "barrier_from": source}}
+                )
+                print(
+                    f"{tag}: same as at {source} (the barrier has no workers)",
+                    flush=True,
+                )
             elif scheduler == "barrier":
                 print(f"{tag}: running ...", flush=True)
                 out = await run_barrier(ctx, config)
@@ -570,12 +703,22 @@ async def run_point(
                 # ABBA order puts replay before per_env in odd repeats: it replays the latest per_env run
                 recorded = (runs.get("per_env") or [None])[-1]
                 if recorded is None:
-                    raise RuntimeError(f"{tag}: no per_env run to replay yet (list per_env before replay)")
-                print(f"{tag}: replaying {len(recorded.trajectories)} per_env episodes ...", flush=True)
+                    raise RuntimeError(
+                        f"{tag}: no per_env run to replay yet (list per_env before replay)"
+                    )
+                print(
+                    f"{tag}: replaying {len(recorded.trajectories)} per_env episodes ...",
+                    flush=True,
+                )
                 out = await run_replay(ctx, config, recorded.trajectories)
             else:
                 print(f"{tag}: running ...", flush=True)
-                out = await run_per_env(ctx, config, sync=scheduler == "per_env_sync", warmup_s=bench.per_env_warmup_s)
+                out = await run_per_env(
+                    ctx,
+                    config,
+                    sync=scheduler == "per_env_sync",
+                    warmup_s=bench.per_env_warmup_s,
+                )
             out.notes["load1"] = max(out.notes.get("load1", 0.0), _load1())
             runs[scheduler].append(out)
             once = _row(bench, workload, point, scheduler, config, out)
@@ -588,29 +731,58 @@ async def run_point(
         if ceiling:
             # Measured after every repeat, so each repeat's ratio to the ceiling is side by side (the machine's
             # speed drifts by 10-35% within minutes here); the shape is this repeat's mean request.
-            ceilings.append(await _ceiling_for(ctx, workload, point, bench, [outs[-1] for outs in runs.values() if outs]))
+            ceilings.append(
+                await _ceiling_for(
+                    ctx,
+                    workload,
+                    point,
+                    bench,
+                    [outs[-1] for outs in runs.values() if outs],
+                )
+            )
     outputs = {s: pool_runs(outs) for s, outs in runs.items()}
     rows = [_row(bench, workload, point, s, configs[s], outputs[s]) for s in schedulers]
     for row in rows:
         row["repeats"] = len(runs[row["scheduler"]])
         if row["repeats"] > 1:
-            row["per_repeat_trajectories_per_s"] = [len(o.trajectories) / o.wall_s for o in runs[row["scheduler"]]]
+            row["per_repeat_trajectories_per_s"] = [
+                len(o.trajectories) / o.wall_s for o in runs[row["scheduler"]]
+            ]
     barrier = next((r for r in rows if r["scheduler"] == "barrier"), None)
     per_repeat = {s: [_rates(o) for o in outs] for s, outs in runs.items()}
     for row in rows:
-        if barrier is not None and row["repeats"] > 1 and len(per_repeat.get("barrier", [])) == row["repeats"]:
+        if (
+            barrier is not None
+            and row["repeats"] > 1
+            and len(per_repeat.get("barrier", [])) == row["repeats"]
+        ):
             # Repeat i of each scheduler ran next to repeat i of the barrier (ABBA): one ratio per pair.
             row["speedup_vs_barrier_runs"] = spread(
-                [mine[0] / theirs[0] for mine, theirs in zip(per_repeat[row["scheduler"]], per_repeat["barrier"])]
+                [
+                    mine[0] / theirs[0]
+                    for mine, theirs in zip(
+                        per_repeat[row["scheduler"]], per_repeat["barrier"]
+                    )
+                ]
             )
         if barrier is not None and barrier["trajectories_per_s"] > 0:
-            row["speedup_vs_barrier"] = row["trajectories_per_s"] / barrier["trajectories_per_s"]
-            row["token_speedup_vs_barrier"] = row["tokens_per_s"] / barrier["tokens_per_s"] if barrier["tokens_per_s"] > 0 else math.nan
+            row["speedup_vs_barrier"] = (
+                row["trajectories_per_s"] / barrier["trajectories_per_s"]
+            )
+            row["token_speedup_vs_barrier"] = (
+                row["tokens_per_s"] / barrier["tokens_per_s"]
+                if barrier["tokens_per_s"] > 0
+                else math.nan
+            )
     if per_repeat.get("replay") and per_repeat.get("per_env"):
         # per_env ÷ its own replay, tokens/s, one ratio per repeat: what the rollout machinery costs
         per_env_row = next(r for r in rows if r["scheduler"] == "per_env")
         per_env_row["tokens_vs_replay_runs"] = spread(
-            [mine[1] / theirs[1] for mine, theirs in zip(per_repeat["per_env"], per_repeat["replay"]) if theirs[1] > 0]
+            [
+                mine[1] / theirs[1]
+                for mine, theirs in zip(per_repeat["per_env"], per_repeat["replay"])
+                if theirs[1] > 0
+            ]
         )
     if ceilings:
         # The row's ceiling is the median repeat's; each repeat's ratio uses its own ceiling.
@@ -621,28 +793,52 @@ async def run_point(
                 ceiling_prompt_len=c["prompt_len"],
                 ceiling_output_len=c["output_len"],
                 ceiling_tokens_per_s=c["tokens_per_s"],
-                tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"] if c["tokens_per_s"] > 0 else math.nan,
-                **{key: value for key, value in c.items() if key.startswith("ceiling_")},
+                tokens_vs_ceiling=row["tokens_per_s"] / c["tokens_per_s"]
+                if c["tokens_per_s"] > 0
+                else math.nan,
+                **{
+                    key: value for key, value in c.items() if key.startswith("ceiling_")
+                },
             )
             if len(ceilings) > 1:
-                row["ceiling_tokens_per_s_runs"] = spread([m["tokens_per_s"] for m in ceilings])
+                row["ceiling_tokens_per_s_runs"] = spread(
+                    [m["tokens_per_s"] for m in ceilings]
+                )
             if row["repeats"] > 1 and len(ceilings) == row["repeats"]:
                 row["tokens_vs_ceiling_runs"] = spread(
-                    [tok / m["tokens_per_s"] for (_, tok), m in zip(per_repeat[row["scheduler"]], ceilings) if m["tokens_per_s"] > 0]
+                    [
+                        tok / m["tokens_per_s"]
+                        for (_, tok), m in zip(per_repeat[row["scheduler"]], ceilings)
+                        if m["tokens_per_s"] > 0
+                    ]
                 )
     return rows
 
 
 async def _ceiling_for(
-    ctx: BenchContext, workload: Workload, point: GridPoint, bench: BenchConfig, outs: list[RunOutput]
+    ctx: BenchContext,
+    workload: Workload,
+    point: GridPoint,
+    bench: BenchConfig,
+    outs: list[RunOutput],
 ) -> dict[str, Any]:
     """The engine ceiling at the point's concurrency and the mean request shape of ``outs``."""
-    prompt_mean, output_mean, _ = mean_request_shape([t for out in outs for t in out.trajectories])
+    prompt_mean, output_mean, _ = mean_request_shape(
+        [t for out in outs for t in out.trajectories]
+    )
     concurrency = min(point.num_envs, ctx.engine_config.max_num_seqs)
     prompt_len, output_len = max(1, round(prompt_mean)), max(1, round(output_mean))
-    print(f"[{workload.name} {point.label}] ceiling: N={concurrency} prompt={prompt_len} output={output_len} ...", flush=True)
-    c = await measure_ceiling(ctx, concurrency, prompt_len, output_len, bench.ceiling_rounds)
-    print(f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s", flush=True)
+    print(
+        f"[{workload.name} {point.label}] ceiling: N={concurrency} prompt={prompt_len} output={output_len} ...",
+        flush=True,
+    )
+    c = await measure_ceiling(
+        ctx, concurrency, prompt_len, output_len, bench.ceiling_rounds
+    )
+    print(
+        f"[{workload.name} {point.label}] ceiling: {c['tokens_per_s']:.0f} tok/s",
+        flush=True,
+    )
     return {**c, "concurrency": concurrency, "output_len": output_len}
 
 
@@ -650,29 +846,45 @@ async def _ceiling_for(
 
 
 async def start_engine(bench: BenchConfig) -> BenchContext:
-    from roll_async.config import EngineConfig
+    from roll_async.config.schema import EngineConfig
     from roll_async.model.tiny import resolve_model_path
-    from roll_async.tokenization import load_tokenizer
+    from roll_async.prompts.prompt_builder import load_tokenizer
 
     model_path = resolve_model_path(bench.model)
     tokenizer = load_tokenizer(model_path)
     engine_config = EngineConfig(**bench.engine)
     if bench.transport == "ray":
         from roll_async.engine.engine_actor import engine_clients, launch_engines
-        from roll_async.ray_utils import init_ray
+        from roll_async.runtime.ray_utils import init_ray
 
         init_ray(None, bench.ray_num_cpus)
-        handles = await launch_engines(model_path, engine_config, name_prefix="bench_grouping_engine")
+        handles = await launch_engines(
+            model_path, engine_config, name_prefix="bench_grouping_engine"
+        )
         # The barrier and the ceiling reach the engine by the same request transport as the per-env workers.
         client = engine_clients(handles[:1], engine_config.request_transport)[0]
-        return BenchContext("ray", model_path, tokenizer, engine_config, client, handles=handles,
-                            sample_interval_s=bench.sample_interval_s)
+        return BenchContext(
+            "ray",
+            model_path,
+            tokenizer,
+            engine_config,
+            client,
+            handles=handles,
+            sample_interval_s=bench.sample_interval_s,
+        )
     from roll_async.engine import VLLMEngine
 
     engine = VLLMEngine(model_path, engine_config)
     await engine.start()
-    return BenchContext("inprocess", model_path, tokenizer, engine_config, engine, engine=engine,
-                        sample_interval_s=bench.sample_interval_s)
+    return BenchContext(
+        "inprocess",
+        model_path,
+        tokenizer,
+        engine_config,
+        engine,
+        engine=engine,
+        sample_interval_s=bench.sample_interval_s,
+    )
 
 
 async def treat_driver_like_workers(ctx: BenchContext, policy: str) -> dict[str, Any]:
@@ -696,7 +908,10 @@ async def treat_driver_like_workers(ctx: BenchContext, policy: str) -> dict[str,
                     os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
             except OSError:
                 continue
-    return {"driver_niceness": niceness, "rollout_sched_policy": sched_policy.apply_to_process(policy)}
+    return {
+        "driver_niceness": niceness,
+        "rollout_sched_policy": sched_policy.apply_to_process(policy),
+    }
 
 
 async def stop_engine(ctx: BenchContext | None) -> None:
@@ -723,29 +938,58 @@ async def run_benchmark(bench: BenchConfig) -> dict[str, Any]:
     try:
         ctx = await start_engine(bench)
         if ctx.transport == "ray":
-            driver_standing = await treat_driver_like_workers(ctx, bench.rollout_sched_policy)
+            driver_standing = await treat_driver_like_workers(
+                ctx, bench.rollout_sched_policy
+            )
         startup = time.perf_counter() - started
-        print(f"engine ready in {startup:.0f}s ({bench.transport}); warming up", flush=True)
+        print(
+            f"engine ready in {startup:.0f}s ({bench.transport}); warming up",
+            flush=True,
+        )
         await measure_ceiling(ctx, min(16, ctx.engine_config.max_num_seqs), 64, 16, 1)
         barrier_cache: dict[tuple, tuple[str, RunOutput]] = {}
         for workload in bench.workloads:
             for point in workload.grid:
-                rows.extend(await run_point(ctx, bench, workload, point, ceiling=workload.ceiling, barrier_cache=barrier_cache))
+                rows.extend(
+                    await run_point(
+                        ctx,
+                        bench,
+                        workload,
+                        point,
+                        ceiling=workload.ceiling,
+                        barrier_cache=barrier_cache,
+                    )
+                )
     finally:
         await stop_engine(ctx)
     return {
         "name": bench.name,
         "transport": bench.transport,
-        "request_transport": ctx.engine_config.request_transport if ctx else bench.engine.get("request_transport"),
-        "rollout_sched_policy": bench.rollout_sched_policy if bench.transport == "ray" else "normal",
+        "request_transport": ctx.engine_config.request_transport
+        if ctx
+        else bench.engine.get("request_transport"),
+        "rollout_sched_policy": bench.rollout_sched_policy
+        if bench.transport == "ray"
+        else "normal",
         "driver_niceness": driver_standing.get("driver_niceness"),
         "model": ctx.model_path if ctx else bench.model,
         "engine": bench.engine,
         "seconds_total": time.perf_counter() - started,
-        "load_average_1min": {"start": load_start, "end": _load1(), "max_during_runs": max((r.get("note_load1", 0.0) for r in rows), default=0.0)},
+        "load_average_1min": {
+            "start": load_start,
+            "end": _load1(),
+            "max_during_runs": max(
+                (r.get("note_load1", 0.0) for r in rows), default=0.0
+            ),
+        },
         "workloads": [
-            {"name": w.name, "description": w.description, "schedulers": w.schedulers, "custom_envs": w.custom_envs,
-             "grid": [vars(p) for p in w.grid]}
+            {
+                "name": w.name,
+                "description": w.description,
+                "schedulers": w.schedulers,
+                "custom_envs": w.custom_envs,
+                "grid": [vars(p) for p in w.grid],
+            }
             for w in bench.workloads
         ],
         "rows": rows,
@@ -755,15 +999,57 @@ async def run_benchmark(bench: BenchConfig) -> dict[str, Any]:
 # -- output --------------------------------------------------------------------------------
 
 CSV_COLUMNS = [
-    "workload", "point", "scheduler", "transport", "mode", "max_staleness", "num_env_groups", "group_size",
-    "max_env_num_per_worker", "num_envs", "rollout_batch_size", "num_batches", "trajectories", "wall_s",
-    "trajectories_per_s", "tokens_per_s", "engine_tokens_per_s", "speedup_vs_barrier", "token_speedup_vs_barrier",
-    "ceiling_concurrency", "ceiling_prompt_len", "ceiling_output_len", "ceiling_tokens_per_s", "tokens_vs_ceiling",
-    "engine_busy_fraction", "engine_mean_in_flight", "engine_steps_per_s", "generation_tokens_per_step",
-    "running_per_step", "ceiling_engine_steps_per_s", "ceiling_generation_tokens_per_step", "get_batch_wait_mean_s", "get_batch_wait_total_s",
-    "episode_latency_p50_s", "episode_latency_p99_s", "episode_latency_max_s", "tail10_share", "turns_mean",
-    "turns_max", "response_len_mean", "mean_prompt_len", "mean_output_len", "requests", "generate_p99_s",
-    "env_step_p50_s", "env_step_p99_s", "env_errors", "repeats", "per_repeat_trajectories_per_s", "note_load1", "stop_reasons",
+    "workload",
+    "point",
+    "scheduler",
+    "transport",
+    "mode",
+    "max_staleness",
+    "num_env_groups",
+    "group_size",
+    "max_env_num_per_worker",
+    "num_envs",
+    "rollout_batch_size",
+    "num_batches",
+    "trajectories",
+    "wall_s",
+    "trajectories_per_s",
+    "tokens_per_s",
+    "engine_tokens_per_s",
+    "speedup_vs_barrier",
+    "token_speedup_vs_barrier",
+    "ceiling_concurrency",
+    "ceiling_prompt_len",
+    "ceiling_output_len",
+    "ceiling_tokens_per_s",
+    "tokens_vs_ceiling",
+    "engine_busy_fraction",
+    "engine_mean_in_flight",
+    "engine_steps_per_s",
+    "generation_tokens_per_step",
+    "running_per_step",
+    "ceiling_engine_steps_per_s",
+    "ceiling_generation_tokens_per_step",
+    "get_batch_wait_mean_s",
+    "get_batch_wait_total_s",
+    "episode_latency_p50_s",
+    "episode_latency_p99_s",
+    "episode_latency_max_s",
+    "tail10_share",
+    "turns_mean",
+    "turns_max",
+    "response_len_mean",
+    "mean_prompt_len",
+    "mean_output_len",
+    "requests",
+    "generate_p99_s",
+    "env_step_p50_s",
+    "env_step_p99_s",
+    "env_errors",
+    "repeats",
+    "per_repeat_trajectories_per_s",
+    "note_load1",
+    "stop_reasons",
     *[f"cpu_cores_{role}" for role in process_cpu.ALL_ROLES],
 ]
 
@@ -784,7 +1070,11 @@ def headline(result: dict[str, Any]) -> list[str]:
         if row["workload"] in seen or row["scheduler"] != "per_env":
             continue
         seen.add(row["workload"])
-        point = [r for r in result["rows"] if r["workload"] == row["workload"] and r["point"] == row["point"]]
+        point = [
+            r
+            for r in result["rows"]
+            if r["workload"] == row["workload"] and r["point"] == row["point"]
+        ]
         parts = [f"**{row['workload']}** ({row['point']}, {row['num_envs']} envs)"]
         if "speedup_vs_barrier_runs" in row:
             runs = row["speedup_vs_barrier_runs"]
@@ -797,17 +1087,24 @@ def headline(result: dict[str, Any]) -> list[str]:
                 f"per-env ÷ barrier: **{row['speedup_vs_barrier']:.2f}x** trajectories/s, "
                 f"{row['token_speedup_vs_barrier']:.2f}x tokens/s"
             )
-        for scheduler, label in (("per_env_first_complete", "per-env first_complete"), ("per_env_sync", "per-env sync")):
+        for scheduler, label in (
+            ("per_env_first_complete", "per-env first_complete"),
+            ("per_env_sync", "per-env sync"),
+        ):
             other = next((r for r in point if r["scheduler"] == scheduler), None)
             if other is not None and "speedup_vs_barrier_runs" in other:
                 runs = other["speedup_vs_barrier_runs"]
-                parts.append(f"{label} ÷ barrier: **{runs['median']:.2f}x** ({runs['min']:.2f}–{runs['max']:.2f})")
+                parts.append(
+                    f"{label} ÷ barrier: **{runs['median']:.2f}x** ({runs['min']:.2f}–{runs['max']:.2f})"
+                )
             elif other is not None and "speedup_vs_barrier" in other:
                 parts.append(f"{label} ÷ barrier: {other['speedup_vs_barrier']:.2f}x")
         if "tokens_vs_ceiling_runs" in row:
             runs = row["tokens_vs_ceiling_runs"]
-            text = (f"per-env ÷ ceiling: **{runs['median']:.2f}** (tokens/s; median of {len(runs['values'])} runs, "
-                    f"{runs['min']:.2f}–{runs['max']:.2f})")
+            text = (
+                f"per-env ÷ ceiling: **{runs['median']:.2f}** (tokens/s; median of {len(runs['values'])} runs, "
+                f"{runs['min']:.2f}–{runs['max']:.2f})"
+            )
             for scheduler in ("barrier", "replay"):
                 other = [r for r in point if r["scheduler"] == scheduler]
                 if other and "tokens_vs_ceiling_runs" in other[0]:
@@ -818,12 +1115,16 @@ def headline(result: dict[str, Any]) -> list[str]:
             for scheduler in ("barrier", "replay"):
                 other = [r for r in point if r["scheduler"] == scheduler]
                 if other and "tokens_vs_ceiling" in other[0]:
-                    text += f", {scheduler} ÷ ceiling: {other[0]['tokens_vs_ceiling']:.2f}"
+                    text += (
+                        f", {scheduler} ÷ ceiling: {other[0]['tokens_vs_ceiling']:.2f}"
+                    )
             parts.append(text)
         if "tokens_vs_replay_runs" in row:
             runs = row["tokens_vs_replay_runs"]
-            parts.append(f"per-env ÷ replay of its own requests: **{runs['median']:.2f}** (tokens/s; "
-                         f"{runs['min']:.2f}–{runs['max']:.2f}): the rollout machinery's cost")
+            parts.append(
+                f"per-env ÷ replay of its own requests: **{runs['median']:.2f}** (tokens/s; "
+                f"{runs['min']:.2f}–{runs['max']:.2f}): the rollout machinery's cost"
+            )
         lines.append("- " + "; ".join(parts))
     return lines
 
@@ -844,7 +1145,7 @@ def to_markdown(result: dict[str, Any]) -> str:
             "actor; barrier and ceiling run in the driver and call the same engine actor. Generate requests go by "
             f"engine.request_transport: **{result.get('request_transport') or 'ray'}** (workers, barrier and ceiling alike). "
             f"Rollout scheduling policy: **{result.get('rollout_sched_policy') or 'normal'}** (workers, queue and the "
-            "driver's loops alike; roll_async/sched_policy.py); the driver's loops run at the Ray workers' niceness "
+            "driver's loops alike; roll_async/runtime/sched_policy.py); the driver's loops run at the Ray workers' niceness "
             f"({result.get('driver_niceness')})."
             if result["transport"] == "ray"
             else "everything in one process: per-env = LocalRolloutScheduler, barrier and ceiling in the same event loop, "
@@ -886,10 +1187,12 @@ def to_markdown(result: dict[str, Any]) -> str:
         lines.append("")
         lines += _cpu_table(rows)
     lines += [
-        "Columns: see benchmarks/README.md (\"What the figures mean\"). `÷ barrier` is trajectories/s over the barrier's at "
+        'Columns: see benchmarks/README.md ("What the figures mean"). `÷ barrier` is trajectories/s over the barrier\'s at '
         "the same grid point; `÷ ceiling` is generated tokens/s over the bare engine's at the same concurrency and mean "
         "prompt/output lengths, measured in this run. `steps/s` and `tok/step` split tokens/s into the engine's step rate "
-        "and the tokens generated per step over the run's window" + _ceiling_steps_clause(result["rows"]) + ".",
+        "and the tokens generated per step over the run's window"
+        + _ceiling_steps_clause(result["rows"])
+        + ".",
         "",
     ]
     return "\n".join(lines)
@@ -897,7 +1200,11 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
     """Cores used by each process role over each run's window (benchmarks/process_cpu.py), if recorded."""
-    present = [role for role in process_cpu.ALL_ROLES if any(f"cpu_cores_{role}" in r for r in rows)]
+    present = [
+        role
+        for role in process_cpu.ALL_ROLES
+        if any(f"cpu_cores_{role}" in r for r in rows)
+    ]
     if not present:
         return []
     lines = [
@@ -908,18 +1215,30 @@ def _cpu_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         cores = [r.get(f"cpu_cores_{role}", 0.0) for role in present]
-        lines.append(f"| {r['point']} | {r['scheduler']} | " + " | ".join(_fmt(c) for c in cores) + f" | {_fmt(sum(cores))} |")
+        lines.append(
+            f"| {r['point']} | {r['scheduler']} | "
+            + " | ".join(_fmt(c) for c in cores)
+            + f" | {_fmt(sum(cores))} |"
+        )
     return lines + [""]
 
 
 def _ceiling_steps_clause(rows: list[dict[str, Any]]) -> str:
     figures = {
-        (r["point"], f"{_fmt(r['ceiling_engine_steps_per_s'], 1)} steps/s x {_fmt(r['ceiling_generation_tokens_per_step'], 1)} tok/step")
-        for r in rows if "ceiling_engine_steps_per_s" in r
+        (
+            r["point"],
+            f"{_fmt(r['ceiling_engine_steps_per_s'], 1)} steps/s x {_fmt(r['ceiling_generation_tokens_per_step'], 1)} tok/step",
+        )
+        for r in rows
+        if "ceiling_engine_steps_per_s" in r
     }
     if not figures:
         return ""
-    return " (the ceiling, over all its rounds: " + "; ".join(f"{point} {text}" for point, text in sorted(figures)) + ")"
+    return (
+        " (the ceiling, over all its rounds: "
+        + "; ".join(f"{point} {text}" for point, text in sorted(figures))
+        + ")"
+    )
 
 
 def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list[Path]:
@@ -928,11 +1247,18 @@ def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list
     written = [path]
     csv_path = path.with_suffix(".csv")
     with csv_path.open("w", newline="") as f:
-        f.write(f"# command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n")
+        f.write(
+            f"# command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n"
+        )
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in saved["rows"]:
-            writer.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in row.items()})
+            writer.writerow(
+                {
+                    k: (json.dumps(v) if isinstance(v, (dict, list)) else v)
+                    for k, v in row.items()
+                }
+            )
     written.append(csv_path)
     md_path = path.with_suffix(".md")
     md_path.write_text(to_markdown(saved))
@@ -942,7 +1268,9 @@ def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list
 
         title = f"{saved['name']} | {saved['transport']} | {saved['machine'].get('gpu') or saved['machine'].get('cpu_model')} x{saved['machine'].get('cpu_count')} | {saved['command']}"
         written.append(plot_overview(saved["rows"], path.with_suffix(".png"), title))
-        sweep = plot_sweep(saved["rows"], path.with_name(path.stem + "_sweep.png"), title)
+        sweep = plot_sweep(
+            saved["rows"], path.with_name(path.stem + "_sweep.png"), title
+        )
         if sweep is not None:
             written.append(sweep)
     return written
@@ -950,26 +1278,83 @@ def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None, help=f"benchmark YAML (default: {QUICK_CONFIG.relative_to(CONFIG_DIR.parent.parent)})")
-    parser.add_argument("--full", action="store_true", help="use the full (GPU) config benchmarks/configs/grouping_full.yaml")
-    parser.add_argument("--transport", choices=TRANSPORTS, default=None, help="override the config's transport")
-    parser.add_argument("--request-transport", choices=REQUEST_TRANSPORTS, default=None,
-                        help="override engine.request_transport (how workers, the barrier and the ceiling send requests)")
-    parser.add_argument("--rollout-sched-policy", choices=sorted(sched_policy.POLICIES), default=None,
-                        help="override rollout_sched_policy (the per-env workers and queue, and over Ray the driver's loops)")
-    parser.add_argument("--model", default=None, help="model dir (default: the config's, else the offline tiny model)")
-    parser.add_argument("--workloads", nargs="+", default=None, help="run only these workloads")
-    parser.add_argument("--num-batches", type=int, default=None, help="override num_batches for every workload")
-    parser.add_argument("--max-points", type=int, default=None, help="run only the first N grid points of each workload")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="override every workload's repeats (ABBA order); ratios get a median and min-max over repeats")
-    parser.add_argument("--schedulers", nargs="+", default=None, choices=SCHEDULERS,
-                        help="run only these schedulers (at every point that has them)")
-    parser.add_argument("--name", default=None, help="results file stem (default: env_grouping_<cpu|gpu>_<config name>)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help=f"benchmark YAML (default: {QUICK_CONFIG.relative_to(CONFIG_DIR.parent.parent)})",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="use the full (GPU) config benchmarks/configs/grouping_full.yaml",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=None,
+        help="override the config's transport",
+    )
+    parser.add_argument(
+        "--request-transport",
+        choices=REQUEST_TRANSPORTS,
+        default=None,
+        help="override engine.request_transport (how workers, the barrier and the ceiling send requests)",
+    )
+    parser.add_argument(
+        "--rollout-sched-policy",
+        choices=sorted(sched_policy.POLICIES),
+        default=None,
+        help="override rollout_sched_policy (the per-env workers and queue, and over Ray the driver's loops)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model dir (default: the config's, else the offline tiny model)",
+    )
+    parser.add_argument(
+        "--workloads", nargs="+", default=None, help="run only these workloads"
+    )
+    parser.add_argument(
+        "--num-batches",
+        type=int,
+        default=None,
+        help="override num_batches for every workload",
+    )
+    parser.add_argument(
+        "--max-points",
+        type=int,
+        default=None,
+        help="run only the first N grid points of each workload",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="override every workload's repeats (ABBA order); ratios get a median and min-max over repeats",
+    )
+    parser.add_argument(
+        "--schedulers",
+        nargs="+",
+        default=None,
+        choices=SCHEDULERS,
+        help="run only these schedulers (at every point that has them)",
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="results file stem (default: env_grouping_<cpu|gpu>_<config name>)",
+    )
     parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--dry-run", action="store_true", help="print the runs the config describes and exit")
-    parser.add_argument("--simulate", action="store_true",
-                        help="run the scale simulation instead (benchmarks.scale_sim); other arguments go to it")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the runs the config describes and exit",
+    )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run the scale simulation instead (benchmarks.scale_sim); other arguments go to it",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.simulate:
         from benchmarks import scale_sim
@@ -978,8 +1363,12 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bench = load_bench_config(args.config or (FULL_CONFIG if args.full else QUICK_CONFIG))
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    bench = load_bench_config(
+        args.config or (FULL_CONFIG if args.full else QUICK_CONFIG)
+    )
     if args.transport:
         bench.transport = args.transport
     if args.request_transport:
@@ -991,7 +1380,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.workloads:
         unknown = set(args.workloads) - {w.name for w in bench.workloads}
         if unknown:
-            parser.error(f"unknown workloads {sorted(unknown)}; the config has {[w.name for w in bench.workloads]}")
+            parser.error(
+                f"unknown workloads {sorted(unknown)}; the config has {[w.name for w in bench.workloads]}"
+            )
         bench.workloads = [w for w in bench.workloads if w.name in args.workloads]
     for w in bench.workloads:
         if args.num_batches:
@@ -1008,21 +1399,37 @@ def main(argv: list[str] | None = None) -> int:
                 if p.schedulers:
                     p.schedulers = [s for s in p.schedulers if s in args.schedulers]
             # A point whose own schedulers were all left out runs nothing (not the workload's list instead).
-            w.grid = [p for p in w.grid if (p.schedulers if p.schedulers is not None else w.schedulers)]
+            w.grid = [
+                p
+                for p in w.grid
+                if (p.schedulers if p.schedulers is not None else w.schedulers)
+            ]
     if args.dry_run:
         for w in bench.workloads:
             for p in w.grid:
                 for s in p.schedulers or w.schedulers:
                     c = pipeline_config(bench, w, p, s)
-                    mode = {"barrier": "barrier", "replay": "per_env's requests again, bare loops in the driver"}.get(
-                        s, f"mode {c.mode}, max_staleness {c.max_staleness}")
-                    print(f"{w.name:>14} {p.label:>14} {s:>12}: {p.num_envs} envs, batch {c.rollout_batch_size} x {c.num_batches}, {mode}")
+                    mode = {
+                        "barrier": "barrier",
+                        "replay": "per_env's requests again, bare loops in the driver",
+                    }.get(s, f"mode {c.mode}, max_staleness {c.max_staleness}")
+                    print(
+                        f"{w.name:>14} {p.label:>14} {s:>12}: {p.num_envs} envs, batch {c.rollout_batch_size} x {c.num_batches}, {mode}"
+                    )
         return 0
     result = asyncio.run(run_benchmark(bench))
     device = "gpu" if machine_info().get("gpu") else "cpu"
-    for path in write_results(result, args.name or f"env_grouping_{device}_{bench.name}", plots=not args.no_plots):
+    for path in write_results(
+        result,
+        args.name or f"env_grouping_{device}_{bench.name}",
+        plots=not args.no_plots,
+    ):
         print(f"wrote {path}")
-    saved = json.loads((RESULTS_DIR / f"{args.name or f'env_grouping_{device}_{bench.name}'}.json").read_text())
+    saved = json.loads(
+        (
+            RESULTS_DIR / f"{args.name or f'env_grouping_{device}_{bench.name}'}.json"
+        ).read_text()
+    )
     print("\n".join(headline(saved)))
     return 0
 

@@ -27,7 +27,9 @@ from roll_async.metrics import percentile
 WRONG_ANSWER = "<answer>1 + 1</answer>"  # well formed, (almost always) not the target: episodes run to max_steps
 
 
-async def one_run(url: str, sessions: int, duration_s: float, max_requests: int) -> dict[str, Any]:
+async def one_run(
+    url: str, sessions: int, duration_s: float, max_requests: int
+) -> dict[str, Any]:
     from roll_async.env_service.client import EnvServiceClient, RemoteEnv
 
     latencies: list[float] = []
@@ -45,7 +47,10 @@ async def one_run(url: str, sessions: int, duration_s: float, max_requests: int)
         finally:
             latencies.append(time.perf_counter() - started)
 
-    envs = [RemoteEnv(url, "countdown", {"max_steps": 3}, call_timeout_s=30, max_retries=1) for _ in range(sessions)]
+    envs = [
+        RemoteEnv(url, "countdown", {"max_steps": 3}, call_timeout_s=30, max_retries=1)
+        for _ in range(sessions)
+    ]
     opened = await asyncio.gather(*(timed(env.prepare()) for env in envs))
     held = sum(env.env_id is not None for env in envs)
     _ = opened
@@ -55,7 +60,9 @@ async def one_run(url: str, sessions: int, duration_s: float, max_requests: int)
 
     async def session(env: Any, index: int) -> None:
         seed = index * 100_000
-        while time.perf_counter() < deadline and budget[0] > 0 and env.env_id is not None:
+        while (
+            time.perf_counter() < deadline and budget[0] > 0 and env.env_id is not None
+        ):
             seed += 1
             if await timed(env.reset(seed)) is None:
                 return
@@ -71,7 +78,9 @@ async def one_run(url: str, sessions: int, duration_s: float, max_requests: int)
     elapsed = time.perf_counter() - started
     await asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
     await EnvServiceClient.shared(url, max_retries=1).close()
-    requests = len(latencies) - sessions  # the prepare calls are not part of the timed window
+    requests = (
+        len(latencies) - sessions
+    )  # the prepare calls are not part of the timed window
     return {
         "sessions_held": held,
         "requests": requests,
@@ -88,7 +97,15 @@ async def one_run(url: str, sessions: int, duration_s: float, max_requests: int)
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("sessions_held", "requests_per_s", "latency_p50_ms", "latency_p99_ms", "errors", "requests", "episodes"):
+    for key in (
+        "sessions_held",
+        "requests_per_s",
+        "latency_p50_ms",
+        "latency_p99_ms",
+        "errors",
+        "requests",
+        "episodes",
+    ):
         out[key] = spread([r[key] for r in runs])
     return out
 
@@ -97,12 +114,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from roll_async.env_service.server import launch_server_process
 
     process, url = launch_server_process(
-        "--isolation", args.isolation, "--max-envs", str(args.sessions + 8), "--threads", str(args.threads)
+        "--isolation",
+        args.isolation,
+        "--max-envs",
+        str(args.sessions + 8),
+        "--threads",
+        str(args.threads),
     )
     try:
         runs = []
         for repeat in range(args.repeats):
-            result = await one_run(url, args.sessions, args.duration_s, args.max_requests)
+            result = await one_run(
+                url, args.sessions, args.duration_s, args.max_requests
+            )
             print(f"run {repeat}: {result}", flush=True)
             runs.append(result)
     finally:
@@ -147,8 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--max-requests", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=16, help="server threads for --isolation none")
-    parser.add_argument("--name", default=None, help="result file name (default env_server_load_<isolation>)")
+    parser.add_argument(
+        "--threads", type=int, default=16, help="server threads for --isolation none"
+    )
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="result file name (default env_server_load_<isolation>)",
+    )
     args = parser.parse_args(argv)
     args.load_at_start = [round(x, 2) for x in os.getloadavg()]
     payload = asyncio.run(run(args))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_async.metrics import mean, percentile
-from roll_async.protocol import Trajectory
+from roll_async.trajectory import Trajectory
 
 
 def request_shapes(trajectory: Trajectory) -> list[tuple[int, int]]:
@@ -85,7 +85,9 @@ def batch_tail_seconds(window: BatchWindow, fraction: float = 0.1) -> float:
     return window.end - threshold
 
 
-def tail_share(windows: Sequence[BatchWindow], wall_s: float, fraction: float = 0.1) -> float:
+def tail_share(
+    windows: Sequence[BatchWindow], wall_s: float, fraction: float = 0.1
+) -> float:
     """Share of ``wall_s`` spent waiting only for the slowest ``fraction`` of each batch's episodes."""
     if wall_s <= 0:
         return 0.0
@@ -121,7 +123,9 @@ def summarize_run(
     """The figures of one (workload, grid point, scheduler) run; keys are the CSV columns."""
     ok = [t for t in trajectories if t.stop_reason != "env_error"]
     tokens = sum(t.response_length for t in ok)
-    latencies = [t.finished_at - t.started_at for t in ok if t.finished_at >= t.started_at > 0]
+    latencies = [
+        t.finished_at - t.started_at for t in ok if t.finished_at >= t.started_at > 0
+    ]
     prompt_mean, output_mean, requests = mean_request_shape(ok)
     busy, in_flight = busy_stats(samples)
     env_steps = [turn.env_step_s for t in ok for turn in t.turns]
@@ -136,7 +140,9 @@ def summarize_run(
         "trajectories_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
         "generated_tokens": tokens,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
-        "engine_tokens_per_s": (engine_generated_tokens / wall_s) if engine_generated_tokens is not None and wall_s > 0 else float("nan"),
+        "engine_tokens_per_s": (engine_generated_tokens / wall_s)
+        if engine_generated_tokens is not None and wall_s > 0
+        else float("nan"),
         "requests": requests,
         "mean_prompt_len": prompt_mean,
         "mean_output_len": output_mean,

@@ -42,22 +42,35 @@ REWARD_KEY = "rollout/episode_reward/mean"
 # Running
 
 
-def train_command(config: str, mode: str, steps: int, run_dir: Path, extra: list[str]) -> list[str]:
+def train_command(
+    config: str, mode: str, steps: int, run_dir: Path, extra: list[str]
+) -> list[str]:
     return [
-        sys.executable, "-m", "roll_async.cli", "train", config,
-        *MODE_OVERRIDES[mode], f"max_steps={steps}", f"output_dir={run_dir}", "logging.progress_bar=false",
+        sys.executable,
+        "-m",
+        "roll_async.cli",
+        "train",
+        config,
+        *MODE_OVERRIDES[mode],
+        f"max_steps={steps}",
+        f"output_dir={run_dir}",
+        "logging.progress_bar=false",
         *extra,
     ]
 
 
-def run_mode(config: str, mode: str, steps: int, run_dir: Path, extra: list[str]) -> float:
+def run_mode(
+    config: str, mode: str, steps: int, run_dir: Path, extra: list[str]
+) -> float:
     """One ``roll-async train`` run in a subprocess; returns its wall seconds. Its log goes to run_dir/train.log."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = train_command(config, mode, steps, run_dir, extra)
     print(f"[{mode}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     start = time.perf_counter()
     with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -65,7 +78,9 @@ def run_mode(config: str, mode: str, steps: int, run_dir: Path, extra: list[str]
                 print(f"[{mode}] {line.rstrip()}", flush=True)
         rc = proc.wait()
     if rc != 0:
-        raise SystemExit(f"[{mode}] roll-async train failed (exit {rc}); see {run_dir / 'train.log'}")
+        raise SystemExit(
+            f"[{mode}] roll-async train failed (exit {rc}); see {run_dir / 'train.log'}"
+        )
     return time.perf_counter() - start
 
 
@@ -75,16 +90,24 @@ def run_mode(config: str, mode: str, steps: int, run_dir: Path, extra: list[str]
 
 def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(per-step rows with step >= 0, the SFT warm-start row logged at step -1 or {})."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     sft = next((r for r in rows if r.get("step", 0) < 0), {})
     steps = sorted((r for r in rows if r.get("step", -1) >= 0), key=lambda r: r["step"])
     return steps, sft
 
 
 def success_key(rows: list[dict[str, Any]]) -> str:
-    keys = sorted({k for r in rows for k in r if k.startswith("env/") and k.endswith("/success")})
+    keys = sorted(
+        {k for r in rows for k in r if k.startswith("env/") and k.endswith("/success")}
+    )
     if len(keys) != 1:
-        raise SystemExit(f"expected one env/<tag>/success metric, found {keys}; the demo uses one env tag")
+        raise SystemExit(
+            f"expected one env/<tag>/success metric, found {keys}; the demo uses one env tag"
+        )
     return keys[0]
 
 
@@ -133,10 +156,18 @@ def summarise(run_dir: Path, k: int, wall_s: float | None) -> dict[str, Any]:
     }
     summary["success_gain"] = summary["success_last_k"] - summary["success_first_k"]
     summary["reward_gain"] = summary["reward_last_k"] - summary["reward_first_k"]
-    return {"run_dir": str(run_dir), "env_tag": tag, "sft": sft, "summary": summary, "series": data}
+    return {
+        "run_dir": str(run_dir),
+        "env_tag": tag,
+        "sft": sft,
+        "summary": summary,
+        "series": data,
+    }
 
 
-def reference_policies(config_path: str, overrides: list[str], num_seeds: int = 1000) -> dict[str, Any]:
+def reference_policies(
+    config_path: str, overrides: list[str], num_seeds: int = 1000
+) -> dict[str, Any]:
     """Success of simple policies on the demo's env (pure env simulation, no model), to read the curves against.
 
     ``uniform_random``: a valid action drawn uniformly every turn. For FrozenLake
@@ -147,7 +178,7 @@ def reference_policies(config_path: str, overrides: list[str], num_seeds: int = 
     import itertools
     import random
 
-    from roll_async.config import load_config
+    from roll_async.config.schema import load_config
     from roll_async.envs import make_env
 
     config = load_config(REPO / config_path, overrides)
@@ -175,8 +206,13 @@ def reference_policies(config_path: str, overrides: list[str], num_seeds: int = 
         out["uniform_random"] = play(lambda turn: rng.choice(words))
     if spec.env_type == "frozen_lake":
         n = int(getattr(env.config, "size", 4))
-        orders = sorted(set(itertools.permutations(["Down"] * (n - 1) + ["Right"] * (n - 1))))
-        scored = [(play(lambda turn, o=o: o[turn] if turn < len(o) else "Down"), " ".join(o)) for o in orders]
+        orders = sorted(
+            set(itertools.permutations(["Down"] * (n - 1) + ["Right"] * (n - 1)))
+        )
+        scored = [
+            (play(lambda turn, o=o: o[turn] if turn < len(o) else "Down"), " ".join(o))
+            for o in orders
+        ]
         best = max(scored)
         out["best_blind_sequence"] = best[0]
         out["best_blind_sequence_moves"] = best[1]
@@ -188,22 +224,33 @@ def reference_policies(config_path: str, overrides: list[str], num_seeds: int = 
 # Recording
 
 
-def plot(results: dict[str, dict[str, Any]], window: int, path: Path, title: str) -> None:
+def plot(
+    results: dict[str, dict[str, Any]], window: int, path: Path, title: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {"sync": "tab:blue", "async": "tab:orange"}
-    panels = [("success", "success rate (train rollouts)"), ("reward", "mean episode reward"),
-              ("action_is_valid", "valid-action rate")]
+    panels = [
+        ("success", "success rate (train rollouts)"),
+        ("reward", "mean episode reward"),
+        ("action_is_valid", "valid-action rate"),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0))
     for ax, (key, label) in zip(axes, panels):
         for mode, res in results.items():
             xs, ys = res["series"]["step"], res["series"][key]
             color = colors.get(mode)
             ax.plot(xs, ys, color=color, alpha=0.25, linewidth=1)
-            ax.plot(xs, smooth(ys, window), color=color, linewidth=2, label=f"{mode} ({window}-step mean)")
+            ax.plot(
+                xs,
+                smooth(ys, window),
+                color=color,
+                linewidth=2,
+                label=f"{mode} ({window}-step mean)",
+            )
         ax.set_xlabel("training step")
         ax.set_title(label)
         ax.grid(alpha=0.3)
@@ -258,24 +305,39 @@ def markdown(payload: dict[str, Any], png_name: str) -> str:
         ]
     ref = payload.get("reference_policies") or {}
     if ref:
-        parts = [f"uniform random valid actions {ref['uniform_random']:.3f}"] if "uniform_random" in ref else []
+        parts = (
+            [f"uniform random valid actions {ref['uniform_random']:.3f}"]
+            if "uniform_random" in ref
+            else []
+        )
         if "best_blind_sequence" in ref:
             parts.append(
                 f"the best fixed move order played without reading the map ({ref['best_blind_sequence_moves']}) "
                 f"{ref['best_blind_sequence']:.3f}"
             )
         parts.append("the expert 1.0")
-        lines += ["", f"Reference success rates on {ref['num_seeds']} other seeds, {ref['max_steps']} turns: "
-                  + "; ".join(parts) + "."]
+        lines += [
+            "",
+            f"Reference success rates on {ref['num_seeds']} other seeds, {ref['max_steps']} turns: "
+            + "; ".join(parts)
+            + ".",
+        ]
     lines += ["", f"![learning curves]({png_name})", ""]
     return "\n".join(lines)
 
 
-def record(name: str, results: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Path]:
+def record(
+    name: str, results: dict[str, dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Path]:
     window = args.smooth
     png = RESULTS_DIR / f"{name}.png"
     tag = next(iter(results.values()))["env_tag"]
-    plot(results, window, png, f"{tag}: tiny model, SFT warm start then GRPO ({args.steps} steps)")
+    plot(
+        results,
+        window,
+        png,
+        f"{tag}: tiny model, SFT warm start then GRPO ({args.steps} steps)",
+    )
     payload = {
         "config": args.config,
         "overrides": args.set,
@@ -296,18 +358,64 @@ def record(name: str, results: dict[str, dict[str, Any]], args: argparse.Namespa
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="training config (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=None, help="GRPO steps per mode (default: 60, --quick: 25)")
-    p.add_argument("--modes", nargs="+", default=["sync", "async"], choices=list(MODE_OVERRIDES))
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides for every run")
-    p.add_argument("--quick", action="store_true", help="short run, recorded as learning_demo_quick.*")
-    p.add_argument("--name", default=None, help="results file stem (default: learning_demo[_quick])")
-    p.add_argument("--runs-dir", default=None, help="where the run directories go (default: a temp dir)")
-    p.add_argument("--k", type=int, default=10, help="first/last k steps compared (default: %(default)s)")
-    p.add_argument("--smooth", type=int, default=10, help="moving-average window of the plot (default: %(default)s)")
-    p.add_argument("--from-runs", nargs="*", default=None, metavar="MODE=RUN_DIR",
-                   help="skip training: record from existing run directories")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help="training config (default: %(default)s)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="GRPO steps per mode (default: 60, --quick: 25)",
+    )
+    p.add_argument(
+        "--modes", nargs="+", default=["sync", "async"], choices=list(MODE_OVERRIDES)
+    )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for every run",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short run, recorded as learning_demo_quick.*",
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="results file stem (default: learning_demo[_quick])",
+    )
+    p.add_argument(
+        "--runs-dir",
+        default=None,
+        help="where the run directories go (default: a temp dir)",
+    )
+    p.add_argument(
+        "--k",
+        type=int,
+        default=10,
+        help="first/last k steps compared (default: %(default)s)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=int,
+        default=10,
+        help="moving-average window of the plot (default: %(default)s)",
+    )
+    p.add_argument(
+        "--from-runs",
+        nargs="*",
+        default=None,
+        metavar="MODE=RUN_DIR",
+        help="skip training: record from existing run directories",
+    )
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = 25 if args.quick else 60
@@ -328,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
             results[mode] = summarise(Path(run_dir), args.k, None)
         args.steps = max(r["summary"]["steps"] for r in results.values())
     else:
-        runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="roll_async_learning_demo_"))
+        runs_dir = Path(
+            args.runs_dir or tempfile.mkdtemp(prefix="roll_async_learning_demo_")
+        )
         for mode in args.modes:
             run_dir = runs_dir / mode
             wall = run_mode(args.config, mode, args.steps, run_dir, list(args.set))

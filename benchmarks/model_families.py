@@ -36,14 +36,23 @@ async def _run(families: list[str]) -> list[tuple[str, float, list]]:
     for name in families:
         path = build_family_model(name)
         started = time.perf_counter()
-        rows = await run_checks(str(path), CheckSettings(), also_sampling=[CheckSettings(temperature=0.7, top_p=0.9)])
+        rows = await run_checks(
+            str(path),
+            CheckSettings(),
+            also_sampling=[CheckSettings(temperature=0.7, top_p=0.9)],
+        )
         results.append((name, time.perf_counter() - started, rows))
-        print(name, "FAIL" if any(r.status == "FAIL" for r in rows) else "ok", flush=True)
+        print(
+            name, "FAIL" if any(r.status == "FAIL" for r in rows) else "ok", flush=True
+        )
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    from roll_async.model.check import LOGPROB_MAX_ABS_TOLERANCE, LOGPROB_MEAN_ABS_TOLERANCE
+    from roll_async.model.check import (
+        LOGPROB_MAX_ABS_TOLERANCE,
+        LOGPROB_MEAN_ABS_TOLERANCE,
+    )
     from roll_async.model.families import FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared with other jobs (load average at the end "
         f"{load[0]:.1f}); vLLM CPU backend, float32, `enforce_eager`.",
         "",
-        "Reading it: \"fresh render\" is information, not a check: a fresh render of the sampled conversation's text",
+        'Reading it: "fresh render" is information, not a check: a fresh render of the sampled conversation\'s text',
         "differs from the ids the model saw when the template re-renders history (Qwen3 strips/inserts `<think>`,",
         "Mistral moves the system prompt, Llama-3 and Gemma trim whitespace the random model generated at the ends of",
-        "a reply). The ids trained on are always the ones the model saw (token-in/token-out). \"seconds\" includes the",
+        'a reply). The ids trained on are always the ones the model saw (token-in/token-out). "seconds" includes the',
         "engine start on the loaded machine.",
         "",
         "| family | summary | append-only | template notes | token-in/token-out | fresh render | logprobs T=1 | logprobs T=0.7, top_p=0.9 | weight sync | seconds |",
@@ -87,14 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         failed = [r for r in rows if r.status == "FAIL"]
         if failed:
-            lines.append(f"| {name} failures | " + "; ".join(f"{r.check}: {r.detail} (fix: {r.fix})" for r in failed) + " |||||||||")
+            lines.append(
+                f"| {name} failures | "
+                + "; ".join(f"{r.check}: {r.detail} (fix: {r.fix})" for r in failed)
+                + " |||||||||"
+            )
     out = Path(args.out)
     if out.is_file():  # keep the rows of families not re-run now (a re-run of one family updates its row)
         rerun = {name for name, _, _ in results}
-        kept = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| family")
-                and line.split(" | ")[0][2:].split(" ")[0] in set(FAMILIES) - rerun]
+        kept = [
+            line
+            for line in out.read_text().splitlines()
+            if line.startswith("| ")
+            and not line.startswith("| family")
+            and line.split(" | ")[0][2:].split(" ")[0] in set(FAMILIES) - rerun
+        ]
         lines += kept
-        lines[9] = lines[9] + f" (rows of {', '.join(sorted(set(FAMILIES) - rerun))} from an earlier run of the same command)"
+        lines[9] = (
+            lines[9]
+            + f" (rows of {', '.join(sorted(set(FAMILIES) - rerun))} from an earlier run of the same command)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

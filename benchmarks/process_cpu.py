@@ -21,7 +21,18 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine_actor", ("VLLMEngine",)),
     ("env_workers", ("EnvManagerWorker",)),
     ("queue_actor", ("GroupQueueActor",)),
-    ("ray_system", ("raylet", "gcs_server", "log_monitor", "dashboard", "monitor.py", "ray::IDLE", "runtime_env")),
+    (
+        "ray_system",
+        (
+            "raylet",
+            "gcs_server",
+            "log_monitor",
+            "dashboard",
+            "monitor.py",
+            "ray::IDLE",
+            "runtime_env",
+        ),
+    ),
 )
 #: Every role a process can get (role_of), in report order.
 ALL_ROLES: tuple[str, ...] = (*(role for role, _ in ROLES), "driver", "other")
@@ -53,11 +64,16 @@ def snapshot() -> dict[int, tuple[str, float]]:
                 name, cmdline = process.name(), " ".join(process.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        result[process.pid] = (role_of(name, cmdline, is_driver=process.pid == os.getpid()), times.user + times.system)
+        result[process.pid] = (
+            role_of(name, cmdline, is_driver=process.pid == os.getpid()),
+            times.user + times.system,
+        )
     return result
 
 
-def cpu_seconds_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+def cpu_seconds_by_role(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
     """CPU seconds spent between two snapshots, by role (a process started in between counts from zero)."""
     spent: dict[str, float] = {}
     for pid, (role, seconds) in after.items():
@@ -66,15 +82,24 @@ def cpu_seconds_by_role(before: dict[int, tuple[str, float]], after: dict[int, t
     return spent
 
 
-def notes_from(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, Any]:
+def notes_from(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, Any]:
     """A run's notes (``cpu_s_<role>``, summed when repeats are pooled); {} when either snapshot is empty."""
     if not before or not after:
         return {}
-    return {f"cpu_s_{role}": seconds for role, seconds in cpu_seconds_by_role(before, after).items()}
+    return {
+        f"cpu_s_{role}": seconds
+        for role, seconds in cpu_seconds_by_role(before, after).items()
+    }
 
 
 def cores_from(notes: dict[str, Any], wall_s: float) -> dict[str, float]:
     """``cpu_cores_<role>``: CPU seconds over the window's wall time (1.0 = one core busy all the time)."""
     if wall_s <= 0:
         return {}
-    return {f"cpu_cores_{key[len('cpu_s_'):]}": float(value) / wall_s for key, value in notes.items() if key.startswith("cpu_s_")}
+    return {
+        f"cpu_cores_{key[len('cpu_s_') :]}": float(value) / wall_s
+        for key, value in notes.items()
+        if key.startswith("cpu_s_")
+    }

@@ -29,8 +29,8 @@ import time
 from typing import Any
 
 from benchmarks.common import spread, write_json
-from roll_async.engine.zmq_transport import ServesRequestsOverZmq
-from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 MODES = ("single", "stream", "zmq")
 
@@ -70,65 +70,102 @@ class Caller:
     def __init__(self, engine: Any) -> None:
         import ray
 
-        from roll_async.engine.zmq_transport import ZmqEngineClient
+        from roll_async.engine.zmq_engine_client import ZmqEngineClient
 
         self.engine = engine
-        self.zmq_client = ZmqEngineClient(engine, node_id=ray.get_runtime_context().get_node_id())
+        self.zmq_client = ZmqEngineClient(
+            engine, node_id=ray.get_runtime_context().get_node_id()
+        )
 
     def cpu_s(self) -> float:
         return time.process_time()
 
-    async def run(self, mode: str, concurrency: int, prompt_len: int, rounds: int) -> dict[str, float]:
+    async def run(
+        self, mode: str, concurrency: int, prompt_len: int, rounds: int
+    ) -> dict[str, float]:
         requests = [
-            GenerationRequest(request_id=f"r{i}", prompt_token_ids=list(range(prompt_len)), max_tokens=32)
+            GenerationRequest(
+                request_id=f"r{i}",
+                prompt_token_ids=list(range(prompt_len)),
+                max_tokens=32,
+            )
             for i in range(concurrency)
         ]
-        caller0, engine0, started = time.process_time(), await self.engine.cpu_s.remote(), time.perf_counter()
+        caller0, engine0, started = (
+            time.process_time(),
+            await self.engine.cpu_s.remote(),
+            time.perf_counter(),
+        )
         for _ in range(rounds):
             if mode == "single":
-                results = await asyncio.gather(*(self.engine.generate.remote(r) for r in requests))
+                results = await asyncio.gather(
+                    *(self.engine.generate.remote(r) for r in requests)
+                )
             elif mode == "zmq":
-                results = await asyncio.gather(*(self.zmq_client.generate(r) for r in requests))
+                results = await asyncio.gather(
+                    *(self.zmq_client.generate(r) for r in requests)
+                )
             else:
-                stream = self.engine.generate_stream.options(num_returns="streaming").remote(requests)
+                stream = self.engine.generate_stream.options(
+                    num_returns="streaming"
+                ).remote(requests)
                 results = [await ref async for ref in stream]
             assert len(results) == concurrency
         wall = time.perf_counter() - started
         caller1, engine1 = time.process_time(), await self.engine.cpu_s.remote()
         n = concurrency * rounds
-        return {"caller_us": (caller1 - caller0) / n * 1e6, "engine_us": (engine1 - engine0) / n * 1e6, "wall_s": wall}
+        return {
+            "caller_us": (caller1 - caller0) / n * 1e6,
+            "engine_us": (engine1 - engine0) / n * 1e6,
+            "wall_s": wall,
+        }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from roll_async.ray_utils import init_ray
+    from roll_async.runtime.ray_utils import init_ray
 
     init_ray(None, args.ray_num_cpus)
-    engine = ray.remote(EchoEngine).options(max_concurrency=10_000, num_cpus=0).remote(args.output_len, args.engine_latency_s)
-    caller = ray.remote(Caller).options(max_concurrency=10_000, num_cpus=0).remote(engine)
+    engine = (
+        ray.remote(EchoEngine)
+        .options(max_concurrency=10_000, num_cpus=0)
+        .remote(args.output_len, args.engine_latency_s)
+    )
+    caller = (
+        ray.remote(Caller).options(max_concurrency=10_000, num_cpus=0).remote(engine)
+    )
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     try:
         for mode in MODES:  # warm both processes and open the ZMQ socket
             await caller.run.remote(mode, args.concurrency, args.prompt_len, 2)
         for repeat in range(args.repeats):
-            for mode in MODES[repeat % len(MODES):] + MODES[:repeat % len(MODES)]:
-                out = await caller.run.remote(mode, args.concurrency, args.prompt_len, args.rounds)
+            for mode in MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]:
+                out = await caller.run.remote(
+                    mode, args.concurrency, args.prompt_len, args.rounds
+                )
                 runs[mode].append(out)
-                print(f"{mode} (repeat {repeat + 1}): caller {out['caller_us']:.0f} us, engine {out['engine_us']:.0f} us "
-                      f"per request, {out['wall_s']:.2f}s", flush=True)
+                print(
+                    f"{mode} (repeat {repeat + 1}): caller {out['caller_us']:.0f} us, engine {out['engine_us']:.0f} us "
+                    f"per request, {out['wall_s']:.2f}s",
+                    flush=True,
+                )
     finally:
         ray.shutdown()
     rows = []
     for mode in MODES:
         caller_us = [r["caller_us"] for r in runs[mode]]
         engine_us = [r["engine_us"] for r in runs[mode]]
-        rows.append({
-            "mode": mode,
-            "caller_cpu_us_per_request": spread(caller_us),
-            "engine_cpu_us_per_request": spread(engine_us),
-            "total_cpu_us_per_request": spread([c + e for c, e in zip(caller_us, engine_us)]),
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "caller_cpu_us_per_request": spread(caller_us),
+                "engine_cpu_us_per_request": spread(engine_us),
+                "total_cpu_us_per_request": spread(
+                    [c + e for c, e in zip(caller_us, engine_us)]
+                ),
+            }
+        )
     return {
         "name": args.name,
         "concurrency": args.concurrency,
@@ -156,13 +193,26 @@ def to_markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for row in result["rows"]:
-        cells = [row[k] for k in ("caller_cpu_us_per_request", "engine_cpu_us_per_request", "total_cpu_us_per_request")]
-        lines.append(f"| {row['mode']} | " + " | ".join(f"{c['median']:.0f} [{c['min']:.0f}, {c['max']:.0f}]" for c in cells) + " |")
+        cells = [
+            row[k]
+            for k in (
+                "caller_cpu_us_per_request",
+                "engine_cpu_us_per_request",
+                "total_cpu_us_per_request",
+            )
+        ]
+        lines.append(
+            f"| {row['mode']} | "
+            + " | ".join(
+                f"{c['median']:.0f} [{c['min']:.0f}, {c['max']:.0f}]" for c in cells
+            )
+            + " |"
+        )
     lines += [
         "",
         "`single`: one actor call per request (`engine.request_transport: ray`). `stream`: a round's requests "
         "in one call, results back one by one (Ray streaming generator). `zmq`: one message per request over the "
-        "engine actor's ZMQ socket (`engine.request_transport: zmq`, roll_async/engine/zmq_transport.py).",
+        "engine actor's ZMQ socket (`engine.request_transport: zmq`, roll_async/engine/zmq_engine_client.py).",
         "",
     ]
     return "\n".join(lines)
@@ -170,7 +220,12 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, default=32, help="requests per round (one worker's envs)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="requests per round (one worker's envs)",
+    )
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--engine-latency-s", type=float, default=0.01)
@@ -185,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     path.with_suffix(".md").write_text(to_markdown(saved))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     for row in saved["rows"]:
-        print(f"{row['mode']}: {statistics.median(row['total_cpu_us_per_request']['values']):.0f} us CPU per request (both sides)")
+        print(
+            f"{row['mode']}: {statistics.median(row['total_cpu_us_per_request']['values']):.0f} us CPU per request (both sides)"
+        )
     return 0
 
 

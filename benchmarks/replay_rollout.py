@@ -30,9 +30,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from env_managers.env_manager import EnvManager
 from roll_async.engine.router import EngineClient
-from roll_async.protocol import GenerationRequest, Trajectory, TurnRecord
+from roll_async.env_managers.env_manager import EnvManager
+from roll_async.trajectory import GenerationRequest, Trajectory, TurnRecord
 
 
 @dataclass(frozen=True)
@@ -68,29 +68,54 @@ def replay_script(trajectory: Trajectory) -> list[ReplayTurn]:
 class ReplayRollout:
     """Plays recorded episodes through ``engine`` with ``concurrency`` loops; returns one Trajectory per episode."""
 
-    def __init__(self, engine: EngineClient, *, concurrency: int, temperature: float = 1.0, top_p: float = 1.0) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        *,
+        concurrency: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> None:
         if concurrency < 1:
-            raise ValueError(f"ReplayRollout: concurrency must be >= 1, got {concurrency}")
+            raise ValueError(
+                f"ReplayRollout: concurrency must be >= 1, got {concurrency}"
+            )
         self.engine = engine
         self.concurrency = concurrency
         self.temperature = temperature
         self.top_p = top_p
 
     async def replay(self, recorded: Sequence[Trajectory]) -> list[Trajectory]:
-        scripts = iter([(t, replay_script(t)) for t in recorded if t.response_length > 0])
-        loops = [self._loop(scripts) for _ in range(min(self.concurrency, len(recorded)))]
+        scripts = iter(
+            [(t, replay_script(t)) for t in recorded if t.response_length > 0]
+        )
+        loops = [
+            self._loop(scripts) for _ in range(min(self.concurrency, len(recorded)))
+        ]
         return [t for batch in await asyncio.gather(*loops) for t in batch]
 
-    async def _loop(self, scripts: Iterator[tuple[Trajectory, list[ReplayTurn]]]) -> list[Trajectory]:
+    async def _loop(
+        self, scripts: Iterator[tuple[Trajectory, list[ReplayTurn]]]
+    ) -> list[Trajectory]:
         played: list[Trajectory] = []
-        for original, script in scripts:  # one shared iterator: each loop takes the next episode when it is free
+        for (
+            original,
+            script,
+        ) in (
+            scripts
+        ):  # one shared iterator: each loop takes the next episode when it is free
             played.append(await self._play(original, script))
         return played
 
     async def _play(self, original: Trajectory, script: list[ReplayTurn]) -> Trajectory:
         trajectory = Trajectory(
-            tag=original.tag, group_id=original.group_id, episode_id=original.episode_id, env_id=original.env_id,
-            seed=original.seed, traj_id=f"replay-{original.traj_id}", created_step=original.created_step,
+            tag=original.tag,
+            group_id=original.group_id,
+            episode_id=original.episode_id,
+            env_id=original.env_id,
+            seed=original.seed,
+            traj_id=f"replay-{original.traj_id}",
+            created_step=original.created_step,
             started_at=time.time(),
         )
         for turn, step in enumerate(script):
@@ -110,11 +135,21 @@ class ReplayRollout:
                 )
             )
             output = list(result.output_token_ids)
-            EnvManager._append(trajectory, output, generated=True, logprobs=list(result.logprobs))
+            EnvManager._append(
+                trajectory, output, generated=True, logprobs=list(result.logprobs)
+            )
             trajectory.turns.append(
-                TurnRecord(turn=turn, action_text="", observation="", reward=0.0, generated_tokens=len(output),
-                           weight_version=result.weight_version, generate_s=time.perf_counter() - started,
-                           env_step_s=0.0, finish_reason=result.finish_reason)
+                TurnRecord(
+                    turn=turn,
+                    action_text="",
+                    observation="",
+                    reward=0.0,
+                    generated_tokens=len(output),
+                    weight_version=result.weight_version,
+                    generate_s=time.perf_counter() - started,
+                    env_step_s=0.0,
+                    finish_reason=result.finish_reason,
+                )
             )
         trajectory.stop_reason = original.stop_reason
         trajectory.finished_at = time.time()

@@ -22,7 +22,7 @@ Reported per env count (each in a fresh subprocess, so memory deltas are clean):
 
     python -m benchmarks.scale_sim                          # 1,000 and 10,000 envs
     python -m benchmarks.scale_sim --envs 1000 --calibration benchmarks/results/engine_ceiling_gpu.json
-    roll-async bench grouping --simulate [same flags]
+    python -m benchmarks.env_grouping --simulate [same flags]
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ class QueueCpuMeter:
                 while True:
                     started = time.thread_time()
                     try:
-                        yielded = coro.throw(error) if error is not None else coro.send(value)
+                        yielded = (
+                            coro.throw(error) if error is not None else coro.send(value)
+                        )
                     except StopIteration as stop:
                         meter.cpu_s += time.thread_time() - started
                         return stop.value
@@ -94,7 +96,9 @@ class QueueCpuMeter:
                     meter.cpu_s += time.thread_time() - started
                     try:
                         value, error = (yield yielded), None
-                    except BaseException as exc:  # cancellation is thrown into the coroutine
+                    except (
+                        BaseException
+                    ) as exc:  # cancellation is thrown into the coroutine
                         value, error = None, exc
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -104,15 +108,27 @@ class QueueCpuMeter:
 
 
 def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
-    from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, PipelineConfig, validate_config
+    from roll_async.config.schema import (
+        CustomEnvConfig,
+        EngineConfig,
+        EnvManagerConfig,
+        PipelineConfig,
+        validate_config,
+    )
 
     group_size = args.group_size
     if num_envs % group_size:
-        raise ValueError(f"--envs {num_envs} must be a multiple of --group-size {group_size}")
+        raise ValueError(
+            f"--envs {num_envs} must be a multiple of --group-size {group_size}"
+        )
     num_env_groups = num_envs // group_size
-    batch = max(group_size, (num_envs // args.batches_per_envs) // group_size * group_size)
+    batch = max(
+        group_size, (num_envs // args.batches_per_envs) // group_size * group_size
+    )
     groups_per_batch = batch // group_size
-    staleness = math.ceil(num_env_groups / groups_per_batch) + 2  # every env can always find a seat
+    staleness = (
+        math.ceil(num_env_groups / groups_per_batch) + 2
+    )  # every env can always find a seat
     config = PipelineConfig(
         mode="async",
         max_staleness=staleness,
@@ -124,8 +140,13 @@ def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
         custom_envs={
             "SimTail": CustomEnvConfig(
                 env_type="longtail",
-                env_config={"min_turns": 1, "max_turns": 8, "turns_alpha": 1.2, "observation_words": 8,
-                            "observation_words_sigma": 0.5},
+                env_config={
+                    "min_turns": 1,
+                    "max_turns": 8,
+                    "turns_alpha": 1.2,
+                    "observation_words": 8,
+                    "observation_words_sigma": 0.5,
+                },
                 max_steps=8,
                 max_tokens_per_step=args.max_tokens,
                 stop=[],
@@ -148,13 +169,17 @@ def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
 def _warm_up(config: Any, tokenizer: Any) -> None:
     """One prompt build, decode and env episode, so one-time imports are paid before measuring."""
     from roll_async.envs import make_env
-    from roll_async.tokenization import ChatPromptBuilder
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder
 
     spec = config.custom_envs["SimTail"]
     builder = ChatPromptBuilder(tokenizer, spec.system_prompt)
     env = make_env(spec.env_type, dict(spec.env_config))
     observation, info = env.reset(1)
-    ids = builder.first_turn_ids(spec.instruction_template.format(instruction=info["instruction"], observation=observation))
+    ids = builder.first_turn_ids(
+        spec.instruction_template.format(
+            instruction=info["instruction"], observation=observation
+        )
+    )
     text = builder.decode(ids[-8:])
     observation, *_ = env.step(text)
     builder.closure_ids_after(ids[-8:]) + builder.user_delta_ids(observation)
@@ -164,18 +189,25 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One scale point in this process."""
     from benchmarks.sim_engine import SimEngine
     from roll_async.model.tiny import resolve_model_path
-    from roll_async.gc_tuning import tune_gc_for_env_loops
+    from roll_async.prompts.prompt_builder import load_tokenizer
+    from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
     from roll_async.scheduler.local import LocalRolloutScheduler
-    from roll_async.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model_path(args.model))
     special = set(tokenizer.all_special_ids)
     token_ids = [i for i in range(10, min(len(tokenizer), 600)) if i not in special]
     model = DecodeLatencyModel.from_ceiling(args.calibration)
-    engine = SimEngine(model, max_num_seqs=args.max_num_seqs, output_len_mean=args.output_len_mean,
-                       token_ids=token_ids, time_scale=args.time_scale)
+    engine = SimEngine(
+        model,
+        max_num_seqs=args.max_num_seqs,
+        output_len_mean=args.output_len_mean,
+        token_ids=token_ids,
+        time_scale=args.time_scale,
+    )
     config = sim_pipeline_config(num_envs, args)
-    _warm_up(config, tokenizer)  # lazy imports and first-call costs are not per-trajectory costs
+    _warm_up(
+        config, tokenizer
+    )  # lazy imports and first-call costs are not per-trajectory costs
 
     rss_base = _rss_bytes()
     cpu_build0 = time.process_time()
@@ -219,8 +251,12 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             batch = await scheduler.get_batch(config.rollout_batch_size, step)
             served += len(batch)
             marks.append(mark())
-            print(f"  {num_envs} envs: batch {step + 1}/{config.num_batches} ({len(batch)} traj) at "
-                  f"{marks[-1]['wall'] - start['wall']:.1f}s wall", file=sys.stderr, flush=True)
+            print(
+                f"  {num_envs} envs: batch {step + 1}/{config.num_batches} ({len(batch)} traj) at "
+                f"{marks[-1]['wall'] - start['wall']:.1f}s wall",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
@@ -234,11 +270,19 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     last = marks[-1]
     d = whole = {k: last[k] - start[k] for k in last}
     rollout_cpu = d["cpu"] - d["engine_cpu"]
-    scheduler_cpu = rollout_cpu - d["env_cpu"]  # the env's own calls (LongTailEnv drawing text) are not the scheduler's
+    scheduler_cpu = (
+        rollout_cpu - d["env_cpu"]
+    )  # the env's own calls (LongTailEnv drawing text) are not the scheduler's
     mean_running = sum(in_flight) / len(in_flight) if in_flight else 0.0
     # The model's throughput at the batch the engine ran, in wall time (time_scale speeds the simulated clock up).
-    sim_ceiling = model.tokens_per_s(mean_running) * args.time_scale if mean_running > 0 else math.nan
-    engine_tokens_per_s = whole["tokens"] / whole["wall"] if whole["wall"] > 0 else math.nan
+    sim_ceiling = (
+        model.tokens_per_s(mean_running) * args.time_scale
+        if mean_running > 0
+        else math.nan
+    )
+    engine_tokens_per_s = (
+        whole["tokens"] / whole["wall"] if whole["wall"] > 0 else math.nan
+    )
     return {
         "num_envs": num_envs,
         "group_size": config.train_env_manager.group_size,
@@ -254,26 +298,49 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         "process_cpu_s": d["cpu"],
         "sim_engine_cpu_s": d["engine_cpu"],
         # The whole rollout side (queue + env loops + prompt building + env thread hops + the env's own calls).
-        "rollout_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"] if d["episodes"] else math.nan,
+        "rollout_cpu_us_per_trajectory": 1e6 * rollout_cpu / d["episodes"]
+        if d["episodes"]
+        else math.nan,
         # The env's own sync calls (CPU of the thread that ran them; EnvManagerStats.env_cpu_s).
-        "env_cpu_us_per_trajectory": 1e6 * d["env_cpu"] / d["episodes"] if d["episodes"] else math.nan,
+        "env_cpu_us_per_trajectory": 1e6 * d["env_cpu"] / d["episodes"]
+        if d["episodes"]
+        else math.nan,
         # The rollout side without the env's own work: queue, env loops, prompt building, thread hops, routing.
-        "scheduler_cpu_us_per_trajectory": 1e6 * scheduler_cpu / d["episodes"] if d["episodes"] else math.nan,
+        "scheduler_cpu_us_per_trajectory": 1e6 * scheduler_cpu / d["episodes"]
+        if d["episodes"]
+        else math.nan,
         # The GroupQueueManager alone (QueueCpuMeter).
-        "queue_cpu_us_per_trajectory": 1e6 * d["queue_cpu"] / d["episodes"] if d["episodes"] else math.nan,
-        "seat_wakeups_per_trajectory": d["seat_wakeups"] / d["episodes"] if d["episodes"] else math.nan,
-        "scheduler_cpu_us_per_turn": 1e6 * scheduler_cpu / d["requests"] if d["requests"] else math.nan,
-        "scheduler_cpu_share_of_wall": rollout_cpu / d["wall"] if d["wall"] > 0 else math.nan,
-        "max_trajectories_per_cpu_s": d["episodes"] / rollout_cpu if rollout_cpu > 0 else math.nan,
+        "queue_cpu_us_per_trajectory": 1e6 * d["queue_cpu"] / d["episodes"]
+        if d["episodes"]
+        else math.nan,
+        "seat_wakeups_per_trajectory": d["seat_wakeups"] / d["episodes"]
+        if d["episodes"]
+        else math.nan,
+        "scheduler_cpu_us_per_turn": 1e6 * scheduler_cpu / d["requests"]
+        if d["requests"]
+        else math.nan,
+        "scheduler_cpu_share_of_wall": rollout_cpu / d["wall"]
+        if d["wall"] > 0
+        else math.nan,
+        "max_trajectories_per_cpu_s": d["episodes"] / rollout_cpu
+        if rollout_cpu > 0
+        else math.nan,
         "rss_base_mb": rss_base / 2**20,
         "rss_kb_per_env_built": (rss_built - rss_base) / 1024 / num_envs,
         "rss_kb_per_env_peak": (peak[0] - rss_base) / 1024 / num_envs,
-        "trajectories_per_s_wall": d["episodes"] / d["wall"] if d["wall"] > 0 else math.nan,
+        "trajectories_per_s_wall": d["episodes"] / d["wall"]
+        if d["wall"] > 0
+        else math.nan,
         "engine_tokens_per_s_wall": engine_tokens_per_s,
         "sim_mean_running": mean_running,
         "sim_ceiling_tokens_per_s": sim_ceiling,
-        "tokens_vs_sim_ceiling": engine_tokens_per_s / sim_ceiling if sim_ceiling and not math.isnan(sim_ceiling) else math.nan,
-        "sim_engine_busy_fraction": whole["sim_time"] / (whole["wall"] * args.time_scale) if whole["wall"] > 0 else math.nan,
+        "tokens_vs_sim_ceiling": engine_tokens_per_s / sim_ceiling
+        if sim_ceiling and not math.isnan(sim_ceiling)
+        else math.nan,
+        "sim_engine_busy_fraction": whole["sim_time"]
+        / (whole["wall"] * args.time_scale)
+        if whole["wall"] > 0
+        else math.nan,
         "turns_mean": d["requests"] / d["episodes"] if d["episodes"] else math.nan,
         "time_scale": args.time_scale,
         "isolation": args.isolation,
@@ -294,7 +361,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         "**This is a simulation.** The engine is `benchmarks/sim_engine.py` (no model): each decode step advances every "
         "running request by one token and takes the time the engine ceiling benchmark measured at that concurrency "
         f"(calibration: `{result['calibration']}`, seconds per step at N: "
-        + ", ".join(f"{p['concurrency']:g}: {p['decode_step_s'] * 1000:.1f} ms" for p in result.get("calibration_points", []))
+        + ", ".join(
+            f"{p['concurrency']:g}: {p['decode_step_s'] * 1000:.1f} ms"
+            for p in result.get("calibration_points", [])
+        )
         + f"; max_num_seqs {result['max_num_seqs']}, output length geometric with "
         f"mean {result['output_len_mean']}, time_scale {result['time_scale']}). The scheduler side is real: "
         "LocalRolloutScheduler, GroupQueueManager, one EnvManager per env, ChatPromptBuilder on the tiny model's tokenizer, "
@@ -318,9 +388,15 @@ def to_markdown(result: dict[str, Any]) -> str:
             *(
                 f"| {e['num_envs']:,} | {e['runs']} | "
                 + " | ".join(
-                    f"**{e[k]['median']:.0f}** ({e[k]['min']:.0f}–{e[k]['max']:.0f})" if k in e else "–"
-                    for k in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory",
-                              "env_cpu_us_per_trajectory", "rollout_cpu_us_per_trajectory")
+                    f"**{e[k]['median']:.0f}** ({e[k]['min']:.0f}–{e[k]['max']:.0f})"
+                    if k in e
+                    else "–"
+                    for k in (
+                        "scheduler_cpu_us_per_trajectory",
+                        "queue_cpu_us_per_trajectory",
+                        "env_cpu_us_per_trajectory",
+                        "rollout_cpu_us_per_trajectory",
+                    )
                 )
                 + " |"
                 for e in summary
@@ -365,20 +441,55 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--batches-per-envs", type=int, default=4, help="rollout_batch_size = envs / this")
-    parser.add_argument("--trajectories-per-env", type=float, default=1.0, help="trajectories collected per env instance")
-    parser.add_argument("--max-num-seqs", type=int, default=1024, help="simulated engine batch limit")
+    parser.add_argument(
+        "--batches-per-envs",
+        type=int,
+        default=4,
+        help="rollout_batch_size = envs / this",
+    )
+    parser.add_argument(
+        "--trajectories-per-env",
+        type=float,
+        default=1.0,
+        help="trajectories collected per env instance",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=1024, help="simulated engine batch limit"
+    )
     parser.add_argument("--output-len-mean", type=float, default=12.0)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--time-scale", type=float, default=4.0,
-                        help="simulated seconds per wall second: 4 = the calibrated engine sped up 4x (1: as measured)")
-    parser.add_argument("--calibration", default=str(DEFAULT_CALIBRATION), help="engine ceiling JSON to calibrate from")
-    parser.add_argument("--model", default=None, help="tokenizer's model dir (default: the offline tiny model)")
-    parser.add_argument("--name", default=None, help="results file stem (default: scale_sim_<cpu|gpu>)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per env count (each a fresh subprocess)")
-    parser.add_argument("--isolation", default="inline", choices=["inline", "none"],
-                        help="custom_envs.SimTail.isolation: inline (env calls on the event loop; the env takes "
-                             "microseconds) or none (the worker's env threads)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=4.0,
+        help="simulated seconds per wall second: 4 = the calibrated engine sped up 4x (1: as measured)",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=str(DEFAULT_CALIBRATION),
+        help="engine ceiling JSON to calibrate from",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="tokenizer's model dir (default: the offline tiny model)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="results file stem (default: scale_sim_<cpu|gpu>)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per env count (each a fresh subprocess)",
+    )
+    parser.add_argument(
+        "--isolation",
+        default="inline",
+        choices=["inline", "none"],
+        help="custom_envs.SimTail.isolation: inline (env calls on the event loop; the env takes "
+        "microseconds) or none (the worker's env threads)",
+    )
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -391,7 +502,16 @@ def main(argv: list[str] | None = None) -> int:
     for n in [n for n in args.envs for _ in range(args.repeats)]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "row.json"
-            cmd = [sys.executable, "-m", "benchmarks.scale_sim", *_strip_envs(passthrough), "--child", str(n), "--child-out", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.scale_sim",
+                *_strip_envs(passthrough),
+                "--child",
+                str(n),
+                "--child-out",
+                str(out),
+            ]
             print(f"simulating {n:,} envs ...", flush=True)
             started = time.perf_counter()
             subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parent.parent)
@@ -407,10 +527,16 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.name or f"scale_sim_{device}"
     result = {
         "simulation": True,
-        "calibration": args.calibration if not Path(args.calibration).is_absolute() else os.path.relpath(args.calibration, Path(__file__).resolve().parent.parent),
+        "calibration": args.calibration
+        if not Path(args.calibration).is_absolute()
+        else os.path.relpath(args.calibration, Path(__file__).resolve().parent.parent),
         "calibration_points": [
             {"concurrency": c, "decode_step_s": t}
-            for c, t in zip(*(lambda m: (m.concurrency, m.step_s))(DecodeLatencyModel.from_ceiling(args.calibration)))
+            for c, t in zip(
+                *(lambda m: (m.concurrency, m.step_s))(
+                    DecodeLatencyModel.from_ceiling(args.calibration)
+                )
+            )
         ],
         "max_num_seqs": args.max_num_seqs,
         "output_len_mean": args.output_len_mean,
@@ -423,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(path.read_text())
     path.with_suffix(".md").write_text(to_markdown(saved))
     with path.with_suffix(".csv").open("w", newline="") as f:
-        f.write(f"# SIMULATION. command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n")
+        f.write(
+            f"# SIMULATION. command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n"
+        )
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -444,8 +572,14 @@ def summarize_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for n in sorted({r["num_envs"] for r in rows}):
         runs = [r for r in rows if r["num_envs"] == n]
         entry: dict[str, Any] = {"num_envs": n, "runs": len(runs)}
-        for key in ("scheduler_cpu_us_per_trajectory", "queue_cpu_us_per_trajectory", "env_cpu_us_per_trajectory",
-                    "rollout_cpu_us_per_trajectory", "seat_wakeups_per_trajectory", "tokens_vs_sim_ceiling"):
+        for key in (
+            "scheduler_cpu_us_per_trajectory",
+            "queue_cpu_us_per_trajectory",
+            "env_cpu_us_per_trajectory",
+            "rollout_cpu_us_per_trajectory",
+            "seat_wakeups_per_trajectory",
+            "tokens_vs_sim_ceiling",
+        ):
             values = [r[key] for r in runs if key in r]
             if values:
                 entry[key] = spread(values)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 
 @dataclass
@@ -55,17 +55,25 @@ class DecodeLatencyModel:
 
     def __post_init__(self) -> None:
         if not self.concurrency or len(self.concurrency) != len(self.step_s):
-            raise ValueError("DecodeLatencyModel needs matching, non-empty concurrency and step_s lists")
+            raise ValueError(
+                "DecodeLatencyModel needs matching, non-empty concurrency and step_s lists"
+            )
         pairs = sorted(zip(self.concurrency, self.step_s))
         self.concurrency = [float(c) for c, _ in pairs]
         self.step_s = [float(s) for _, s in pairs]
         if any(s <= 0 for s in self.step_s) or self.concurrency[0] <= 0:
-            raise ValueError("DecodeLatencyModel: concurrencies and step times must be positive")
+            raise ValueError(
+                "DecodeLatencyModel: concurrencies and step times must be positive"
+            )
 
     @classmethod
     def from_ceiling(cls, source: str | Path | dict[str, Any]) -> DecodeLatencyModel:
         """From an engine ceiling result (the JSON that benchmarks/engine_ceiling.py writes, or its dict)."""
-        data = json.loads(Path(source).read_text()) if isinstance(source, (str, Path)) else source
+        data = (
+            json.loads(Path(source).read_text())
+            if isinstance(source, (str, Path))
+            else source
+        )
         rows = data["rows"]
         return cls(
             [r["concurrency"] for r in rows],
@@ -158,7 +166,9 @@ class SimEngine:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run(), name="sim-engine")
-        length = output_length(request.request_id, self.output_len_mean, request.max_tokens)
+        length = output_length(
+            request.request_id, self.output_len_mean, request.max_tokens
+        )
         state = _SimRequest(request, length, loop.create_future())
         self._by_id[request.request_id] = state
         self._waiting.append(state)
@@ -235,7 +245,11 @@ class SimEngine:
         self._by_id.pop(state.request.request_id, None)
         self._running.pop(state.request.request_id, None)
         if reason == "abort":
-            produced = max(0, min(state.length, self.step - state.start_step)) if state.start_step >= 0 else 0
+            produced = (
+                max(0, min(state.length, self.step - state.start_step))
+                if state.start_step >= 0
+                else 0
+            )
         else:
             produced = min(state.length, state.request.max_tokens)
         self.generation_tokens += produced
@@ -260,7 +274,9 @@ class SimEngine:
             state.start_step = self.step
             self._running[state.request.request_id] = state
             steps = min(state.length, state.request.max_tokens)
-            heapq.heappush(self._finish_heap, (self.step + steps, next(self._seq), state))
+            heapq.heappush(
+                self._finish_heap, (self.step + steps, next(self._seq), state)
+            )
 
     async def _run(self) -> None:
         """Decode steps on the simulated clock, as an engine in its own process would run them.
@@ -301,6 +317,8 @@ class SimEngine:
             while heap and heap[0][0] <= self.step:
                 _, _, state = heapq.heappop(heap)
                 if not state.done:
-                    reason = "stop" if state.length <= state.request.max_tokens else "length"
+                    reason = (
+                        "stop" if state.length <= state.request.max_tokens else "length"
+                    )
                     self._finish(state, reason)
             self.cpu_s += time.thread_time() - cpu0

@@ -37,7 +37,9 @@ class ReplicaStandIn:
     async def update_from_dict(self, weights: dict) -> int:
         from safetensors.torch import load, save
 
-        payload = save({k: v.contiguous() for k, v in weights.items()})  # what the old update_weights did per replica
+        payload = save(
+            {k: v.contiguous() for k, v in weights.items()}
+        )  # what the old update_weights did per replica
         return len(load(payload))
 
     async def update_from_buckets(self, buckets: list) -> int:
@@ -57,7 +59,9 @@ def state_dict(num_params: int) -> dict:
     weights, left, i = {}, num_params, 0
     while left > 0:
         n = min(left, 2048 * 2048)
-        weights[f"layer{i}.weight"] = torch.randn(n // 2048 or 1, 2048 if n >= 2048 else n)
+        weights[f"layer{i}.weight"] = torch.randn(
+            n // 2048 or 1, 2048 if n >= 2048 else n
+        )
         left -= weights[f"layer{i}.weight"].numel()
         i += 1
     return weights
@@ -79,36 +83,65 @@ async def measure(actors: list, weights: dict, path: str, bucket_bytes: int) -> 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from roll_async.ray_utils import init_ray
+    from roll_async.runtime.ray_utils import init_ray
 
     init_ray(None, None)
-    actors = [ray.remote(ReplicaStandIn).options(num_cpus=0).remote() for _ in range(args.replicas)]
-    await asyncio.gather(*(a.update_from_buckets.remote([]) for a in actors))  # started and imported
+    actors = [
+        ray.remote(ReplicaStandIn).options(num_cpus=0).remote()
+        for _ in range(args.replicas)
+    ]
+    await asyncio.gather(
+        *(a.update_from_buckets.remote([]) for a in actors)
+    )  # started and imported
     rows = []
     try:
         for millions in args.params_m:
             weights = state_dict(int(millions * 1e6))
             n = sum(t.numel() for t in weights.values())
-            times: dict[str, list[float]] = {"per_replica_copy": [], "buckets_put_once": []}
+            times: dict[str, list[float]] = {
+                "per_replica_copy": [],
+                "buckets_put_once": [],
+            }
             for i in range(args.repeats):
-                order = ["per_replica_copy", "buckets_put_once"] if i % 2 == 0 else ["buckets_put_once", "per_replica_copy"]
+                order = (
+                    ["per_replica_copy", "buckets_put_once"]
+                    if i % 2 == 0
+                    else ["buckets_put_once", "per_replica_copy"]
+                )
                 for path in order:
-                    times[path].append(await measure(actors, weights, path, args.bucket_mb << 20))
-            row = {"params": n, "bytes": 4 * n, "replicas": args.replicas, "load1": round(os.getloadavg()[0], 2)}
+                    times[path].append(
+                        await measure(actors, weights, path, args.bucket_mb << 20)
+                    )
+            row = {
+                "params": n,
+                "bytes": 4 * n,
+                "replicas": args.replicas,
+                "load1": round(os.getloadavg()[0], 2),
+            }
             for path, values in times.items():
                 row[f"{path}_s_median"] = statistics.median(values)
                 row[f"{path}_s_min"] = min(values)
                 row[f"{path}_s_max"] = max(values)
-            row["speedup"] = row["per_replica_copy_s_median"] / row["buckets_put_once_s_median"]
+            row["speedup"] = (
+                row["per_replica_copy_s_median"] / row["buckets_put_once_s_median"]
+            )
             rows.append(row)
-            print(f"{n / 1e6:6.1f}M params: per-replica copy {row['per_replica_copy_s_median']:.3f}s, "
-                  f"buckets put once {row['buckets_put_once_s_median']:.3f}s ({row['speedup']:.2f}x)", flush=True)
+            print(
+                f"{n / 1e6:6.1f}M params: per-replica copy {row['per_replica_copy_s_median']:.3f}s, "
+                f"buckets put once {row['buckets_put_once_s_median']:.3f}s ({row['speedup']:.2f}x)",
+                flush=True,
+            )
             del weights
     finally:
         for a in actors:
             ray.kill(a)
         ray.shutdown()
-    return {"transport_only": True, "bucket_mb": args.bucket_mb, "repeats": args.repeats, "rows": rows}
+    return {
+        "transport_only": True,
+        "bucket_mb": args.bucket_mb,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
 
 
 def to_markdown(result: dict[str, Any]) -> str:

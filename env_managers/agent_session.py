@@ -26,33 +26,43 @@ from typing import TYPE_CHECKING, Any
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.session import AgentSession, Sampling
 from roll_async.agent_gateway.task import AgentTask, agent_result, load_agent_function
-from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 if TYPE_CHECKING:
-    from env_managers.env_manager import EnvManager
+    from roll_async.env_managers.env_manager import EnvManager
 
 
 class AgentEpisodeError(RuntimeError):
     """The agent code failed: raised, timed out, returned no reward or made no model call."""
 
 
-async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: Trajectory) -> Trajectory:
+async def run_agent_episode(
+    manager: EnvManager, spec: EpisodeSpec, trajectory: Trajectory
+) -> Trajectory:
     settings = manager.settings
     cfg = settings.custom_env
     gateway: AgentGateway | None = manager.agent_gateway
     if gateway is None:
-        raise RuntimeError(f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway")
+        raise RuntimeError(
+            f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway"
+        )
     agent_fn = load_agent_function(cfg.agent or "", f"custom_envs.{settings.tag}.agent")
     await gateway.ensure_started()
 
     sampling_overrides = 0
 
-    async def generate(prompt: list[int], max_tokens: int, sampling: Sampling, call: int) -> Any:
+    async def generate(
+        prompt: list[int], max_tokens: int, sampling: Sampling, call: int
+    ) -> Any:
         nonlocal sampling_overrides
         manager._set_phase("generate", call)
-        training_sampling, overridden = _training_sampling(sampling, settings.generation)
+        training_sampling, overridden = _training_sampling(
+            sampling, settings.generation
+        )
         sampling_overrides += overridden
-        return await manager._generate(trajectory, call, max_tokens, prompt_ids=prompt, sampling=training_sampling)
+        return await manager._generate(
+            trajectory, call, max_tokens, prompt_ids=prompt, sampling=training_sampling
+        )
 
     session = AgentSession(
         uuid.uuid4().hex[:12],
@@ -66,7 +76,12 @@ async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: 
     base_url = gateway.open_session(session)
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="roll-async-local", max_retries=0, timeout=settings.generation.request_timeout_s * 2)
+    client = openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key="roll-async-local",
+        max_retries=0,
+        timeout=settings.generation.request_timeout_s * 2,
+    )
     task = AgentTask(
         seed=spec.seed,
         env_config={**dict(cfg.env_config), **(spec.env_config_override or {})},
@@ -78,9 +93,13 @@ async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: 
         max_steps=cfg.max_steps,
     )
     manager._set_phase("env_step", 0)
-    agent_task = asyncio.create_task(agent_fn(client, task), name=f"agent-{trajectory.traj_id}")
+    agent_task = asyncio.create_task(
+        agent_fn(client, task), name=f"agent-{trajectory.traj_id}"
+    )
     try:
-        value = await _await_agent(agent_task, session, settings.env_step_timeout_s, manager)
+        value = await _await_agent(
+            agent_task, session, settings.env_step_timeout_s, manager
+        )
         if session.engine_error is not None:
             raise session.engine_error
         reward, metrics = agent_result(value)
@@ -100,30 +119,48 @@ async def run_agent_episode(manager: EnvManager, spec: EpisodeSpec, trajectory: 
         gateway.close_session(session.session_id)
         await client.close()
     if not session.segments:
-        return manager._fail(trajectory, AgentEpisodeError("the agent made no model call; there is nothing to train on"))
+        return manager._fail(
+            trajectory,
+            AgentEpisodeError(
+                "the agent made no model call; there is nothing to train on"
+            ),
+        )
     _fill(trajectory, session)
     trajectory.episode_reward = reward
     trajectory.turns[-1].reward = reward
     trajectory.stop_reason = stop_reason
-    trajectory.metrics = {**_session_metrics(session), "agent_sampling_overrides": float(sampling_overrides), **metrics}
+    trajectory.metrics = {
+        **_session_metrics(session),
+        "agent_sampling_overrides": float(sampling_overrides),
+        **metrics,
+    }
     trajectory.finished_at = time.time()
     manager.stats.episodes += 1
     return trajectory
 
 
-async def _await_agent(agent_task: asyncio.Task, session: AgentSession, timeout_s: float, manager: EnvManager) -> Any:
+async def _await_agent(
+    agent_task: asyncio.Task,
+    session: AgentSession,
+    timeout_s: float,
+    manager: EnvManager,
+) -> Any:
     """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model calls."""
     clock = manager._clock
     while True:
         idle_for = 0.0 if session.busy else clock() - session.last_activity
-        done, _ = await asyncio.wait({agent_task}, timeout=max(0.01, timeout_s - idle_for))
+        done, _ = await asyncio.wait(
+            {agent_task}, timeout=max(0.01, timeout_s - idle_for)
+        )
         if done:
             break
         if not session.busy and clock() - session.last_activity >= timeout_s:
             agent_task.cancel()
             await asyncio.gather(agent_task, return_exceptions=True)
             manager.stats.env_timeouts += 1
-            raise AgentEpisodeError(f"agent code exceeded env_step_timeout_s={timeout_s}s without a model call")
+            raise AgentEpisodeError(
+                f"agent code exceeded env_step_timeout_s={timeout_s}s without a model call"
+            )
     if agent_task.cancelled():
         raise AgentEpisodeError("the agent task was cancelled")
     exc = agent_task.exception()
@@ -157,7 +194,9 @@ def _training_sampling(requested: Sampling, generation: Any) -> tuple[Sampling, 
     """
     asked = (requested.temperature, requested.top_p, requested.top_k)
     trained = (generation.temperature, generation.top_p, generation.top_k)
-    overridden = any(value is not None and value != train for value, train in zip(asked, trained))
+    overridden = any(
+        value is not None and value != train for value, train in zip(asked, trained)
+    )
     return Sampling(stop=list(requested.stop), seed=requested.seed), overridden
 
 

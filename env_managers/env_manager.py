@@ -4,11 +4,11 @@
 there, never on another env), reset the env with the episode's seed, play
 turns, hand the trajectory back. A turn is token-in/token-out: the prompt ids
 are the previous prompt ids, plus the engine's output ids exactly as returned,
-plus the chat-template closure and user delta (``roll_async.tokenization``);
+plus the chat-template closure and user delta (``roll_async.prompts.prompt_builder``);
 nothing already sent is ever re-tokenized. Text is decoded only to hand the
 action to the env. Observation images (``render_mode: vision``) are expanded
 once into ids by the model's processor and sent with every later request
-(``roll_async.multimodal``).
+(``roll_async.prompts.images``).
 
 Per turn the engine gets ``max_tokens = min(max_tokens_per_step,
 sequence_length - current_length)`` and the env's stop strings. An episode ends
@@ -75,13 +75,29 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from roll_async.config import CustomEnvConfig, GenerationConfig
+from roll_async.config.schema import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
+from roll_async.errors import (
+    ChatTemplateError,
+    EngineRequestError,
+    EnvCallError,
+    EnvServiceUnavailable,
+    VisionInputError,
+)
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
-from roll_async.env_service.protocol import EnvServiceUnavailable
-from roll_async.multimodal import ObservationEncoder, VisionInputError, append_images, observation_images
-from roll_async.protocol import EpisodeSpec, GenerationRequest, GenerationResult, Trajectory, TurnRecord
-from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+from roll_async.prompts.images import (
+    ObservationEncoder,
+    append_images,
+    observation_images,
+)
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.trajectory import (
+    EpisodeSpec,
+    GenerationRequest,
+    GenerationResult,
+    Trajectory,
+    TurnRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,14 +121,6 @@ class EpisodeScheduler(Protocol):
     async def next_episode(self, env_id: int) -> EpisodeSpec | None: ...
 
     async def put_trajectory(self, trajectory: Trajectory) -> None: ...
-
-
-class EngineRequestError(RuntimeError):
-    """An engine request failed after its retries; ends the rollout loop."""
-
-
-class EnvCallError(RuntimeError):
-    """make_env / reset / step raised or timed out."""
 
 
 @dataclass
@@ -143,7 +151,13 @@ class EnvProgress:
     @property
     def busy(self) -> bool:
         """Phases in which the env itself should make progress (waiting for the scheduler is not one)."""
-        return self.phase in ("build_env", "reset", "generate", "env_step", "handing_over")
+        return self.phase in (
+            "build_env",
+            "reset",
+            "generate",
+            "env_step",
+            "handing_over",
+        )
 
 
 @dataclass
@@ -276,7 +290,9 @@ class _ThreadCall:
         self.fn, self.args, self.env = fn, args, env
         self._lock = threading.Lock()
         self._finished = self._abandoned = False
-        self.started_at: float | None = None  # on the event loop's clock, read in the thread
+        self.started_at: float | None = (
+            None  # on the event loop's clock, read in the thread
+        )
         self.cpu_s = 0.0  # the call's own CPU time (its thread's), for the rollout's CPU accounting
 
     def _call(self, clock: Callable[[], float]) -> Any:
@@ -304,10 +320,14 @@ class _ThreadCall:
             def check() -> None:
                 nonlocal timer
                 started = self.started_at
-                if started is None:  # still queued behind other calls: look again a timeout later
+                if (
+                    started is None
+                ):  # still queued behind other calls: look again a timeout later
                     timer = loop.call_later(timeout, check)
                 else:
-                    scope.reschedule(started + timeout)  # in the past: the scope times out now
+                    scope.reschedule(
+                        started + timeout
+                    )  # in the past: the scope times out now
 
             timer = loop.call_later(timeout, check)
             try:
@@ -352,7 +372,7 @@ class EnvManager:
         self.scheduler = scheduler
         self.engine = engine
         self.prompts = prompt_builder
-        #: Observation text and ids; with a VisionProcessor, images are expanded once here (roll_async.multimodal).
+        #: Observation text and ids; with a VisionProcessor, images are expanded once here (roll_async.prompts.images).
         self.observations = observations or ObservationEncoder(None)
         self._executor = executor
         self._inline = settings.custom_env.isolation == "inline"
@@ -377,7 +397,9 @@ class EnvManager:
 
     async def run_rollout_loop(self) -> None:
         """Play episodes until the scheduler says stop (None) or the loop is cancelled."""
-        hand_over_and_next = getattr(self.scheduler, "put_trajectory_and_next_episode", None)
+        hand_over_and_next = getattr(
+            self.scheduler, "put_trajectory_and_next_episode", None
+        )
         spec: EpisodeSpec | None = None
         try:
             while not self._stopping:
@@ -405,11 +427,16 @@ class EnvManager:
             self._set_phase("stopped")
             self._discard_env()
 
-    async def _play(self, spec: EpisodeSpec, requested_at: float = 0.0) -> Trajectory | None:
+    async def _play(
+        self, spec: EpisodeSpec, requested_at: float = 0.0
+    ) -> Trajectory | None:
         """One episode as its own task, so the scheduler can cancel it without stopping the loop."""
         self._current = spec
         self._cancel_requested = False
-        task = asyncio.create_task(self._run_episode(spec, requested_at), name=f"env{self.env_id}-g{spec.group_id}-e{spec.episode_id}")
+        task = asyncio.create_task(
+            self._run_episode(spec, requested_at),
+            name=f"env{self.env_id}-g{spec.group_id}-e{spec.episode_id}",
+        )
         self._episode_task = task
         try:
             return await task
@@ -422,7 +449,9 @@ class EnvManager:
             self._episode_task = None
             self._current = None
             end_episode = getattr(self.engine, "end_episode", None)
-            if end_episode is not None:  # a Router releases the episode's replica binding
+            if (
+                end_episode is not None
+            ):  # a Router releases the episode's replica binding
                 end_episode()
 
     def cancel_episode(self, group_id: int, episode_id: int) -> bool:
@@ -458,7 +487,9 @@ class EnvManager:
 
     # -- one episode -------------------------------------------------------------------
 
-    async def _run_episode(self, spec: EpisodeSpec, requested_at: float = 0.0) -> Trajectory:
+    async def _run_episode(
+        self, spec: EpisodeSpec, requested_at: float = 0.0
+    ) -> Trajectory:
         cfg = self.settings.custom_env
         seq_len = self.settings.sequence_length
         trajectory = Trajectory(
@@ -473,7 +504,7 @@ class EnvManager:
         )
         trajectory.episode_requested_at = requested_at or trajectory.started_at
         if cfg.agent:
-            from env_managers.agent_session import run_agent_episode
+            from roll_async.env_managers.agent_session import run_agent_episode
 
             return await run_agent_episode(self, spec, trajectory)
         try:
@@ -484,11 +515,18 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
-        fields = {"instruction": str(info.get("instruction") or ""), "observation": self.observations.text(observation), "reward": 0.0, "turn": 0}
+        fields = {
+            "instruction": str(info.get("instruction") or ""),
+            "observation": self.observations.text(observation),
+            "reward": 0.0,
+            "turn": 0,
+        }
         user_texts = [self._render("instruction_template", fields)]
         generated_per_turn: list[list[int]] = []
         try:
-            first = self.observations.encode(self.prompts.first_turn_ids(user_texts[0]), observation)
+            first = self.observations.encode(
+                self.prompts.first_turn_ids(user_texts[0]), observation
+            )
         except VisionInputError as exc:
             return self._fail(trajectory, exc)
         first = first.fit(seq_len)  # never cuts an image in half
@@ -503,9 +541,14 @@ class EnvManager:
                 stop_reason = "max_length"
                 break
             self._set_phase("generate", turn)
-            generation = await self._generate(trajectory, turn, min(cfg.max_tokens_per_step, budget))
+            generation = await self._generate(
+                trajectory, turn, min(cfg.max_tokens_per_step, budget)
+            )
             self._append(
-                trajectory, generation.token_ids, generated=True, logprobs=generation.logprobs,
+                trajectory,
+                generation.token_ids,
+                generated=True,
+                logprobs=generation.logprobs,
                 versions=generation.token_versions,
             )
             generated_per_turn.append(list(generation.token_ids))
@@ -522,7 +565,9 @@ class EnvManager:
             started = self._clock()
             record.env_step_started_at = time.time()
             try:
-                observation, reward, terminated, truncated, info = await self._call_env("step", action_text)
+                observation, reward, terminated, truncated, info = await self._call_env(
+                    "step", action_text
+                )
             except EnvCallError as exc:
                 record.env_step_s = self._clock() - started
                 record.env_step_finished_at = time.time()
@@ -548,15 +593,24 @@ class EnvManager:
             if sequence_full:
                 stop_reason = "max_length"
                 break
-            fields = {**fields, "observation": record.observation, "reward": record.reward, "turn": turn + 1}
+            fields = {
+                **fields,
+                "observation": record.observation,
+                "reward": record.reward,
+                "turn": turn + 1,
+            }
             user_texts.append(self._render("observation_template", fields))
-            delta_ids = self.prompts.closure_ids_after(generation.token_ids) + self.prompts.user_delta_ids(user_texts[-1])
+            delta_ids = self.prompts.closure_ids_after(
+                generation.token_ids
+            ) + self.prompts.user_delta_ids(user_texts[-1])
             try:
                 delta = self.observations.encode(delta_ids, observation)
             except VisionInputError as exc:
                 return self._fail(trajectory, exc)
             room = seq_len - len(trajectory.token_ids)
-            if len(delta.token_ids) >= room:  # no room left for even one generated token after this observation
+            if (
+                len(delta.token_ids) >= room
+            ):  # no room left for even one generated token after this observation
                 delta = delta.fit(room)  # an image that does not fit whole is left out
                 append_images(trajectory, len(trajectory.token_ids), delta)
                 self._append(trajectory, delta.token_ids, generated=False)
@@ -573,12 +627,16 @@ class EnvManager:
         self.stats.episodes += 1
         return trajectory
 
-    def _check_prefix(self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]) -> None:
+    def _check_prefix(
+        self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]
+    ) -> None:
         """Does a fresh render of this conversation's text differ from its ids? (rollout/prefix_mismatch_rate)"""
         if trajectory.images:
             return  # image placeholders are expanded by the processor: a text-only render is not comparable
         try:
-            differs = self.prompts.fresh_render_differs(trajectory.token_ids, user_texts, generated)
+            differs = self.prompts.fresh_render_differs(
+                trajectory.token_ids, user_texts, generated
+            )
         except ChatTemplateError:
             return  # the template cannot render this history from text at all; nothing to compare
         trajectory.metrics[PREFIX_MISMATCH] = float(differs)
@@ -616,9 +674,15 @@ class EnvManager:
     @staticmethod
     def _note_versions(trajectory: Trajectory, versions: list[int]) -> None:
         for version in versions:
-            if trajectory.oldest_weight_version is None or version < trajectory.oldest_weight_version:
+            if (
+                trajectory.oldest_weight_version is None
+                or version < trajectory.oldest_weight_version
+            ):
                 trajectory.oldest_weight_version = version
-            if trajectory.newest_weight_version is None or version > trajectory.newest_weight_version:
+            if (
+                trajectory.newest_weight_version is None
+                or version > trajectory.newest_weight_version
+            ):
                 trajectory.newest_weight_version = version
 
     def _fail(self, trajectory: Trajectory, exc: BaseException) -> Trajectory:
@@ -627,7 +691,13 @@ class EnvManager:
         trajectory.finished_at = time.time()
         self.stats.env_errors += 1
         self._env_dirty = True
-        logger.warning("env %s (tag %s) episode %s failed: %s", self.env_id, trajectory.tag, trajectory.traj_id, exc)
+        logger.warning(
+            "env %s (tag %s) episode %s failed: %s",
+            self.env_id,
+            trajectory.tag,
+            trajectory.traj_id,
+            exc,
+        )
         return trajectory
 
     # -- engine ------------------------------------------------------------------------
@@ -654,7 +724,9 @@ class EnvManager:
         temperature, top_p, top_k = gen_cfg.temperature, gen_cfg.top_p, gen_cfg.top_k
         stop, seed = list(self.settings.custom_env.stop), None
         if sampling is not None:
-            temperature = temperature if sampling.temperature is None else sampling.temperature
+            temperature = (
+                temperature if sampling.temperature is None else sampling.temperature
+            )
             top_p = top_p if sampling.top_p is None else sampling.top_p
             top_k = top_k if sampling.top_k is None else sampling.top_k
             stop, seed = list(sampling.stop), sampling.seed
@@ -681,7 +753,9 @@ class EnvManager:
             )
             error: Exception | None = None
             try:
-                async with asyncio.timeout(gen_cfg.request_timeout_s):  # no extra Task per request, unlike wait_for
+                async with asyncio.timeout(
+                    gen_cfg.request_timeout_s
+                ):  # no extra Task per request, unlike wait_for
                     result = await self.engine.generate(request)
             except asyncio.CancelledError:
                 await self._abort_quietly(request.request_id)
@@ -690,8 +764,12 @@ class EnvManager:
                 await self._abort_quietly(request.request_id)
                 error = exc
             else:
-                if result.finish_reason == "error":  # vLLM's retryable fault: its partial output is dropped
-                    error = RuntimeError(f"finish reason 'error' after {len(result.output_token_ids)} tokens")
+                if (
+                    result.finish_reason == "error"
+                ):  # vLLM's retryable fault: its partial output is dropped
+                    error = RuntimeError(
+                        f"finish reason 'error' after {len(result.output_token_ids)} tokens"
+                    )
             if error is not None:
                 failures += 1
                 if failures > gen_cfg.max_retries:
@@ -700,17 +778,29 @@ class EnvManager:
                         f"turn {turn}, after {failures} attempts: {type(error).__name__}: {error}"
                     ) from error
                 self.stats.engine_retries += 1
-                logger.warning("engine request %s failed (%s); retry %d/%d", request.request_id, error, failures, gen_cfg.max_retries)
+                logger.warning(
+                    "engine request %s failed (%s); retry %d/%d",
+                    request.request_id,
+                    error,
+                    failures,
+                    gen_cfg.max_retries,
+                )
                 await asyncio.sleep(gen_cfg.retry_backoff_s * 2 ** (failures - 1))
                 continue
             expected_prompt = len(trajectory.token_ids) + len(token_ids)
-            if multi_modal_data and result.finish_reason != "abort" and result.num_prompt_tokens != expected_prompt:
+            if (
+                multi_modal_data
+                and result.finish_reason != "abort"
+                and result.num_prompt_tokens != expected_prompt
+            ):
                 raise EngineRequestError(
                     f"engine expanded the images of request {request.request_id} to a {result.num_prompt_tokens}-id "
                     f"prompt but the trajectory has {expected_prompt} ids: the engine's processor differs from the "
                     "rollout's (model.path must name one model directory for both)"
                 )
-            added = append_generation(result, token_ids, logprobs, versions, token_versions)
+            added = append_generation(
+                result, token_ids, logprobs, versions, token_versions
+            )
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break
@@ -718,14 +808,29 @@ class EnvManager:
             self.stats.resumed_generations += 1
             idle_aborts = 0 if added else idle_aborts + 1
             if idle_aborts:
-                await asyncio.sleep(min(_MAX_ABORT_BACKOFF_S, self.settings.abort_backoff_s * 2 ** (idle_aborts - 1)))
+                await asyncio.sleep(
+                    min(
+                        _MAX_ABORT_BACKOFF_S,
+                        self.settings.abort_backoff_s * 2 ** (idle_aborts - 1),
+                    )
+                )
         return _Generation(
-            token_ids, logprobs, finish, versions, resumed, self._clock() - started, token_versions, started_at, time.time()
+            token_ids,
+            logprobs,
+            finish,
+            versions,
+            resumed,
+            self._clock() - started,
+            token_versions,
+            started_at,
+            time.time(),
         )
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
-            await asyncio.wait_for(self.engine.abort([request_id]), timeout=_CLEANUP_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.engine.abort([request_id]), timeout=_CLEANUP_TIMEOUT_S
+            )
         except Exception:
             logger.debug("abort of %s failed", request_id, exc_info=True)
 
@@ -733,25 +838,40 @@ class EnvManager:
 
     async def _ensure_env(self, override: dict[str, Any] | None) -> None:
         desired = {**dict(self.settings.custom_env.env_config), **(override or {})}
-        if self._env is not None and not self._env_dirty and desired == self._env_config:
+        if (
+            self._env is not None
+            and not self._env_dirty
+            and desired == self._env_config
+        ):
             return
         self._discard_env()
         self._set_phase("build_env")
-        env = await self._run_with_timeout(self._make_env, desired, what="make_env")  # env=None: close what it builds
+        env = await self._run_with_timeout(
+            self._make_env, desired, what="make_env"
+        )  # env=None: close what it builds
         self._env, self._env_config, self._env_dirty = env, desired, False
         if inspect.iscoroutinefunction(getattr(env, "prepare", None)):
             # An out-of-process env starts its process / server instance here, so reset/step timeouts
             # measure only the env's own calls.
             timeout = max(self.settings.env_step_timeout_s, _ENV_PREPARE_TIMEOUT_S)
-            await self._run_with_timeout(env.prepare, what="env.prepare", env=env, timeout=timeout)
+            await self._run_with_timeout(
+                env.prepare, what="env.prepare", env=env, timeout=timeout
+            )
         self.stats.env_builds += 1
 
     async def _call_env(self, method_name: str, *args: Any) -> Any:
         env = self._env
-        return await self._run_with_timeout(getattr(env, method_name), *args, what=f"env.{method_name}", env=env)
+        return await self._run_with_timeout(
+            getattr(env, method_name), *args, what=f"env.{method_name}", env=env
+        )
 
     async def _run_with_timeout(
-        self, fn: Callable[..., Any], *args: Any, what: str, env: Any = None, timeout: float | None = None
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        what: str,
+        env: Any = None,
+        timeout: float | None = None,
     ) -> Any:
         """Await ``fn(*args)`` (async) or run it in the thread pool (sync; on the loop with ``isolation: inline``),
         within env_step_timeout_s.
@@ -765,7 +885,9 @@ class EnvManager:
         thread_call: _ThreadCall | None = None
         try:
             if inspect.iscoroutinefunction(fn):
-                async with asyncio.timeout(timeout):  # one deadline for the call; no extra Task per call
+                async with asyncio.timeout(
+                    timeout
+                ):  # one deadline for the call; no extra Task per call
                     result = await fn(*args)
             else:
                 if self._inline:
@@ -778,13 +900,17 @@ class EnvManager:
                     async with asyncio.timeout(timeout):
                         result = await result
             return result
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.stats.env_timeouts += 1
             self._env_dirty = True
             if thread_call is not None and thread_call.abandon():
-                self._env_maybe_busy = True  # its thread closes the env when the call returns
+                self._env_maybe_busy = (
+                    True  # its thread closes the env when the call returns
+                )
                 self._move_off_hung_thread()
-            raise EnvCallError(f"{what} exceeded env_step_timeout_s={timeout}s") from None
+            raise EnvCallError(
+                f"{what} exceeded env_step_timeout_s={timeout}s"
+            ) from None
         except asyncio.CancelledError:
             self._env_dirty = True  # interrupted mid-call: the env's state is unknown
             if thread_call is not None and thread_call.abandon():
@@ -796,25 +922,36 @@ class EnvManager:
             self._env_dirty = True
             raise EnvCallError(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
-    def _call_inline(self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any, timeout: float) -> Any:
+    def _call_inline(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], env: Any, timeout: float
+    ) -> Any:
         """``isolation: inline``: call on the event loop; an overrun is a timeout once the call returns."""
         started, cpu0 = time.monotonic(), time.thread_time()
         result = fn(*args)
         self.stats.env_cpu_s += time.thread_time() - cpu0
         if time.monotonic() - started > timeout:
             if env is None:
-                _close_env_now(result)  # make_env overran: the env it built is not used (a used env is discarded)
-            raise asyncio.TimeoutError
+                _close_env_now(
+                    result
+                )  # make_env overran: the env it built is not used (a used env is discarded)
+            raise TimeoutError
         return result
 
     def _move_off_hung_thread(self) -> None:
         """A timed-out sync call keeps its thread; continue on a private thread so the shared pool keeps its size."""
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"env{self.env_id}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"env{self.env_id}"
+        )
 
     def _discard_env(self) -> None:
         """Forget the current env; close it in the background unless it may still be running a call."""
         env, busy = self._env, self._env_maybe_busy
-        self._env, self._env_config, self._env_dirty, self._env_maybe_busy = None, None, False, False
+        self._env, self._env_config, self._env_dirty, self._env_maybe_busy = (
+            None,
+            None,
+            False,
+            False,
+        )
         if env is None or busy:
             return
         close = getattr(env, "close", None)
@@ -835,7 +972,9 @@ class EnvManager:
             elif self._inline:
                 close()
             else:
-                future = asyncio.get_running_loop().run_in_executor(self._executor, close)
+                future = asyncio.get_running_loop().run_in_executor(
+                    self._executor, close
+                )
                 await asyncio.wait_for(future, _CLEANUP_TIMEOUT_S)
         except Exception:
             logger.debug("env %s close failed", self.env_id, exc_info=True)

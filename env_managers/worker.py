@@ -21,20 +21,29 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from env_managers.env_manager import EnvManager, EnvManagerSettings, EpisodeScheduler
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
-from roll_async import node_files, sched_policy
-from roll_async.gc_tuning import tune_gc_for_env_loops
-from roll_async.config import CustomEnvConfig, PipelineConfig
+from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.engine.engine_actor import engine_clients
 from roll_async.engine.router import EngineClient, Router
-from roll_async.env_service.placement import env_builder
-from roll_async.multimodal import VisionProcessor, is_vision_tag, observation_encoder
-from roll_async.protocol import EpisodeSpec, Trajectory
-from roll_async.ray_utils import actor_death_errors
-from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
-from roll_async.zmq_rpc import ZmqCaller
+from roll_async.env_managers.env_manager import (
+    EnvManager,
+    EnvManagerSettings,
+    EpisodeScheduler,
+)
+from roll_async.env_service.env_builder import env_builder
+from roll_async.errors import QueueActorDeadError
+from roll_async.prompts.images import (
+    VisionProcessor,
+    is_vision_tag,
+    observation_encoder,
+)
+from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.runtime import node_files, sched_policy
+from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
+from roll_async.runtime.ray_utils import actor_death_errors
+from roll_async.runtime.zmq_calls import ZmqCaller
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +84,19 @@ def build_env_managers(
     factory = env_factory or RegisteredEnvFactory(config.custom_envs)
     request_prefix = f"{which}-{uuid.uuid4().hex[:6]}-"
     # One loopback chat endpoint per worker, for the agent tags (started on the first agent episode).
-    agent_gateway = AgentGateway() if any(config.custom_envs[tag].agent for _, tag in env_specs) else None
+    agent_gateway = (
+        AgentGateway()
+        if any(config.custom_envs[tag].agent for _, tag in env_specs)
+        else None
+    )
     builders: dict[str, ChatPromptBuilder] = {}
     managers = []
     for env_id, tag in env_specs:
         custom_env = config.custom_envs[tag]
         if tag not in builders:
-            builders[tag] = ChatPromptBuilder.for_model(tokenizer, config.model, custom_env.system_prompt)
+            builders[tag] = ChatPromptBuilder.for_model(
+                tokenizer, config.model, custom_env.system_prompt
+            )
         settings = EnvManagerSettings(
             tag=tag,
             custom_env=custom_env,
@@ -94,7 +109,9 @@ def build_env_managers(
             EnvManager(
                 env_id,
                 settings,
-                make_env=env_builder(tag, custom_env, factory, call_timeout_s=em.env_step_timeout_s),
+                make_env=env_builder(
+                    tag, custom_env, factory, call_timeout_s=em.env_step_timeout_s
+                ),
                 scheduler=scheduler,
                 engine=engine_for(env_id),
                 prompt_builder=builders[tag],
@@ -108,7 +125,9 @@ def build_env_managers(
     return managers
 
 
-def find_stalled(managers: Sequence[EnvManager], now: float, timeout_s: float) -> dict[int, str]:
+def find_stalled(
+    managers: Sequence[EnvManager], now: float, timeout_s: float
+) -> dict[int, str]:
     """Envs busy in one phase for longer than ``timeout_s`` (waiting for the scheduler does not count)."""
     stalled = {}
     for manager in managers:
@@ -151,13 +170,16 @@ class EnvManagerHost:
     async def run(self) -> None:
         """Run every loop until all end; if one raises, stop the others and re-raise with the env named."""
         self._tasks = {
-            env_id: asyncio.create_task(m.run_rollout_loop(), name=f"env-loop-{env_id}") for env_id, m in self.managers.items()
+            env_id: asyncio.create_task(m.run_rollout_loop(), name=f"env-loop-{env_id}")
+            for env_id, m in self.managers.items()
         }
         watchdog = asyncio.create_task(self._watchdog(), name="env-watchdog")
         try:
             pending = set(self._tasks.values())
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending, return_when=asyncio.FIRST_COMPLETED
+                )
                 for task in done:
                     if task.cancelled() or task.exception() is None:
                         continue
@@ -185,20 +207,36 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for task in self._tasks.values():  # loops that died of the same cause as the one reported: seen, not lost
+        for task in (
+            self._tasks.values()
+        ):  # loops that died of the same cause as the one reported: seen, not lost
             if task is not current and task.done() and not task.cancelled():
                 task.exception()
         # Envs elsewhere (a child process, an env server) must be closed before the worker goes away.
-        await asyncio.gather(*(m.wait_closed() for m in self.managers.values()), return_exceptions=True)
-        gateways = {id(m.agent_gateway): m.agent_gateway for m in self.managers.values() if m.agent_gateway is not None}
+        await asyncio.gather(
+            *(m.wait_closed() for m in self.managers.values()), return_exceptions=True
+        )
+        gateways = {
+            id(m.agent_gateway): m.agent_gateway
+            for m in self.managers.values()
+            if m.agent_gateway is not None
+        }
         for gateway in gateways.values():
             await gateway.stop()
 
     def check_watchdog(self) -> tuple[dict[int, str], list[int]]:
         """(newly stalled envs with a description, envs that recovered since they were reported)."""
-        stalled = find_stalled(list(self.managers.values()), self._clock(), self.watchdog_timeout_s)
-        new = {env_id: text for env_id, text in stalled.items() if env_id not in self._reported_stalls}
-        recovered = [env_id for env_id in self._reported_stalls if env_id not in stalled]
+        stalled = find_stalled(
+            list(self.managers.values()), self._clock(), self.watchdog_timeout_s
+        )
+        new = {
+            env_id: text
+            for env_id, text in stalled.items()
+            if env_id not in self._reported_stalls
+        }
+        recovered = [
+            env_id for env_id in self._reported_stalls if env_id not in stalled
+        ]
         self._reported_stalls = set(stalled)
         return new, recovered
 
@@ -234,20 +272,18 @@ def _node_id() -> str | None:
         return None
 
 
-class QueueActorDeadError(RuntimeError):
-    """The GroupQueueActor's process is gone: no episode can be handed over or served."""
-
-
 class RaySchedulerClient:
     """The GroupQueueManager actor seen as an EpisodeScheduler.
 
     ``incarnation`` numbers the worker's restarts: the queue actor gives back any
     seat handed to a call from an earlier (dead) incarnation of the same envs.
     ``transport`` (``engine.request_transport``): ``zmq`` sends the per-episode
-    hand-overs to the actor's call socket (roll_async/zmq_rpc.py), ``ray`` as actor calls.
+    hand-overs to the actor's call socket (roll_async/runtime/zmq_calls.py), ``ray`` as actor calls.
     """
 
-    def __init__(self, handle: Any, incarnation: int = 0, *, transport: str = "ray") -> None:
+    def __init__(
+        self, handle: Any, incarnation: int = 0, *, transport: str = "ray"
+    ) -> None:
         self.handle = handle
         self.incarnation = incarnation
         self._caller: ZmqCaller | None = None
@@ -256,7 +292,9 @@ class RaySchedulerClient:
                 endpoint=lambda: handle.call_endpoint.remote(),
                 probe=lambda: handle.ping.remote(),
                 dead_errors=actor_death_errors(),
-                dead_error=lambda reason: QueueActorDeadError(f"the GroupQueueActor died: {reason}"),
+                dead_error=lambda reason: QueueActorDeadError(
+                    f"the GroupQueueActor died: {reason}"
+                ),
                 what="GroupQueueActor",
                 fallback="engine.request_transport: ray",
                 node_id=_node_id(),
@@ -273,9 +311,13 @@ class RaySchedulerClient:
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self._call("put_trajectory", trajectory)
 
-    async def put_trajectory_and_next_episode(self, trajectory: Trajectory) -> EpisodeSpec | None:
+    async def put_trajectory_and_next_episode(
+        self, trajectory: Trajectory
+    ) -> EpisodeSpec | None:
         """One round trip per episode: the finished trajectory goes with the request for the next seat."""
-        return await self._call("put_trajectory_and_next_episode", trajectory, self.incarnation)
+        return await self._call(
+            "put_trajectory_and_next_episode", trajectory, self.incarnation
+        )
 
     def close(self) -> None:
         if self._caller is not None:
@@ -304,13 +346,24 @@ class EnvManagerWorker:
         self._scheduler_handle = scheduler_handle
         # The driver's path if this node has it (shared or same machine), else the files shipped through Ray.
         tokenizer_path = node_files.local_dir(tokenizer_path, tokenizer_files)
-        tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
+        tokenizer = load_tokenizer(
+            tokenizer_path, trust_remote_code=config.model.trust_remote_code
+        )
         vision = None
         if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
-            vision = VisionProcessor.load(tokenizer_path, trust_remote_code=config.model.trust_remote_code)
-        self._router = Router(engine_clients(engine_handles, config.engine.request_transport), rotation_offset=worker_index)
-        self._scheduler_client = RaySchedulerClient(scheduler_handle, incarnation, transport=config.engine.request_transport)
-        self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
+            vision = VisionProcessor.load(
+                tokenizer_path, trust_remote_code=config.model.trust_remote_code
+            )
+        self._router = Router(
+            engine_clients(engine_handles, config.engine.request_transport),
+            rotation_offset=worker_index,
+        )
+        self._scheduler_client = RaySchedulerClient(
+            scheduler_handle, incarnation, transport=config.engine.request_transport
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
+        )
         managers = build_env_managers(
             config,
             which,
@@ -325,12 +378,20 @@ class EnvManagerWorker:
         self._host = EnvManagerHost(
             managers,
             watchdog_timeout_s=em.watchdog_timeout_s,
-            on_stall=lambda env_id, text: scheduler_handle.report_stalled.remote(env_id, text),
+            on_stall=lambda env_id, text: scheduler_handle.report_stalled.remote(
+                env_id, text
+            ),
             on_recover=lambda env_id: scheduler_handle.clear_stalled.remote(env_id),
-            on_fatal=lambda message: scheduler_handle.report_fatal.remote(f"worker {worker_index}: {message}"),
+            on_fatal=lambda message: scheduler_handle.report_fatal.remote(
+                f"worker {worker_index}: {message}"
+            ),
         )
-        tune_gc_for_env_loops(em.worker_gc_threshold)  # this process hosts env loops only (roll_async/gc_tuning.py)
-        sched_policy.apply_to_process(em.rollout_sched_policy)  # off vLLM's critical path; describe() reports it
+        tune_gc_for_env_loops(
+            em.worker_gc_threshold
+        )  # this process hosts env loops only (roll_async/runtime/gc_tuning.py)
+        sched_policy.apply_to_process(
+            em.rollout_sched_policy
+        )  # off vLLM's critical path; describe() reports it
 
     async def run(self) -> None:
         """Returns when every loop ended (scheduler shut down); raises when one died."""
@@ -360,6 +421,7 @@ class EnvManagerWorker:
             "node_id": _node_id(),
             "sched_policy": sched_policy.process_policies(),
             "envs": {
-                env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()} for env_id, m in self._host.managers.items()
+                env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()}
+                for env_id, m in self._host.managers.items()
             },
         }

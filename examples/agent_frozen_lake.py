@@ -18,15 +18,25 @@ SYSTEM = "You are an agent solving a task step by step. Reply with your action i
 async def play_frozen_lake(client, task) -> dict:
     env = make_env("frozen_lake", task.env_config)
     observation, info = env.reset(task.seed)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{info['instruction']}\n{observation}"}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"{info['instruction']}\n{observation}"},
+    ]
     total, success = 0.0, False
     for _ in range(task.max_steps):
         reply = await client.chat.completions.create(
-            model=task.model, messages=messages, stop=["</answer>"], max_tokens=task.max_tokens
+            model=task.model,
+            messages=messages,
+            stop=["</answer>"],
+            max_tokens=task.max_tokens,
         )
         choice = reply.choices[0]
-        messages.append({"role": "assistant", "content": choice.message.content})  # exactly as returned
-        action = choice.message.content + ("</answer>" if choice.finish_reason == "stop" else "")
+        messages.append(
+            {"role": "assistant", "content": choice.message.content}
+        )  # exactly as returned
+        action = choice.message.content + (
+            "</answer>" if choice.finish_reason == "stop" else ""
+        )
         observation, reward, terminated, truncated, info = env.step(action)
         total += reward
         success = bool(info["metrics"]["success"])

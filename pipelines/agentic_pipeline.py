@@ -24,20 +24,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.console import format_train_line
-from pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async import metrics as m
-from roll_async.batch_dump import load_batch, save_batch, saved_steps
-from roll_async.batching import collate_trajectories
-from roll_async.config import ConfigError, PipelineConfig
+from roll_async.config.schema import PipelineConfig
 from roll_async.engine.replica_fleet import EngineReplicaFleet
-from roll_async.logs import attach_run_logs, configure_console
-from roll_async.preflight import preflight
-from roll_async.ray_utils import init_ray
-from roll_async.run_dir import RunDirectory
-from roll_async.multimodal import input_only_logit_bias
+from roll_async.errors import ConfigError
+from roll_async.pipelines.console import format_train_line
+from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
+from roll_async.pipelines.preflight import preflight
+from roll_async.prompts.images import input_only_logit_bias
+from roll_async.run_output.logs import attach_run_logs, configure_console
+from roll_async.run_output.run_dir import RunDirectory
+from roll_async.run_output.tracking import MetricsTracker
+from roll_async.runtime.ray_utils import init_ray
 from roll_async.sampling import SamplingSettings
-from roll_async.tracking import MetricsTracker
+from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
+from roll_async.trainer.collate import collate_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,9 @@ logger = logging.getLogger(__name__)
 class AgenticPipeline:
     """Owns the engines, schedulers and trainer of one training run."""
 
-    def __init__(self, config: PipelineConfig, engines: list[Any] | None = None) -> None:
+    def __init__(
+        self, config: PipelineConfig, engines: list[Any] | None = None
+    ) -> None:
         """``engines``: running engine actors to use instead of launching (tests, notebooks); not shut down here."""
         self.config = config
         self.engines: list[Any] = list(engines or [])
@@ -62,7 +65,7 @@ class AgenticPipeline:
         self.resumed_seed_state: dict[str, Any] | None = None
         self.run_dir: RunDirectory | None = None
         self.tracker: MetricsTracker | None = None
-        #: Set by SIGINT/SIGTERM when run(handle_signals=True); see pipelines.interrupt.
+        #: Set by SIGINT/SIGTERM when run(handle_signals=True); see roll_async.pipelines.interrupt.
         self.interrupt = InterruptFlag()
         #: replay.from: step -> saved batch file; no engine, env or Ray when set.
         self.replay_steps: dict[int, Path] | None = None
@@ -72,14 +75,21 @@ class AgenticPipeline:
     def _prepare_trainer(self) -> dict[str, float]:
         """Build the trainer, resume or warm start it; all before any actor exists."""
         from roll_async.trainer import build_sft_examples
-        from roll_async.trainer.placement import build_placed_trainer, sft_warm_start
+        from roll_async.trainer.trainer_actor import (
+            build_placed_trainer,
+            sft_warm_start,
+        )
 
         config = self.config
         self.model_path, self.tokenizer = preflight(config)
         # The distribution train rollouts sample from, engine-side logit bias included (the trainer scores under it).
-        self.train_sampling = SamplingSettings.from_generation(config.generation, input_only_logit_bias(self.model_path))
+        self.train_sampling = SamplingSettings.from_generation(
+            config.generation, input_only_logit_bias(self.model_path)
+        )
         try:
-            self.trainer = build_placed_trainer(config.trainer, self.model_path, ensure_ray=self._ensure_ray)
+            self.trainer = build_placed_trainer(
+                config.trainer, self.model_path, ensure_ray=self._ensure_ray
+            )
         except ConfigError:
             raise
         except Exception as exc:
@@ -91,7 +101,11 @@ class AgenticPipeline:
             extra = self.trainer.load_checkpoint(config.checkpoint.resume_from)
             self.start_step = int(extra["step"]) + 1
             self.resumed_seed_state = extra.get("scheduler_seed_state")
-            logger.info("resumed from %s at step %d", config.checkpoint.resume_from, self.start_step)
+            logger.info(
+                "resumed from %s at step %d",
+                config.checkpoint.resume_from,
+                self.start_step,
+            )
             return {}
         if not config.sft_warmup.enabled:
             return {}
@@ -101,7 +115,9 @@ class AgenticPipeline:
         examples = build_sft_examples(
             spec.env_type,
             dict(spec.env_config),
-            seeds=[config.seed * 1000 + 7919 + i for i in range(warm.num_demos)],  # disjoint from rollout seeds
+            seeds=[
+                config.seed * 1000 + 7919 + i for i in range(warm.num_demos)
+            ],  # disjoint from rollout seeds
             tokenizer=self.tokenizer,
             system_prompt=spec.system_prompt,
             instruction_template=spec.instruction_template,
@@ -110,10 +126,17 @@ class AgenticPipeline:
             max_length=config.sequence_length,
         )
         if not examples:
-            raise ConfigError(f"sft_warmup: the expert of custom_envs.{tag} solved none of {warm.num_demos} seeds")
+            raise ConfigError(
+                f"sft_warmup: the expert of custom_envs.{tag} solved none of {warm.num_demos} seeds"
+            )
         sft_metrics = sft_warm_start(
-            self.trainer, examples, steps=warm.steps, lr=warm.lr, batch_size=warm.batch_size,
-            pad_token_id=self.tokenizer.pad_token_id, seed=config.seed,
+            self.trainer,
+            examples,
+            steps=warm.steps,
+            lr=warm.lr,
+            batch_size=warm.batch_size,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seed=config.seed,
         )
         logger.info("SFT warm start: %s", sft_metrics)
         return sft_metrics
@@ -125,7 +148,11 @@ class AgenticPipeline:
         if not ray.is_initialized():
             self._owns_ray = True
             config = self.config
-            init_ray(config.ray_address, config.ray_num_cpus, log_dir=self.run_dir.logs if self.run_dir else None)
+            init_ray(
+                config.ray_address,
+                config.ray_num_cpus,
+                log_dir=self.run_dir.logs if self.run_dir else None,
+            )
 
     async def _start_actors(self) -> None:
         from roll_async.engine.engine_actor import launch_engines
@@ -135,17 +162,29 @@ class AgenticPipeline:
         self._ensure_ray()
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
-        self.fleet = EngineReplicaFleet(self.engines)  # weight syncs go on when a replica dies
+        self.fleet = EngineReplicaFleet(
+            self.engines
+        )  # weight syncs go on when a replica dies
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
         # versions equal steps. A caller's engine may already be further on.
         engine_version = await self.fleet.weight_version()
         self.version_base = max(0, engine_version - self.start_step)
-        if config.checkpoint.resume_from or config.sft_warmup.enabled or not self._owns_engines:
+        if (
+            config.checkpoint.resume_from
+            or config.sft_warmup.enabled
+            or not self._owns_engines
+        ):
             # The engine holds other weights (the base model, or a caller's); give it the trainer's.
-            await self._push_weights(version=self.version_base + self.start_step, in_flight="wait")
+            await self._push_weights(
+                version=self.version_base + self.start_step, in_flight="wait"
+            )
         self.train_scheduler = RolloutScheduler(
-            config, engine_handles=self.engines, tokenizer_path=self.model_path, which="train",
-            start_step=self.start_step, seed_state=self.resumed_seed_state,
+            config,
+            engine_handles=self.engines,
+            tokenizer_path=self.model_path,
+            which="train",
+            start_step=self.start_step,
+            seed_state=self.resumed_seed_state,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
             self.val_scheduler = ValidationScheduler.create(
@@ -160,7 +199,7 @@ class AgenticPipeline:
         if getattr(self.trainer, "simulated", False):
             await self._push_simulated_version(version, in_flight)
             return time.perf_counter() - start
-        from roll_async.trainer.placement import engine_weight_refs
+        from roll_async.trainer.trainer_actor import engine_weight_refs
 
         # Packed once and put in the object store once for every replica (not one pickled copy per replica),
         # by the process holding the trainer (a trainer actor's weights never pass through the driver).
@@ -170,15 +209,22 @@ class AgenticPipeline:
 
     async def _push_simulated_version(self, version: int, in_flight: str) -> None:
         """trainer.simulate_step_s: pause as for a real sync, take simulate_sync_s, advance the version, resume."""
-        await self.fleet.push_simulated_version(version, in_flight, self.config.trainer.simulate_sync_s)
+        await self.fleet.push_simulated_version(
+            version, in_flight, self.config.trainer.simulate_sync_s
+        )
 
     async def _sync_weights(self, step: int) -> float:
         """After training on ``step``: the engine gets version step + 1 (or keeps its version between intervals)."""
-        if self.replay_steps is not None or (step + 1) % self.config.weight_sync.interval != 0:
+        if (
+            self.replay_steps is not None
+            or (step + 1) % self.config.weight_sync.interval != 0
+        ):
             return 0.0
         # Sync mode: the loops are suspended and nothing is in flight, so "wait" returns at once.
         # Async mode: the configured policy; aborted turns are continued by the EnvManagers.
-        in_flight = "wait" if self.config.mode == "sync" else self.config.weight_sync.in_flight
+        in_flight = (
+            "wait" if self.config.mode == "sync" else self.config.weight_sync.in_flight
+        )
         return await self._push_weights(self.version_base + step + 1, in_flight)
 
     # -- the loop ------------------------------------------------------------------------
@@ -189,7 +235,9 @@ class AgenticPipeline:
         assert self.run_dir is not None
         seed_state = None
         if self.train_scheduler is not None:
-            seed_state = await asyncio.wait_for(self.train_scheduler.seed_state(), timeout=30.0)
+            seed_state = await asyncio.wait_for(
+                self.train_scheduler.seed_state(), timeout=30.0
+            )
         extra_state = {"step": step, "scheduler_seed_state": seed_state}
         path = checkpoint_dir(self.run_dir.checkpoints, step)
         await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)
@@ -201,7 +249,9 @@ class AgenticPipeline:
         _, val_metrics = await self.val_scheduler.evaluate(step)
         return val_metrics
 
-    async def _checkpoint_on_interrupt(self, last_completed: int, last_saved: int) -> str | None:
+    async def _checkpoint_on_interrupt(
+        self, last_completed: int, last_saved: int
+    ) -> str | None:
         """The checkpoint of the last completed step (saved now unless it already was); None before any step."""
         from roll_async.trainer import checkpoint_dir
 
@@ -210,7 +260,10 @@ class AgenticPipeline:
             try:
                 await self._checkpoint(last_completed)
             except Exception as exc:  # the scheduler may be gone (e.g. its worker got the signal too): keep the weights
-                logger.warning("checkpoint with scheduler state failed (%s); saving the trainer state alone", exc)
+                logger.warning(
+                    "checkpoint with scheduler state failed (%s); saving the trainer state alone",
+                    exc,
+                )
                 self.train_scheduler = None
                 await self._checkpoint(last_completed)
             last_saved = last_completed
@@ -225,7 +278,9 @@ class AgenticPipeline:
             return None
         saved_step, batch = load_batch(path)
         if saved_step != step:
-            raise ConfigError(f"replay.from: {path} holds step {saved_step}, not step {step}; the batches/ directory was edited")
+            raise ConfigError(
+                f"replay.from: {path} holds step {saved_step}, not step {step}; the batches/ directory was edited"
+            )
         return batch
 
     async def run(self, handle_signals: bool = False) -> Path:
@@ -238,17 +293,21 @@ class AgenticPipeline:
             self.interrupt.uninstall()
 
     async def _run(self) -> Path:
-        from roll_async.trainer import NonFiniteLossError
+        from roll_async.errors import NonFiniteLossError
 
         config = self.config
         configure_console(config.logging.level)
         if config.replay.from_dir:
             self.replay_steps = saved_steps(config.replay.from_dir)
-        sft_metrics = await self.interrupt.race(asyncio.to_thread(self._prepare_trainer))
+        sft_metrics = await self.interrupt.race(
+            asyncio.to_thread(self._prepare_trainer)
+        )
         self.run_dir = RunDirectory.create(config.output_dir, f"train-{config.mode}")
         self.run_dir.write_config(config)
         attach_run_logs(self.run_dir.root, config.logging.level)
-        self.tracker = MetricsTracker(config.logging, self.run_dir, dataclasses.asdict(config))
+        self.tracker = MetricsTracker(
+            config.logging, self.run_dir, dataclasses.asdict(config)
+        )
         if sft_metrics:
             self.tracker.log(self.start_step - 1, sft_metrics)
         progress = _progress_bar(config, self.start_step)
@@ -263,11 +322,17 @@ class AgenticPipeline:
                     trajectories, step_metrics = [], {}
                     batch = self._replay_batch(step)
                     if batch is None:
-                        logger.warning("replay.from=%s has no batch for step %d; replay stops", config.replay.from_dir, step)
+                        logger.warning(
+                            "replay.from=%s has no batch for step %d; replay stops",
+                            config.replay.from_dir,
+                            step,
+                        )
                         break
                 else:
                     trajectories, step_metrics = await self.interrupt.race(
-                        self.train_scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+                        self.train_scheduler.get_batch_with_metrics(
+                            config.rollout_batch_size, step
+                        )
                     )
                     step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
                     served_at = time.time()
@@ -275,37 +340,63 @@ class AgenticPipeline:
                         trajectories,
                         pad_token_id=self.tokenizer.pad_token_id,
                         sampling=self.train_sampling,  # what train rollouts sampled with
-                        policy_version=self.version_base + step,  # the trainer's weights now (trainer.max_token_lag)
+                        policy_version=self.version_base
+                        + step,  # the trainer's weights now (trainer.max_token_lag)
                     )
                     if config.logging.save_batches:
-                        await asyncio.to_thread(save_batch, self.run_dir.batches, step, batch, trajectories)
+                        await asyncio.to_thread(
+                            save_batch, self.run_dir.batches, step, batch, trajectories
+                        )
                 train_start = time.perf_counter()
                 step_metrics["timestamp/train_start"] = time.time()
                 try:
-                    step_metrics.update(await asyncio.to_thread(self.trainer.train_step, batch, step))
+                    step_metrics.update(
+                        await asyncio.to_thread(self.trainer.train_step, batch, step)
+                    )
                 except NonFiniteLossError as exc:
-                    kept = f"last good checkpoint: step {last_saved}" if last_saved >= self.start_step else "no checkpoint yet"
-                    raise NonFiniteLossError(exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}") from exc
+                    kept = (
+                        f"last good checkpoint: step {last_saved}"
+                        if last_saved >= self.start_step
+                        else "no checkpoint yet"
+                    )
+                    raise NonFiniteLossError(
+                        exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}"
+                    ) from exc
                 step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
                 step_metrics["timestamp/train_end"] = time.time()
                 last_completed = step
                 if self.interrupt.is_set:
                     raise SignalReceived(self.interrupt.signal_name)
-                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(self._sync_weights(step))
+                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(
+                    self._sync_weights(step)
+                )
                 if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
-                    step_metrics.update(await self.interrupt.race(self._validate(step + 1)))
+                    step_metrics.update(
+                        await self.interrupt.race(self._validate(step + 1))
+                    )
                 save_every = config.checkpoint.save_interval
-                if (save_every > 0 and (step + 1) % save_every == 0) or step == config.max_steps - 1:
+                if (
+                    save_every > 0 and (step + 1) % save_every == 0
+                ) or step == config.max_steps - 1:
                     await self._checkpoint(step)
                     last_saved = step
                 step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
                 if self.engines:
-                    step_metrics["weight_version"] = float(await self.fleet.weight_version())
+                    step_metrics["weight_version"] = float(
+                        await self.fleet.weight_version()
+                    )
                     step_metrics.update(self.fleet.metrics())
                 self.tracker.log(step, step_metrics)
                 if config.logging.save_trajectories and trajectories:
-                    self.run_dir.append_trajectories(trajectories, self.tokenizer, served_step=step, served_at=served_at)
-                    self.run_dir.append_unserved(self.train_scheduler.last_unserved, self.tokenizer, step)
+                    self.run_dir.append_trajectories(
+                        trajectories,
+                        self.tokenizer,
+                        served_step=step,
+                        served_at=served_at,
+                    )
+                    self.run_dir.append_unserved(
+                        self.train_scheduler.last_unserved, self.tokenizer, step
+                    )
                 if config.logging.console:
                     line = format_train_line(step, step_metrics)
                     if progress is not None:
@@ -316,7 +407,12 @@ class AgenticPipeline:
                     progress.update(1)
         except SignalReceived:
             checkpoint = await self._checkpoint_on_interrupt(last_completed, last_saved)
-            interrupted = RunInterrupted(last_completed + 1, str(self.run_dir.root), checkpoint, self.interrupt.signal_name)
+            interrupted = RunInterrupted(
+                last_completed + 1,
+                str(self.run_dir.root),
+                checkpoint,
+                self.interrupt.signal_name,
+            )
         finally:
             if progress is not None:
                 progress.close()
@@ -330,7 +426,7 @@ class AgenticPipeline:
         import ray
 
         from roll_async.engine.engine_actor import shutdown_engines
-        from roll_async.trainer.placement import release_trainer
+        from roll_async.trainer.trainer_actor import release_trainer
 
         for scheduler in (self.train_scheduler, self.val_scheduler):
             if scheduler is not None:
@@ -352,7 +448,12 @@ def _progress_bar(config: PipelineConfig, start_step: int) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=config.max_steps, initial=start_step, desc=f"train ({config.mode})", unit="step")
+    return tqdm(
+        total=config.max_steps,
+        initial=start_step,
+        desc=f"train ({config.mode})",
+        unit="step",
+    )
 
 
 def run_train(config: PipelineConfig) -> Path:

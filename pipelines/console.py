@@ -12,7 +12,9 @@ def _get(metrics: dict[str, float], key: str) -> float:
 
 def success_text(metrics: dict[str, float]) -> str:
     """Mean of the per-tag ``env/<tag>/success`` metrics, or n/a when no env reports success."""
-    values = [v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")]
+    values = [
+        v for k, v in metrics.items() if k.startswith("env/") and k.endswith("/success")
+    ]
     return f"{sum(values) / len(values):.2f}" if values else "n/a"
 
 

@@ -39,7 +39,11 @@ class RunInterrupted(Exception):
     signal_name: str = "SIGINT"
 
     def __str__(self) -> str:
-        where = f"checkpoint at {self.checkpoint}" if self.checkpoint else "no completed step to checkpoint"
+        where = (
+            f"checkpoint at {self.checkpoint}"
+            if self.checkpoint
+            else "no completed step to checkpoint"
+        )
         return f"interrupted at step {self.step} ({self.signal_name}); {where}"
 
 
@@ -87,6 +91,8 @@ class InterruptFlag:
         task.cancel()
         try:
             await task
-        except BaseException:  # the cancelled wait's own error is not the story; the interrupt is
+        except (
+            BaseException
+        ):  # the cancelled wait's own error is not the story; the interrupt is
             pass
         raise SignalReceived(self.signal_name)

@@ -11,13 +11,13 @@ import logging
 import time
 from pathlib import Path
 
-from pipelines.console import format_rollout_line
-from roll_async.config import PipelineConfig
-from roll_async.logs import attach_run_logs, configure_console
+from roll_async.config.schema import PipelineConfig
 from roll_async.metrics import TIME_STEP_ROLLOUT
-from roll_async.preflight import preflight
-from roll_async.ray_utils import init_ray
-from roll_async.run_dir import RunDirectory
+from roll_async.pipelines.console import format_rollout_line
+from roll_async.pipelines.preflight import preflight
+from roll_async.run_output.logs import attach_run_logs, configure_console
+from roll_async.run_output.run_dir import RunDirectory
+from roll_async.runtime.ray_utils import init_ray
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,9 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     configure_console(config.logging.level)
-    model_path, tokenizer = preflight(config)  # every config/env/model mistake fails here, before any actor
+    model_path, tokenizer = preflight(
+        config
+    )  # every config/env/model mistake fails here, before any actor
     run_dir = RunDirectory.create(config.output_dir, "rollout")
     run_dir.write_config(config)
     attach_run_logs(run_dir.root, config.logging.level)
@@ -38,20 +40,28 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     scheduler = None
     try:
         engines = await launch_engines(model_path, config.engine)
-        scheduler = RolloutScheduler(config, engine_handles=engines, tokenizer_path=model_path, which="train")
+        scheduler = RolloutScheduler(
+            config, engine_handles=engines, tokenizer_path=model_path, which="train"
+        )
         for step in range(config.num_batches):
             started = time.perf_counter()
-            batch, metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+            batch, metrics = await scheduler.get_batch_with_metrics(
+                config.rollout_batch_size, step
+            )
             metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
             served_at = time.time()
             run_dir.append_metrics(step, metrics)
             if config.logging.save_trajectories:
-                run_dir.append_trajectories(batch, tokenizer, served_step=step, served_at=served_at)
+                run_dir.append_trajectories(
+                    batch, tokenizer, served_step=step, served_at=served_at
+                )
                 run_dir.append_unserved(scheduler.last_unserved, tokenizer, step)
             if config.logging.console:
                 print(format_rollout_line(step, metrics), flush=True)
             if config.mode == "sync":
-                await scheduler.resume()  # sync: loops paused at get_batch; nothing to train, so go on
+                await (
+                    scheduler.resume()
+                )  # sync: loops paused at get_batch; nothing to train, so go on
     finally:
         if scheduler is not None:
             await scheduler.shutdown()

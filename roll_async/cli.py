@@ -13,7 +13,9 @@ import sys
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from roll_async.model.tiny_vl import build_tiny_vl_family
 
-    path = build_tiny_vl_family(args.family, args.out, force=args.force)  # None unless --family names a VL family
+    path = build_tiny_vl_family(
+        args.family, args.out, force=args.force
+    )  # None unless --family names a VL family
     if path is None and args.family is not None:
         from roll_async.model.families import UnknownFamilyError, build_family_model
         from roll_async.model.tiny_vl import FAMILY as VL_FAMILY
@@ -35,15 +37,18 @@ def _cmd_check_model(args: argparse.Namespace) -> int:
     from roll_async.model.check import CheckSettings, main
 
     settings = CheckSettings(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, chat_template=args.chat_template,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        chat_template=args.chat_template,
         system_prompt=args.system_prompt,
     )
     return main(args.model_dir, settings)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.generate_demo import run_generate_demo
-    from roll_async.config import load_config
+    from roll_async.config.schema import load_config
+    from roll_async.pipelines.generate_demo import run_generate_demo
 
     config = load_config(args.config, args.overrides)
     run_generate_demo(config, num_prompts=args.num_prompts, max_tokens=args.max_tokens)
@@ -51,31 +56,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from pipelines.rollout_pipeline import run_rollout
-    from roll_async.config import load_config
+    from roll_async.config.schema import load_config
+    from roll_async.pipelines.rollout_pipeline import run_rollout
 
     run_rollout(load_config(args.config, args.overrides))
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pipelines.agentic_pipeline import run_train
-    from pipelines.interrupt import EXIT_INTERRUPTED, RunInterrupted, SignalReceived
-    from roll_async.config import load_config
+    from roll_async.config.schema import load_config
+    from roll_async.pipelines.agentic_pipeline import run_train
+    from roll_async.pipelines.interrupt import (
+        EXIT_INTERRUPTED,
+        RunInterrupted,
+        SignalReceived,
+    )
 
     config = load_config(args.config, args.overrides)
     try:
         run_train(config)
     except RunInterrupted as stop:
-        kept = [o for o in args.overrides if not o.startswith(("checkpoint.resume_from=", "output_dir="))]
-        command = " ".join(["roll-async train", args.config, *kept, f"output_dir={stop.run_dir}"])
+        kept = [
+            o
+            for o in args.overrides
+            if not o.startswith(("checkpoint.resume_from=", "output_dir="))
+        ]
+        command = " ".join(
+            ["roll-async train", args.config, *kept, f"output_dir={stop.run_dir}"]
+        )
         if stop.checkpoint:
-            print(f"{stop}; resume with: {command} checkpoint.resume_from={stop.run_dir}", file=sys.stderr, flush=True)
+            print(
+                f"{stop}; resume with: {command} checkpoint.resume_from={stop.run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             print(f"{stop}; start again with: {command}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except SignalReceived as stop:
-        print(f"interrupted ({stop}) before the first step; nothing to keep", file=sys.stderr, flush=True)
+        print(
+            f"interrupted ({stop}) before the first step; nothing to keep",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_INTERRUPTED
     return 0
 
@@ -101,33 +124,6 @@ def _cmd_env_server(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-class _PassThroughParser(argparse.ArgumentParser):
-    """A subcommand that hands every argument after it to a benchmark's own parser (``bench_args``)."""
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        namespace = namespace if namespace is not None else argparse.Namespace()
-        for key, value in self._defaults.items():
-            setattr(namespace, key, value)
-        namespace.bench_args = list(args or [])
-        return namespace, []
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    # benchmarks/ lives next to the package in the repo (it is not installed): run from a checkout.
-    root = Path(__file__).resolve().parent.parent
-    if (root / "benchmarks").is_dir() and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    if args.bench == "grouping":
-        from benchmarks.env_grouping import main as bench_main
-    elif args.bench == "env-server":
-        from benchmarks.env_server_load import main as bench_main
-    else:
-        from benchmarks.engine_ceiling import main as bench_main
-    return int(bench_main(args.bench_args) or 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="roll-async",
@@ -135,11 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("make-tiny-model", help="build the offline tiny model (idempotent) and print its path")
-    p.add_argument("--out", default=None, help="directory (default: ~/.cache/roll_async/<build id>)")
-    p.add_argument("--force", action="store_true", help="rebuild even if the directory is up to date")
+    p = sub.add_parser(
+        "make-tiny-model",
+        help="build the offline tiny model (idempotent) and print its path",
+    )
     p.add_argument(
-        "--family", default=None,
+        "--out",
+        default=None,
+        help="directory (default: ~/.cache/roll_async/<build id>)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even if the directory is up to date",
+    )
+    p.add_argument(
+        "--family",
+        default=None,
         help="build a tiny random-init model of a real family instead (qwen2_5, qwen3, qwen3_moe, llama3, mistral, "
         "gemma3, phi3; idefics3_vl: the tiny vision-language model)",
     )
@@ -155,74 +163,103 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template file overriding the tokenizer's (model.chat_template)")
-    p.add_argument("--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="system prompt of the mock conversation ('' for none)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template file overriding the tokenizer's (model.chat_template)",
+    )
+    p.add_argument(
+        "--system-prompt",
+        default=DEFAULT_SYSTEM_PROMPT,
+        help="system prompt of the mock conversation ('' for none)",
+    )
     p.set_defaults(func=_cmd_check_model)
 
     p = sub.add_parser(
-        "demo", help="start the engine on the configured model and generate for a batch of env chat prompts"
+        "demo",
+        help="start the engine on the configured model and generate for a batch of env chat prompts",
     )
-    p.add_argument("config", nargs="?", default="configs/default.yaml", help="YAML config (default: configs/default.yaml)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        default="configs/default.yaml",
+        help="YAML config (default: configs/default.yaml)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("rollout", help="collect num_batches batches of trajectories and write the run directory")
+    p = sub.add_parser(
+        "rollout",
+        help="collect num_batches batches of trajectories and write the run directory",
+    )
     p.add_argument("config", help="YAML config, e.g. configs/sokoban.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. num_batches=4 output_dir=runs/x")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value config overrides, e.g. num_batches=4 output_dir=runs/x",
+    )
     p.set_defaults(func=_cmd_rollout)
 
-    p = sub.add_parser("train", help="the agentic training pipeline (rollout, GRPO step, weight sync; sync or async)")
+    p = sub.add_parser(
+        "train",
+        help="the agentic training pipeline (rollout, GRPO step, weight sync; sync or async)",
+    )
     p.add_argument("config", help="YAML config, e.g. configs/sokoban.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. mode=async max_staleness=2")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value config overrides, e.g. mode=async max_staleness=2",
+    )
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("report", help="write RUN_DIR/report.html: env timeline, curves, staleness, trajectory browser")
-    p.add_argument("run_dir", help="a run directory (the output_dir of roll-async train or rollout)")
-    p.add_argument("--trace", action="store_true", help="also write RUN_DIR/trace.json (Chrome trace / Perfetto)")
+    p = sub.add_parser(
+        "report",
+        help="write RUN_DIR/report.html: env timeline, curves, staleness, trajectory browser",
+    )
+    p.add_argument(
+        "run_dir",
+        help="a run directory (the output_dir of roll-async train or rollout)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also write RUN_DIR/trace.json (Chrome trace / Perfetto)",
+    )
     p.set_defaults(func=_cmd_report)
 
-    p = sub.add_parser("make-env-dataset", help="write an env-config parquet (one row per env instance)")
+    p = sub.add_parser(
+        "make-env-dataset",
+        help="write an env-config parquet (one row per env instance)",
+    )
     from roll_async.envs import dataset
 
     dataset.add_arguments(p)
     p.set_defaults(func=_cmd_make_env_dataset)
 
     p = sub.add_parser(
-        "env-server", help="serve registered envs over HTTP (create/reset/step/close, /health) for custom_envs.<Tag>.service_url"
+        "env-server",
+        help="serve registered envs over HTTP (create/reset/step/close, /health) for custom_envs.<Tag>.service_url",
     )
     from roll_async.env_service.server import add_arguments as add_env_server_arguments
 
     add_env_server_arguments(p)
     p.set_defaults(func=_cmd_env_server)
 
-    p = sub.add_parser("bench", help="throughput benchmarks (benchmarks/): env grouping, engine ceiling")
-    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK", parser_class=_PassThroughParser)
-    b = bench.add_parser(
-        "grouping", add_help=False,
-        help="per-env vs per-turn barrier vs engine ceiling over an env-grouping sweep (--simulate: scale simulation); "
-        "arguments go to benchmarks/env_grouping.py (roll-async bench grouping --help)",
-    )
-    b.set_defaults(func=_cmd_bench)
-    b = bench.add_parser("ceiling", add_help=False, help="bare-engine tokens/s vs concurrency; arguments go to benchmarks/engine_ceiling.py")
-    b.set_defaults(func=_cmd_bench)
-    b = bench.add_parser(
-        "env-server", add_help=False,
-        help="env server load test (sessions, requests/s, p99, errors); arguments go to benchmarks/env_server_load.py",
-    )
-    b.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from roll_async.config import ConfigError
+    from roll_async.errors import ConfigError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    from roll_async.logs import configure_console
+    from roll_async.run_output.logs import configure_console
 
-    configure_console("INFO")  # pipelines narrow it to logging.level and add RUN_DIR/logs/ once they know the run
+    configure_console(
+        "INFO"
+    )  # pipelines narrow it to logging.level and add RUN_DIR/logs/ once they know the run
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
@@ -231,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"roll-async: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a Ctrl-C before a pipeline installed its own handling (e.g. during start-up)
+    except (
+        KeyboardInterrupt
+    ):  # a Ctrl-C before a pipeline installed its own handling (e.g. during start-up)
         print("roll-async: interrupted", file=sys.stderr)
         return 130
 

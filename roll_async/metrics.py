@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from roll_async.protocol import Trajectory
+from roll_async.trajectory import Trajectory
 
 # -- rollout ---------------------------------------------------------------------------
 TRAJECTORIES_PER_S = "rollout/trajectories_per_s"
@@ -139,7 +139,11 @@ def _env_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
         values.setdefault("num_turns", []).append(float(t.num_turns))
         for key, value in t.metrics.items():
             values.setdefault(key, []).append(float(value))
-    return {env_metric(tag, key): mean(vals) for tag, metrics in by_tag.items() for key, vals in metrics.items()}
+    return {
+        env_metric(tag, key): mean(vals)
+        for tag, metrics in by_tag.items()
+        for key, vals in metrics.items()
+    }
 
 
 def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -149,12 +153,15 @@ def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {
         ENGINE_RUNNING: float(sum(s.get("running", 0) for s in stats)),
         ENGINE_WAITING: float(sum(s.get("waiting", 0) for s in stats)),
-        ENGINE_KV_CACHE_USAGE: mean([float(s.get("kv_cache_usage", 0.0)) for s in stats]),
+        ENGINE_KV_CACHE_USAGE: mean(
+            [float(s.get("kv_cache_usage", 0.0)) for s in stats]
+        ),
     }
 
 
 def replica_metrics(
-    engine_stats: Sequence[Mapping[str, float]] = (), router_stats: Sequence[Mapping[str, object]] = ()
+    engine_stats: Sequence[Mapping[str, float]] = (),
+    router_stats: Sequence[Mapping[str, object]] = (),
 ) -> dict[str, float]:
     """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
     ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
@@ -193,7 +200,11 @@ def rollout_metrics(
     lengths = [float(t.response_length) for t in batch]
     generated = sum(t.response_length for t in batch)
     staleness = [float(step - t.created_step) for t in batch]
-    lags = [float(step - t.oldest_weight_version) for t in batch if t.oldest_weight_version is not None]
+    lags = [
+        float(step - t.oldest_weight_version)
+        for t in batch
+        if t.oldest_weight_version is not None
+    ]
     generate_s = [turn.generate_s for t in batch for turn in t.turns]
     env_step_s = [turn.env_step_s for t in batch for turn in t.turns]
     rewards = [t.episode_reward for t in batch]
@@ -214,9 +225,15 @@ def rollout_metrics(
         WEIGHT_LAG_MAX: max(lags, default=0.0),
         EPISODE_REWARD_MEAN: mean(rewards),
         EPISODE_REWARD_STD: std(rewards),
-        RESUMED_GENERATIONS: float(sum(turn.resumed_generations for t in batch for turn in t.turns)),
-        AGENT_SEGMENT_BREAKS: float(sum(t.metrics.get("agent_segment_breaks", 0.0) for t in batch)),
-        PREFIX_MISMATCH_RATE: mean([t.metrics[PREFIX_MISMATCH] for t in batch if PREFIX_MISMATCH in t.metrics]),
+        RESUMED_GENERATIONS: float(
+            sum(turn.resumed_generations for t in batch for turn in t.turns)
+        ),
+        AGENT_SEGMENT_BREAKS: float(
+            sum(t.metrics.get("agent_segment_breaks", 0.0) for t in batch)
+        ),
+        PREFIX_MISMATCH_RATE: mean(
+            [t.metrics[PREFIX_MISMATCH] for t in batch if PREFIX_MISMATCH in t.metrics]
+        ),
         TIME_GENERATE_MEAN: mean(generate_s),
         TIME_GENERATE_P99: percentile(generate_s, 99),
         TIME_ENV_STEP_MEAN: mean(env_step_s),
@@ -225,7 +242,10 @@ def rollout_metrics(
     for field_name, metric_name in COUNTER_METRICS.items():
         out[metric_name] = float((counters or {}).get(field_name, 0))
     out[STALLED_ENVS] = float((gauges or {}).get("stalled_envs", 0))
-    for gauge, metric_name in (("env_busy_fraction", ENV_BUSY_FRACTION), ("groups_started_earlier_fraction", GROUPS_STARTED_EARLIER_FRACTION)):
+    for gauge, metric_name in (
+        ("env_busy_fraction", ENV_BUSY_FRACTION),
+        ("groups_started_earlier_fraction", GROUPS_STARTED_EARLIER_FRACTION),
+    ):
         if gauge in (gauges or {}):
             out[metric_name] = float(gauges[gauge])  # type: ignore[index]
     out.update(_env_metrics(batch))
@@ -233,12 +253,16 @@ def rollout_metrics(
     return out
 
 
-def validation_metrics(trajectories: Sequence[Trajectory], prefix: str = "val") -> dict[str, float]:
+def validation_metrics(
+    trajectories: Sequence[Trajectory], prefix: str = "val"
+) -> dict[str, float]:
     """Per-tag and overall metrics of one evaluation round: ``val/<tag>/<metric>`` and ``val/<metric>``."""
     out: dict[str, float] = {
         f"{prefix}/episode_reward/mean": mean([t.episode_reward for t in trajectories]),
         f"{prefix}/num_episodes": float(len(trajectories)),
-        f"{prefix}/env_errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
+        f"{prefix}/env_errors": float(
+            sum(t.stop_reason == "env_error" for t in trajectories)
+        ),
         f"{prefix}/natural_termination_rate": _rate(trajectories, "terminated"),
         f"{prefix}/truncation_rate": _rate(trajectories, "max_length"),
         f"{prefix}/max_steps_rate": _rate(trajectories, "max_steps"),
@@ -247,5 +271,7 @@ def validation_metrics(trajectories: Sequence[Trajectory], prefix: str = "val") 
     if successes:
         out[f"{prefix}/success"] = mean(successes)
     for name, value in _env_metrics(trajectories).items():
-        out[prefix + name[len("env"):]] = value  # env/<tag>/<metric> -> val/<tag>/<metric>
+        out[prefix + name[len("env") :]] = (
+            value  # env/<tag>/<metric> -> val/<tag>/<metric>
+        )
     return out

@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # torch only where tensors are transformed: config validation imports this module
+if (
+    TYPE_CHECKING
+):  # torch only where tensors are transformed: config validation imports this module
     import torch
 
 #: vLLM's ``_SAMPLING_EPS``: temperatures below it mean greedy decoding.
@@ -39,14 +41,21 @@ class SamplingSettings:
     #: -1 (or 0) disables top-k, as in vLLM.
     top_k: int = -1
     #: (token id, bias) pairs added to the logits before everything else, as vLLM's ``logit_bias``
-    #: (the engine's own bias on a VL model's input-only image token: roll_async.multimodal).
+    #: (the engine's own bias on a VL model's input-only image token: roll_async.prompts.images).
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     @classmethod
-    def from_generation(cls, generation: Any, logit_bias: dict[int, float] | None = None) -> SamplingSettings:
+    def from_generation(
+        cls, generation: Any, logit_bias: dict[int, float] | None = None
+    ) -> SamplingSettings:
         """From a ``GenerationConfig`` (or anything with temperature / top_p / top_k), plus the engine's logit bias."""
         bias = tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
-        return cls(float(generation.temperature), float(generation.top_p), int(generation.top_k), bias)
+        return cls(
+            float(generation.temperature),
+            float(generation.top_p),
+            int(generation.top_k),
+            bias,
+        )
 
     @property
     def greedy(self) -> bool:
@@ -56,7 +65,10 @@ class SamplingSettings:
     def is_raw(self) -> bool:
         """True when the processed distribution is the model's raw softmax (nothing to transform)."""
         return self.greedy or (
-            self.temperature == 1.0 and self.top_p >= 1.0 and self.top_k <= 0 and not self.logit_bias
+            self.temperature == 1.0
+            and self.top_p >= 1.0
+            and self.top_k <= 0
+            and not self.logit_bias
         )
 
     def problem(self) -> str | None:
@@ -71,7 +83,9 @@ class SamplingSettings:
 
 
 def sampling_logits(
-    logits: torch.Tensor, settings: SamplingSettings, keep_ids: torch.Tensor | None = None
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    keep_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits of the sampling distribution (``[n, vocab]``; removed tokens are ``-inf``).
 
@@ -86,8 +100,14 @@ def sampling_logits(
     if settings.is_raw:
         return logits
     if settings.logit_bias:  # vLLM adds the bias before temperature and top-k/top-p
-        ids = torch.tensor([token for token, _ in settings.logit_bias], device=logits.device)
-        bias = torch.tensor([value for _, value in settings.logit_bias], dtype=logits.dtype, device=logits.device)
+        ids = torch.tensor(
+            [token for token, _ in settings.logit_bias], device=logits.device
+        )
+        bias = torch.tensor(
+            [value for _, value in settings.logit_bias],
+            dtype=logits.dtype,
+            device=logits.device,
+        )
         logits = logits.index_add(-1, ids, bias.expand(*logits.shape[:-1], -1))
     scaled = logits / settings.temperature
     vocab = scaled.shape[-1]

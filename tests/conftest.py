@@ -34,7 +34,7 @@ def ray_session():
     """One local Ray instance for the whole session (2 logical CPUs, no dashboard)."""
     import ray
 
-    from roll_async.ray_utils import init_ray
+    from roll_async.runtime.ray_utils import init_ray
 
     init_ray(num_cpus=4)
     yield ray
@@ -43,9 +43,11 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def engine_config():
-    from roll_async.config import EngineConfig
+    from roll_async.config.schema import EngineConfig
 
-    return EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=64, cpu_kv_cache_space_gib=1.0)
+    return EngineConfig(
+        dtype="float32", max_model_len=1024, max_num_seqs=64, cpu_kv_cache_space_gib=1.0
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +55,8 @@ async def engine(ray_session, tiny_model_path, engine_config):
     """The session's real engine: a Ray actor owning vLLM AsyncLLM on the tiny model."""
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 
-    (actor,) = await launch_engines(str(tiny_model_path), engine_config, name_prefix="test_engine")
+    (actor,) = await launch_engines(
+        str(tiny_model_path), engine_config, name_prefix="test_engine"
+    )
     yield actor
     await shutdown_engines([actor])

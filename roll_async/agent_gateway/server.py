@@ -50,7 +50,9 @@ class AgentGateway:
             app = web.Application(client_max_size=_MAX_BODY_BYTES)
             app.router.add_get("/sessions/{sid}/v1/models", self._models)
             app.router.add_get("/sessions/{sid}/v1/models/{model:.+}", self._model)
-            app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat_completions)
+            app.router.add_post(
+                "/sessions/{sid}/v1/chat/completions", self._chat_completions
+            )
             app.router.add_route("*", "/{tail:.*}", self._not_served)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -84,7 +86,9 @@ class AgentGateway:
     def _session(self, request: web.Request) -> AgentSession:
         session = self.sessions.get(request.match_info["sid"])
         if session is None:
-            raise OpenAIError(404, "unknown or ended agent session", code="session_not_found")
+            raise OpenAIError(
+                404, "unknown or ended agent session", code="session_not_found"
+            )
         return session
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -97,7 +101,11 @@ class AgentGateway:
         try:
             session = self._session(request)
             if request.match_info["model"] != session.model_name:
-                raise OpenAIError(404, f"the model {request.match_info['model']!r} is not served here", code="model_not_found")
+                raise OpenAIError(
+                    404,
+                    f"the model {request.match_info['model']!r} is not served here",
+                    code="model_not_found",
+                )
             return web.json_response(session.model_card())
         except OpenAIError as exc:
             return _error(exc)
@@ -114,15 +122,21 @@ class AgentGateway:
             return _error(exc)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # an engine failure after its retries: the agent sees a server error
+        except (
+            Exception
+        ) as exc:  # an engine failure after its retries: the agent sees a server error
             logger.warning("agent gateway: chat completion failed: %s", exc)
-            return _error(OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error"))
+            return _error(
+                OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
+            )
 
     async def _not_served(self, request: web.Request) -> web.Response:
         return _error(
             OpenAIError(
-                404, f"{request.method} {request.path} is not served; the agent endpoint serves "
-                "GET /sessions/<id>/v1/models and POST /sessions/<id>/v1/chat/completions", code="not_found",
+                404,
+                f"{request.method} {request.path} is not served; the agent endpoint serves "
+                "GET /sessions/<id>/v1/models and POST /sessions/<id>/v1/chat/completions",
+                code="not_found",
             )
         )
 

@@ -3,6 +3,7 @@
 Importing this package stays cheap; vLLM is imported when an engine starts.
 """
 
-from roll_async.engine.vllm_engine import PAUSE_MODES, EngineStartupError, VLLMEngine
+from roll_async.engine.vllm_engine import PAUSE_MODES, VLLMEngine
+from roll_async.errors import EngineStartupError
 
 __all__ = ["PAUSE_MODES", "EngineStartupError", "VLLMEngine"]

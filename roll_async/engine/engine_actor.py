@@ -12,12 +12,13 @@ from typing import Any
 
 import ray
 
-from roll_async import node_files
-from roll_async.config import EngineConfig
+from roll_async.config.schema import EngineConfig
 from roll_async.engine.router import EngineClient, RayEngineClient
-from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
-from roll_async.engine.zmq_transport import ZmqEngineClient
-from roll_async.ray_utils import unwrap_ray_error
+from roll_async.engine.vllm_engine import VLLMEngine
+from roll_async.engine.zmq_engine_client import ZmqEngineClient
+from roll_async.errors import EngineStartupError
+from roll_async.runtime import node_files
+from roll_async.runtime.ray_utils import unwrap_ray_error
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ def _gpus_per_replica(config: EngineConfig) -> float:
 
 async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, Any]]:
     """Start every replica; one whose node lacks ``model_path`` gets the driver's model files (put once)."""
-    on_node = await asyncio.gather(*(actor.model_dir_on_node.remote() for actor in actors))
+    on_node = await asyncio.gather(
+        *(actor.model_dir_on_node.remote() for actor in actors)
+    )
     files_ref = None
     if not all(on_node):
         # {} if the driver lacks it too: the replica's start then fails naming model.path and its node.
@@ -43,12 +46,18 @@ async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, 
             logger.warning(
                 "model.path %r is missing on the node of engine replica(s) %s: shipping its %d files (%.1f MiB) "
                 "through the object store; a shared filesystem avoids this copy",
-                model_path, missing, len(files), size_mib,
+                model_path,
+                missing,
+                len(files),
+                size_mib,
             )
             files_ref = await asyncio.to_thread(ray.put, files)
-    return await asyncio.gather(*(
-        actor.start.remote(None if present else files_ref) for actor, present in zip(actors, on_node)
-    ))
+    return await asyncio.gather(
+        *(
+            actor.start.remote(None if present else files_ref)
+            for actor, present in zip(actors, on_node)
+        )
+    )
 
 
 async def launch_engines(
@@ -72,8 +81,10 @@ async def launch_engines(
         for index in range(config.num_replicas)
     ]
     try:
-        infos = await asyncio.wait_for(_start_replicas(actors, model_path), timeout=config.startup_timeout_s)
-    except asyncio.TimeoutError:
+        infos = await asyncio.wait_for(
+            _start_replicas(actors, model_path), timeout=config.startup_timeout_s
+        )
+    except TimeoutError:
         await shutdown_engines(actors)
         raise EngineStartupError(
             f"engine did not start within engine.startup_timeout_s={config.startup_timeout_s}s "
@@ -84,7 +95,9 @@ async def launch_engines(
         original = unwrap_ray_error(exc)
         if isinstance(original, EngineStartupError):
             raise EngineStartupError(str(original)) from None
-        raise EngineStartupError(f"engine failed to start: {type(original).__name__}: {original}") from None
+        raise EngineStartupError(
+            f"engine failed to start: {type(original).__name__}: {original}"
+        ) from None
     for index, info in enumerate(infos):
         logger.info("engine replica %d ready: %s", index, info)
     return actors

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from roll_async import metrics as m
-from roll_async.engine.router import NoLiveReplicaError
-from roll_async.ray_utils import actor_death_errors
+from roll_async.errors import NoLiveReplicaError
+from roll_async.runtime.ray_utils import actor_death_errors
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,11 @@ logger = logging.getLogger(__name__)
 class EngineReplicaFleet:
     """Engine actor handles (index = replica index, as in the Routers) and which of them are dead."""
 
-    def __init__(self, handles: Sequence[Any], dead_errors: tuple[type[BaseException], ...] | None = None) -> None:
+    def __init__(
+        self,
+        handles: Sequence[Any],
+        dead_errors: tuple[type[BaseException], ...] | None = None,
+    ) -> None:
         self.handles = list(handles)
         self._dead_errors = dead_errors or actor_death_errors()
         self.dead_reasons: dict[int, str] = {}
@@ -45,7 +49,10 @@ class EngineReplicaFleet:
         self.dead_reasons[index] = f"{type(exc).__name__}: {exc}"
         logger.error(
             "engine replica %d is dead (%s); weight syncs go on with the %d live replicas %s",
-            index, self.dead_reasons[index], len(self.live_indices), self.live_indices,
+            index,
+            self.dead_reasons[index],
+            len(self.live_indices),
+            self.live_indices,
         )
 
     def _require_live(self, during: str) -> None:
@@ -53,14 +60,20 @@ class EngineReplicaFleet:
             raise self._no_live_replica(during)
 
     def _no_live_replica(self, during: str) -> NoLiveReplicaError:
-        reasons = "; ".join(f"replica {i}: {r}" for i, r in sorted(self.dead_reasons.items()))
-        return NoLiveReplicaError(f"every engine replica died ({during}); the run cannot continue. {reasons}")
+        reasons = "; ".join(
+            f"replica {i}: {r}" for i, r in sorted(self.dead_reasons.items())
+        )
+        return NoLiveReplicaError(
+            f"every engine replica died ({during}); the run cannot continue. {reasons}"
+        )
 
     async def _call_each(
         self, indices: Sequence[int], call: Callable[[Any], Awaitable[Any]]
     ) -> tuple[list[int], list[BaseException]]:
         """``call`` on each replica at once; a dead one is marked. Returns (replicas that answered, other errors)."""
-        results = await asyncio.gather(*(call(self.handles[i]) for i in indices), return_exceptions=True)
+        results = await asyncio.gather(
+            *(call(self.handles[i]) for i in indices), return_exceptions=True
+        )
         answered, errors = [], []
         for index, result in zip(indices, results):
             if isinstance(result, self._dead_errors):
@@ -72,7 +85,11 @@ class EngineReplicaFleet:
         return answered, errors
 
     async def sync(
-        self, in_flight: str, update: Callable[[Any], Awaitable[Any]], *, during: str = "weight sync"
+        self,
+        in_flight: str,
+        update: Callable[[Any], Awaitable[Any]],
+        *,
+        during: str = "weight sync",
     ) -> list[int]:
         """Pause the live replicas (``in_flight`` policy), ``update`` each paused one, resume every survivor.
 
@@ -80,33 +97,47 @@ class EngineReplicaFleet:
         not a death (a bad weight name) is raised after the survivors are resumed.
         """
         self._require_live(during)
-        paused, errors = await self._call_each(self.live_indices, lambda e: e.pause.remote(in_flight))
+        paused, errors = await self._call_each(
+            self.live_indices, lambda e: e.pause.remote(in_flight)
+        )
         updated: list[int] = []
         try:
             if not errors:
                 updated, errors = await self._call_each(paused, update)
         finally:
             # Resume every live replica, also one whose pause raised: never leave a survivor paused.
-            _, resume_errors = await self._call_each(self.live_indices, lambda e: e.resume.remote())
+            _, resume_errors = await self._call_each(
+                self.live_indices, lambda e: e.resume.remote()
+            )
         if errors or resume_errors:
             raise (errors + resume_errors)[0]
         self._require_live(during)
         return updated
 
-    async def push_weights(self, buckets: list[Any], version: int, in_flight: str) -> list[int]:
+    async def push_weights(
+        self, buckets: list[Any], version: int, in_flight: str
+    ) -> list[int]:
         """Load the weight buckets (``weight_transport``: the same refs for every replica) and record ``version``."""
         return await self.sync(
-            in_flight, lambda e: e.update_weights.remote(buckets, version), during=f"weight sync to version {version}"
+            in_flight,
+            lambda e: e.update_weights.remote(buckets, version),
+            during=f"weight sync to version {version}",
         )
 
-    async def push_simulated_version(self, version: int, in_flight: str, sync_s: float) -> list[int]:
+    async def push_simulated_version(
+        self, version: int, in_flight: str, sync_s: float
+    ) -> list[int]:
         """trainer.simulate_step_s: pause as for a real sync, take ``sync_s``, advance the version, resume."""
 
         async def advance(engine: Any) -> None:
-            await asyncio.sleep(sync_s)  # concurrent over the replicas: the sync takes sync_s, as a real one would
+            await asyncio.sleep(
+                sync_s
+            )  # concurrent over the replicas: the sync takes sync_s, as a real one would
             await engine.advance_weight_version.remote(version)
 
-        return await self.sync(in_flight, advance, during=f"simulated weight sync to version {version}")
+        return await self.sync(
+            in_flight, advance, during=f"simulated weight sync to version {version}"
+        )
 
     async def weight_version(self) -> int:
         """The weight version of the first live replica (every live replica holds the same after a sync)."""

@@ -41,8 +41,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from roll_async.protocol import GenerationRequest, GenerationResult
-from roll_async.ray_utils import actor_death_errors
+from roll_async.errors import NoLiveReplicaError, ReplicaDeadError
+from roll_async.runtime.ray_utils import actor_death_errors
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -55,21 +56,15 @@ class EngineClient(Protocol):
     async def abort(self, request_ids: list[str]) -> None: ...
 
 
-class ReplicaDeadError(RuntimeError):
-    """The engine replica's process is gone (its actor died); the router fails over to another replica."""
-
-
-class NoLiveReplicaError(RuntimeError):
-    """Every engine replica died; the rollout cannot continue."""
-
-
 def replica_dead_error(exc: BaseException) -> ReplicaDeadError:
     """The ReplicaDeadError for one of Ray's actor-death errors (``actor_death_errors``)."""
     return ReplicaDeadError(f"engine replica actor died: {type(exc).__name__}: {exc}")
 
 
 async def _call_stats(replica: Any) -> Any:
-    result = replica.stats()  # an async client, or an in-process engine object whose stats() is sync
+    result = (
+        replica.stats()
+    )  # an async client, or an in-process engine object whose stats() is sync
     return await result if inspect.isawaitable(result) else result
 
 
@@ -156,13 +151,20 @@ class Router:
         """Estimated requests in flight per replica over every worker: last poll + our change since."""
         if self._polled_global is None:
             return list(self._in_flight)
-        return [max(self._in_flight[i], g + self._in_flight[i] - self._local_at_poll[i]) for i, g in enumerate(self._polled_global)]
+        return [
+            max(self._in_flight[i], g + self._in_flight[i] - self._local_at_poll[i])
+            for i, g in enumerate(self._polled_global)
+        ]
 
     def _maybe_poll(self) -> None:
         """Refresh the global counts in the background, at most every load_poll_s (never on the request path)."""
-        if self.load_poll_s <= 0 or (self._poll_task is not None and not self._poll_task.done()):
+        if self.load_poll_s <= 0 or (
+            self._poll_task is not None and not self._poll_task.done()
+        ):
             return
-        if len(self._live()) < 2:  # nothing to choose between: the poll would be Ray calls for no decision
+        if (
+            len(self._live()) < 2
+        ):  # nothing to choose between: the poll would be Ray calls for no decision
             return
         if self._clock() - self._last_poll < self.load_poll_s:
             return
@@ -173,7 +175,9 @@ class Router:
 
     async def _poll(self) -> None:
         live = self._live()
-        results = await asyncio.gather(*(_call_stats(self.replicas[i]) for i in live), return_exceptions=True)
+        results = await asyncio.gather(
+            *(_call_stats(self.replicas[i]) for i in live), return_exceptions=True
+        )
         polled = list(self._polled_global or self._in_flight)
         local = list(self._local_at_poll)
         for i, result in zip(live, results):
@@ -191,9 +195,18 @@ class Router:
     def _least_loaded(self) -> int:
         live = self._live()
         if not live:
-            raise NoLiveReplicaError(f"all {len(self.replicas)} engine replicas died; the rollout cannot continue")
+            raise NoLiveReplicaError(
+                f"all {len(self.replicas)} engine replicas died; the rollout cannot continue"
+            )
         load, n = self.global_load(), len(self.replicas)
-        return min(live, key=lambda i: (load[i], self._sticky_envs[i], (i - self._rotation_offset) % n))
+        return min(
+            live,
+            key=lambda i: (
+                load[i],
+                self._sticky_envs[i],
+                (i - self._rotation_offset) % n,
+            ),
+        )
 
     # -- binding -----------------------------------------------------------------------
 
@@ -231,7 +244,11 @@ class Router:
             return index
         load = self.global_load()
         target = self._least_loaded()
-        if target != index and load[index] >= self.rebalance_min_gap + load[target] and load[index] > self.rebalance_ratio * load[target]:
+        if (
+            target != index
+            and load[index] >= self.rebalance_min_gap + load[target]
+            and load[index] > self.rebalance_ratio * load[target]
+        ):
             self._unbind(env_key)
             self._bind(env_key, target)
             self.counters[index].rebalanced_away += 1
@@ -247,11 +264,19 @@ class Router:
         for key in moved:
             self._unbind(key)  # re-bound to a survivor on their next request
         self.counters[index].failed_over += len(moved)
-        logger.error("engine replica %d is dead (%s); %d episodes move to the %d live replicas", index, reason, len(moved), len(self._live()))
+        logger.error(
+            "engine replica %d is dead (%s); %d episodes move to the %d live replicas",
+            index,
+            reason,
+            len(moved),
+            len(self._live()),
+        )
 
     # -- requests ----------------------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest, env_key: Hashable) -> GenerationResult:
+    async def generate(
+        self, request: GenerationRequest, env_key: Hashable
+    ) -> GenerationResult:
         self._maybe_poll()
         while True:
             index = self.replica_for(env_key)
@@ -262,12 +287,16 @@ class Router:
             try:
                 return await self.replicas[index].generate(request)
             except ReplicaDeadError as exc:
-                self._mark_dead(index, str(exc))  # then loop: the request goes to a survivor
+                self._mark_dead(
+                    index, str(exc)
+                )  # then loop: the request goes to a survivor
             finally:
                 self._in_flight[index] -= 1
                 self._request_replica.pop(request.request_id, None)
 
-    async def abort(self, request_ids: list[str], env_key: Hashable | None = None) -> None:
+    async def abort(
+        self, request_ids: list[str], env_key: Hashable | None = None
+    ) -> None:
         """Abort requests on the live replicas that run them.
 
         An id this router no longer tracks (the caller's await was cancelled,
@@ -287,14 +316,20 @@ class Router:
         for index, ids in by_replica.items():
             try:
                 await self.replicas[index].abort(ids)
-            except Exception as exc:  # a replica that died meanwhile has nothing left to abort
+            except (
+                Exception
+            ) as exc:  # a replica that died meanwhile has nothing left to abort
                 logger.debug("abort on replica %d failed: %s", index, exc)
 
     def stats(self) -> dict[str, Any]:
         """Per-replica counters and current load, for metrics and describe()."""
         return {
             "replicas": [
-                {**asdict(c), "in_flight": self._in_flight[i], "bound_episodes": self._sticky_envs[i]}
+                {
+                    **asdict(c),
+                    "in_flight": self._in_flight[i],
+                    "bound_episodes": self._sticky_envs[i],
+                }
                 for i, c in enumerate(self.counters)
             ],
             "polls": self.polls,

@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from roll_async import node_files
-from roll_async.config import EngineConfig
-from roll_async.engine.zmq_transport import ServesRequestsOverZmq
-from roll_async.multimodal import input_only_logit_bias, model_is_vision_language
-from roll_async.protocol import FinishReason, GenerationRequest, GenerationResult
+from roll_async.config.schema import EngineConfig
+from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
+from roll_async.errors import EngineStartupError
+from roll_async.prompts.images import input_only_logit_bias, model_is_vision_language
+from roll_async.runtime import node_files
+from roll_async.trajectory import FinishReason, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +32,6 @@ PAUSE_MODES = ("abort", "wait", "keep")
 #: vLLM ``logprobs_mode``: logprobs after temperature / top-k / top-p (see roll_async.sampling).
 BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
 GiB = 1 << 30
-
-
-class EngineStartupError(RuntimeError):
-    """The engine could not start; the message names the option or path and the fix."""
 
 
 @dataclass
@@ -63,8 +60,16 @@ def _stat_logger_factory(snapshot: _SchedulerSnapshot):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
-            if iteration_stats is not None:  # one per engine step whose outputs reached this front-end
+        def record(
+            self,
+            scheduler_stats,
+            iteration_stats,
+            mm_cache_stats=None,
+            engine_idx: int = 0,
+        ) -> None:
+            if (
+                iteration_stats is not None
+            ):  # one per engine step whose outputs reached this front-end
                 snapshot.steps += 1
                 snapshot.step_generation_tokens += iteration_stats.num_generation_tokens
                 snapshot.step_prompt_tokens += iteration_stats.num_prompt_tokens
@@ -123,7 +128,9 @@ def build_engine_args(model_path: str, config: EngineConfig) -> Any:
         # which CPU generators cannot do ("CPU Generator does not use offset") and which kills
         # the engine. Whole-prompt prefills avoid it; each step then must fit one full prompt.
         kwargs["enable_chunked_prefill"] = False
-        kwargs["max_num_batched_tokens"] = max(config.max_num_batched_tokens or 0, config.max_model_len)
+        kwargs["max_num_batched_tokens"] = max(
+            config.max_num_batched_tokens or 0, config.max_model_len
+        )
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
     for key, value in config.engine_kwargs.items():
@@ -157,7 +164,9 @@ class VLLMEngine(ServesRequestsOverZmq):
         self._images_received = 0
         #: A VL model's image token gets -100 logit bias (never sampled); logprobs stay raw, as the trainer scores.
         self._input_only_bias: dict[int, float] | None = None
-        self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = collections.deque(maxlen=64)
+        self._recent_multimodal_prompts: collections.deque[tuple[str, list[int]]] = (
+            collections.deque(maxlen=64)
+        )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -165,7 +174,9 @@ class VLLMEngine(ServesRequestsOverZmq):
         """Whether ``model.path`` can be read on this replica's node (else the driver ships the files to start)."""
         return node_files.path_is_on_this_node(self.model_path)
 
-    def use_model_dir_on_node(self, model_files: Mapping[str, bytes] | None = None) -> str:
+    def use_model_dir_on_node(
+        self, model_files: Mapping[str, bytes] | None = None
+    ) -> str:
         """The model directory this replica loads: ``model.path`` if its node has it, else the driver's
         shipped ``model_files`` written to a node-local cache (``node_files.local_dir``); raises if neither."""
         self.model_path = node_files.local_dir(self.model_path, model_files)
@@ -177,7 +188,9 @@ class VLLMEngine(ServesRequestsOverZmq):
             )
         return self.model_path
 
-    async def start(self, model_files: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+    async def start(
+        self, model_files: Mapping[str, bytes] | None = None
+    ) -> dict[str, Any]:
         """Build the AsyncLLM; returns facts about the running engine.
 
         ``model_files``: the model directory's files, given (by ``launch_engines``) only when this node lacks it.
@@ -191,7 +204,9 @@ class VLLMEngine(ServesRequestsOverZmq):
             self._llm = AsyncLLM.from_engine_args(
                 args, stat_loggers=[_stat_logger_factory(self._snapshot)]
             )
-        except Exception as exc:  # vLLM raises many types for bad options; name them all the same way
+        except (
+            Exception
+        ) as exc:  # vLLM raises many types for bad options; name them all the same way
             raise EngineStartupError(
                 f"vLLM could not start model {self.model_path!r} with engine options "
                 f"dtype={self.config.dtype}, max_model_len={self.config.max_model_len}, "
@@ -225,7 +240,9 @@ class VLLMEngine(ServesRequestsOverZmq):
 
         async def one(index: int) -> None:
             async for _ in self._llm.generate(
-                TokensPrompt(prompt_token_ids=[1, 2, 3, 4]), params, request_id=f"roll_async-warmup-{index}"
+                TokensPrompt(prompt_token_ids=[1, 2, 3, 4]),
+                params,
+                request_id=f"roll_async-warmup-{index}",
             ):
                 pass
 
@@ -280,7 +297,9 @@ class VLLMEngine(ServesRequestsOverZmq):
                 f"{type(request.prompt_token_ids[0]).__name__} (pass tokenize output with return_dict=False)"
             )
         if request.max_tokens < 1:
-            raise ValueError(f"request {request.request_id}: max_tokens={request.max_tokens} must be >= 1")
+            raise ValueError(
+                f"request {request.request_id}: max_tokens={request.max_tokens} must be >= 1"
+            )
         if n_prompt + request.max_tokens > self._max_model_len:
             raise ValueError(
                 f"request {request.request_id}: prompt of {n_prompt} tokens + max_tokens={request.max_tokens} "
@@ -301,7 +320,9 @@ class VLLMEngine(ServesRequestsOverZmq):
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
             if request.multi_modal_data:
                 prompt["multi_modal_data"] = request.multi_modal_data
-                self._images_received += sum(len(items) for items in request.multi_modal_data.values())
+                self._images_received += sum(
+                    len(items) for items in request.multi_modal_data.values()
+                )
             async for output in llm.generate(
                 prompt,
                 params,
@@ -312,14 +333,31 @@ class VLLMEngine(ServesRequestsOverZmq):
             self._in_flight.discard(request.request_id)
         version = self._weight_version
         if final is None or not final.outputs:
-            return GenerationResult(request.request_id, [], [], "abort", version, "", len(request.prompt_token_ids))
+            return GenerationResult(
+                request.request_id,
+                [],
+                [],
+                "abort",
+                version,
+                "",
+                len(request.prompt_token_ids),
+            )
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
-        logprobs = _sampled_logprobs(completion.logprobs, token_ids) if request.logprobs else []
+        logprobs = (
+            _sampled_logprobs(completion.logprobs, token_ids)
+            if request.logprobs
+            else []
+        )
         finish = engine_finish_reason(completion.finish_reason)
         if finish == "error":
-            logger.warning("request %s ended with vLLM's retryable 'error' finish reason", request.request_id)
-        token_versions = _token_versions(completion.weight_versions, len(token_ids), version)
+            logger.warning(
+                "request %s ended with vLLM's retryable 'error' finish reason",
+                request.request_id,
+            )
+        token_versions = _token_versions(
+            completion.weight_versions, len(token_ids), version
+        )
         self._prompt_tokens += len(request.prompt_token_ids)
         self._prefix_cache_hit_tokens += int(final.num_cached_tokens or 0)
         self._generation_tokens += len(token_ids)
@@ -353,7 +391,9 @@ class VLLMEngine(ServesRequestsOverZmq):
     async def pause(self, mode: str = "abort") -> None:
         """Stop scheduling. abort: in-flight requests end now; wait: let them finish; keep: freeze them."""
         if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode {mode!r} is unknown; use one of {PAUSE_MODES}")
+            raise ValueError(
+                f"pause mode {mode!r} is unknown; use one of {PAUSE_MODES}"
+            )
         llm = self._require_started()
         # Keep the prefix cache on pause; update_weights resets it when weights really change.
         await llm.pause_generation(mode=mode, clear_cache=False)
@@ -366,7 +406,9 @@ class VLLMEngine(ServesRequestsOverZmq):
 
     # -- weights -------------------------------------------------------------------
 
-    async def update_weights(self, weights: dict[str, Any] | bytes | list[Any], version: int) -> float:
+    async def update_weights(
+        self, weights: dict[str, Any] | bytes | list[Any], version: int
+    ) -> float:
         """Load new weights in place (no restart), drop every KV block of the old weights, record ``version``.
 
         ``weights`` is a name→tensor dict in HF checkpoint naming, safetensors bytes, or a list of
@@ -387,13 +429,19 @@ class VLLMEngine(ServesRequestsOverZmq):
                 f"update_weights version={version} is older than the engine's version {self._weight_version}"
             )
         start = time.perf_counter()
-        if isinstance(weights, list):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
+        if isinstance(
+            weights, list
+        ):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
             from roll_async.engine.weight_transport import resolve_bucket
 
             buckets = [bytes(await resolve_bucket(bucket)) for bucket in weights]
             await llm.collective_rpc("roll_async_load_weights", args=(buckets,))
         else:
-            payload = weights if isinstance(weights, (bytes, bytearray)) else _to_safetensors_bytes(weights)
+            payload = (
+                weights
+                if isinstance(weights, (bytes, bytearray))
+                else _to_safetensors_bytes(weights)
+            )
             await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
         await self._enter_version(llm, version)
         return time.perf_counter() - start
@@ -423,7 +471,9 @@ class VLLMEngine(ServesRequestsOverZmq):
         """
         llm = self._require_started()
         if version < self._weight_version:
-            raise ValueError(f"advance_weight_version version={version} is older than the engine's {self._weight_version}")
+            raise ValueError(
+                f"advance_weight_version version={version} is older than the engine's {self._weight_version}"
+            )
         await self._enter_version(llm, version)
 
     # -- observability -------------------------------------------------------------
@@ -458,13 +508,15 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
     if entries is None:
         return [0.0] * len(token_ids)
     starts = getattr(entries, "start_indices", None)
-    if starts is not None:  # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
+    if (
+        starts is not None
+    ):  # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
         ids, flat, ends = entries.token_ids, entries.logprobs, entries.end_indices
         values = []
         for position, token_id in enumerate(token_ids):
             start = starts[position]
             if ids[start] != token_id:  # not first: look through the position's entries
-                start += ids[start:ends[position]].index(token_id)
+                start += ids[start : ends[position]].index(token_id)
             values.append(float(flat[start]))
         return values
     values = []
@@ -508,6 +560,7 @@ def _token_versions(spans: Any, num_tokens: int, fallback: int) -> list[int]:
 def _to_safetensors_bytes(weights: dict[str, Any]) -> bytes:
     from safetensors.torch import save
 
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in weights.items()}
+    tensors = {
+        name: tensor.detach().to("cpu").contiguous() for name, tensor in weights.items()
+    }
     return save(tensors)
-

@@ -22,7 +22,9 @@ from typing import Any
 DEFAULT_BUCKET_BYTES = 256 << 20
 
 
-def pack_weight_buckets(weights: Mapping[str, Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[bytes]:
+def pack_weight_buckets(
+    weights: Mapping[str, Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[bytes]:
     """The state dict as safetensors blobs of at most ``bucket_bytes`` each (in name order)."""
     from safetensors.torch import save
 

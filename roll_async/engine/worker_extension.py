@@ -39,10 +39,16 @@ class ExpectedReloadWarningFilter(logging.Filter):
         self.tied_lm_head = tied_lm_head
 
     def expected(self, layer_name: str) -> bool:
-        return layer_name.endswith("RotaryEmbedding") or (self.tied_lm_head and layer_name == "ParallelLMHead")
+        return layer_name.endswith("RotaryEmbedding") or (
+            self.tied_lm_head and layer_name == "ParallelLMHead"
+        )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == _FAILED_TO_LOAD and record.args and self.expected(str(record.args[0])):
+        if (
+            record.msg == _FAILED_TO_LOAD
+            and record.args
+            and self.expected(str(record.args[0]))
+        ):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             logger = logging.getLogger(record.name)
             return logger.isEnabledFor(logging.DEBUG)
@@ -83,7 +89,10 @@ class WeightSyncExtension:
 def _ties_word_embeddings(model_runner) -> bool:
     hf_config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
     text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
-    return bool(getattr(text_config, "tie_word_embeddings", False) or getattr(hf_config, "tie_word_embeddings", False))
+    return bool(
+        getattr(text_config, "tie_word_embeddings", False)
+        or getattr(hf_config, "tie_word_embeddings", False)
+    )
 
 
 def _reprocess_lm_heads(model) -> None:
@@ -96,7 +105,9 @@ def _reprocess_lm_heads(model) -> None:
 
     for module in model.modules():
         method = getattr(module, "quant_method", None)
-        if isinstance(module, ParallelLMHead) and hasattr(method, "process_weights_after_loading"):
+        if isinstance(module, ParallelLMHead) and hasattr(
+            method, "process_weights_after_loading"
+        ):
             method.process_weights_after_loading(module)
 
 
@@ -117,5 +128,9 @@ def _reprepack_cpu_moe_experts(model) -> None:
     for module in model.modules():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
-        if experts is not None and type(experts).__module__.endswith(".cpu_moe") and hasattr(module, "w13_weight"):
+        if (
+            experts is not None
+            and type(experts).__module__.endswith(".cpu_moe")
+            and hasattr(module, "w13_weight")
+        ):
             experts.process_weights_after_loading(module)

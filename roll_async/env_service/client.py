@@ -26,12 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from roll_async.env_service.protocol import (
-    API,
-    EnvServiceError,
-    EnvServiceUnavailable,
-    decode_observation,
-)
+from roll_async.env_service.wire import API, decode_observation
+from roll_async.errors import EnvServiceError, EnvServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +35,11 @@ logger = logging.getLogger(__name__)
 _DEADLINE_MARGIN_S = 10.0
 #: A URL whose retries all failed gets no new envs for this long.
 _DOWN_FOR_S = 30.0
-_TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+_TRANSPORT_ERRORS = (
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    ConnectionError,
+)
 _clients: dict[tuple[int, tuple[str, ...], int, float], EnvServiceClient] = {}
 
 
@@ -51,7 +51,9 @@ def normalize_urls(service_url: str | Sequence[str]) -> tuple[str, ...]:
 class EnvServiceClient:
     """Calls to one tag's env servers: retries, deadlines, load spreading. See the module docstring."""
 
-    def __init__(self, urls: Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5) -> None:
+    def __init__(
+        self, urls: Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5
+    ) -> None:
         if not urls:
             raise ValueError("EnvServiceClient needs at least one URL")
         self.urls = tuple(urls)
@@ -63,22 +65,34 @@ class EnvServiceClient:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def shared(cls, service_url: str | Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5) -> EnvServiceClient:
+    def shared(
+        cls,
+        service_url: str | Sequence[str],
+        *,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+    ) -> EnvServiceClient:
         """The client of the running event loop for these URLs (one connection pool per loop)."""
         loop = asyncio.get_running_loop()
         key = (id(loop), normalize_urls(service_url), max_retries, retry_backoff_s)
         client = _clients.get(key)
         if client is None or client._closed_loop(loop):
-            client = _clients[key] = cls(key[1], max_retries=max_retries, retry_backoff_s=retry_backoff_s)
+            client = _clients[key] = cls(
+                key[1], max_retries=max_retries, retry_backoff_s=retry_backoff_s
+            )
         return client
 
     def _closed_loop(self, loop: asyncio.AbstractEventLoop) -> bool:
-        return self._session is not None and (self._session.closed or self._session._loop is not loop)
+        return self._session is not None and (
+            self._session.closed or self._session._loop is not loop
+        )
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, raise_for_status=False
+            )
         return self._session
 
     def pick_url(self) -> str:
@@ -91,25 +105,37 @@ class EnvServiceClient:
         now = time.monotonic()
         return any(u != url and self._down_until[u] <= now for u in self.urls)
 
-    async def request(self, url: str, method: str, path: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+    async def request(
+        self, url: str, method: str, path: str, body: Any = None, *, timeout_s: float
+    ) -> dict[str, Any]:
         """One JSON call with retries of transport errors; server-reported failures raise EnvServiceError."""
         session = self._session_for_loop()
-        deadline = aiohttp.ClientTimeout(total=timeout_s + _DEADLINE_MARGIN_S, connect=min(10.0, timeout_s + _DEADLINE_MARGIN_S))
+        deadline = aiohttp.ClientTimeout(
+            total=timeout_s + _DEADLINE_MARGIN_S,
+            connect=min(10.0, timeout_s + _DEADLINE_MARGIN_S),
+        )
         attempt = 0
         self.in_flight[url] += 1
         try:
             while True:
                 try:
-                    async with session.request(method, url + path, json=body, timeout=deadline) as response:
+                    async with session.request(
+                        method, url + path, json=body, timeout=deadline
+                    ) as response:
                         try:
                             payload = await response.json(content_type=None)
                         except ValueError:
-                            payload = {"error": (await response.text())[:500], "kind": "bad_response"}
+                            payload = {
+                                "error": (await response.text())[:500],
+                                "kind": "bad_response",
+                            }
                         if response.status >= 400:
                             raise EnvServiceError(
                                 f"env server {url} answered {response.status} to {method} {path}: "
                                 f"{payload.get('error', payload) if isinstance(payload, dict) else payload}",
-                                kind=payload.get("kind", "env_error") if isinstance(payload, dict) else "env_error",
+                                kind=payload.get("kind", "env_error")
+                                if isinstance(payload, dict)
+                                else "env_error",
                                 status=response.status,
                             )
                         self._down_until[url] = 0.0
@@ -123,13 +149,28 @@ class EnvServiceClient:
                             f"({type(exc).__name__}: {exc})"
                         )
                         if self.others_up(url):
-                            raise EnvServiceError(message + "; other servers of the tag take the next episodes", kind="unreachable") from exc
-                        raise EnvServiceUnavailable(message + "; no other server of the tag is up") from exc
-                    logger.warning("env server %s: %s %s failed (%s); retry %d/%d", url, method, path, exc, attempt, self.max_retries)
+                            raise EnvServiceError(
+                                message
+                                + "; other servers of the tag take the next episodes",
+                                kind="unreachable",
+                            ) from exc
+                        raise EnvServiceUnavailable(
+                            message + "; no other server of the tag is up"
+                        ) from exc
+                    logger.warning(
+                        "env server %s: %s %s failed (%s); retry %d/%d",
+                        url,
+                        method,
+                        path,
+                        exc,
+                        attempt,
+                        self.max_retries,
+                    )
                     await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise EnvServiceError(
-                        f"env server {url} did not answer {method} {path} within {timeout_s + _DEADLINE_MARGIN_S:g}s", kind="timeout"
+                        f"env server {url} did not answer {method} {path} within {timeout_s + _DEADLINE_MARGIN_S:g}s",
+                        kind="timeout",
                     ) from None
         finally:
             self.in_flight[url] -= 1
@@ -165,7 +206,9 @@ class RemoteEnv:
 
     def _get_client(self) -> EnvServiceClient:
         if self._client is None:
-            self._client = EnvServiceClient.shared(self.service_url, max_retries=self.max_retries)
+            self._client = EnvServiceClient.shared(
+                self.service_url, max_retries=self.max_retries
+            )
         return self._client
 
     async def prepare(self) -> None:
@@ -177,7 +220,12 @@ class RemoteEnv:
         client.envs_on[url] += 1
         # The id is chosen here, so a create interrupted mid-request can still be closed (DELETE) by id.
         self.url, self.env_id = url, f"c{uuid.uuid4().hex}"
-        body = {"env_type": self.env_type, "env_config": self.env_config, "timeout_s": self.call_timeout_s, "env_id": self.env_id}
+        body = {
+            "env_type": self.env_type,
+            "env_config": self.env_config,
+            "timeout_s": self.call_timeout_s,
+            "env_id": self.env_id,
+        }
         try:
             await self._send(url, "POST", f"{API}/envs", body)
         except asyncio.CancelledError:
@@ -190,13 +238,27 @@ class RemoteEnv:
     async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         if self.env_id is None:
             await self.prepare()
-        payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/reset", {"seed": int(seed), "timeout_s": self.call_timeout_s})
+        payload = await self._send(
+            self.url,
+            "POST",
+            f"{API}/envs/{self.env_id}/reset",
+            {"seed": int(seed), "timeout_s": self.call_timeout_s},
+        )
         return decode_observation(payload["observation"]), payload.get("info") or {}
 
-    async def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    async def step(
+        self, action_text: str
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if self.env_id is None:
-            raise RuntimeError(f"RemoteEnv({self.env_type}).step() called before reset()")
-        payload = await self._send(self.url, "POST", f"{API}/envs/{self.env_id}/step", {"action": action_text, "timeout_s": self.call_timeout_s})
+            raise RuntimeError(
+                f"RemoteEnv({self.env_type}).step() called before reset()"
+            )
+        payload = await self._send(
+            self.url,
+            "POST",
+            f"{API}/envs/{self.env_id}/step",
+            {"action": action_text, "timeout_s": self.call_timeout_s},
+        )
         return (
             decode_observation(payload["observation"]),
             float(payload["reward"]),
@@ -218,11 +280,19 @@ class RemoteEnv:
         except (EnvServiceError, EnvServiceUnavailable):
             pass
 
-    async def _send(self, url: str, method: str, path: str, body: Any) -> dict[str, Any]:
+    async def _send(
+        self, url: str, method: str, path: str, body: Any
+    ) -> dict[str, Any]:
         try:
-            return await self._get_client().request(url, method, path, body, timeout_s=self.call_timeout_s)
+            return await self._get_client().request(
+                url, method, path, body, timeout_s=self.call_timeout_s
+            )
         except EnvServiceError as exc:
-            if exc.kind in ("timeout", "crashed", "env_error", "not_found", "unreachable") and self.env_id is not None:
+            if (
+                exc.kind
+                in ("timeout", "crashed", "env_error", "not_found", "unreachable")
+                and self.env_id is not None
+            ):
                 self._forget()  # the server dropped the instance: nothing to close there
             raise
 
@@ -232,22 +302,41 @@ class RemoteEnv:
         self.env_id = None
 
 
-async def check_service(service_url: str | Sequence[str], env_type: str, env_config: dict[str, Any], seed: int, timeout_s: float) -> None:
+async def check_service(
+    service_url: str | Sequence[str],
+    env_type: str,
+    env_config: dict[str, Any],
+    seed: int,
+    timeout_s: float,
+) -> None:
     """Preflight for a tag served remotely: every URL answers /health, and one env builds and resets there."""
-    client = EnvServiceClient(normalize_urls(service_url), max_retries=1, retry_backoff_s=0.2)
+    client = EnvServiceClient(
+        normalize_urls(service_url), max_retries=1, retry_backoff_s=0.2
+    )
     try:
         for url in client.urls:
             try:
                 health = await client.health(url, timeout_s=min(10.0, timeout_s))
             except (EnvServiceUnavailable, EnvServiceError) as exc:
-                raise EnvServiceUnavailable(f"service_url {url} does not answer /health: {exc}") from None
+                raise EnvServiceUnavailable(
+                    f"service_url {url} does not answer /health: {exc}"
+                ) from None
             if health.get("status") != "ok":
                 raise EnvServiceUnavailable(f"service_url {url}: /health says {health}")
             payload = await client.request(
-                url, "POST", f"{API}/envs",
-                {"env_type": env_type, "env_config": env_config, "seed": int(seed), "timeout_s": timeout_s},
+                url,
+                "POST",
+                f"{API}/envs",
+                {
+                    "env_type": env_type,
+                    "env_config": env_config,
+                    "seed": int(seed),
+                    "timeout_s": timeout_s,
+                },
                 timeout_s=timeout_s,
             )
-            await client.request(url, "DELETE", f"{API}/envs/{payload['env_id']}", timeout_s=timeout_s)
+            await client.request(
+                url, "DELETE", f"{API}/envs/{payload['env_id']}", timeout_s=timeout_s
+            )
     finally:
         await client.close()

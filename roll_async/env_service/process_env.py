@@ -26,7 +26,14 @@ import os
 import signal
 import traceback
 from collections.abc import Callable
-from multiprocessing import context, forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing import (
+    context,
+    forkserver,
+    popen_forkserver,
+    reduction,
+    spawn,
+    util,
+)
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -93,7 +100,9 @@ def _mp_context() -> Any:
 
 def _child_main(conn: Any, builder: Callable[[], Any]) -> None:
     """The child: build the env, then answer (method, args) requests until told to close or the parent leaves."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which kills us
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C goes to the parent, which kills us
     try:
         env = builder()
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
@@ -160,13 +169,17 @@ class ProcessEnv:
     async def close(self) -> None:
         """Ask the env to close itself (bounded), then make sure the process is gone."""
         if self._process is None:
-            self._dead_reason = self._dead_reason or "closed"  # a start still under way kills what it started
+            self._dead_reason = (
+                self._dead_reason or "closed"
+            )  # a start still under way kills what it started
             return
         try:
             if self._dead_reason is None and self._process.is_alive():
                 await asyncio.wait_for(self._call("close"), _CLOSE_TIMEOUT_S)
         except Exception:
-            logger.debug("%s: close failed; killing its process", self.name, exc_info=True)
+            logger.debug(
+                "%s: close failed; killing its process", self.name, exc_info=True
+            )
         finally:
             self.kill("closed")
 
@@ -180,7 +193,11 @@ class ProcessEnv:
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._dead_reason is None and self._process.is_alive()
+        return (
+            self._process is not None
+            and self._dead_reason is None
+            and self._process.is_alive()
+        )
 
     def kill(self, reason: str = "killed") -> None:
         """SIGKILL the child (if any) and reap it; the proxy is unusable afterwards."""
@@ -201,7 +218,9 @@ class ProcessEnv:
         try:
             process.close()
         except ValueError:
-            logger.warning("%s: env process %s did not exit after SIGKILL", self.name, process.pid)
+            logger.warning(
+                "%s: env process %s did not exit after SIGKILL", self.name, process.pid
+            )
 
     # -- plumbing --------------------------------------------------------------------
     async def _call(self, method: str, *args: Any) -> Any:
@@ -209,7 +228,9 @@ class ProcessEnv:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._dead_reason is not None:
-                raise EnvProcessError(f"{self.name}: its process is gone ({self._dead_reason}); build a new env")
+                raise EnvProcessError(
+                    f"{self.name}: its process is gone ({self._dead_reason}); build a new env"
+                )
             if self._process is None:
                 await asyncio.get_running_loop().run_in_executor(None, self.start)
             try:
@@ -219,7 +240,9 @@ class ProcessEnv:
                 self.kill(f"{method} was interrupted (timeout or cancellation)")
                 raise
             if status == "error":
-                self.kill(f"{method} raised")  # the env's state is unknown after an exception: never reuse it
+                self.kill(
+                    f"{method} raised"
+                )  # the env's state is unknown after an exception: never reuse it
                 raise EnvProcessError(f"{self.name}.{method} raised {value}")
             return value
 
@@ -230,15 +253,24 @@ class ProcessEnv:
         """
         if self._process is not None or self._dead_reason is not None:
             return
-        ctx = _mp_context()  # the first start also starts the forkserver (a second or so)
+        ctx = (
+            _mp_context()
+        )  # the first start also starts the forkserver (a second or so)
         parent_conn, child_conn = ctx.Pipe(duplex=True)
-        process = _EnvProcess(target=_child_main, args=(child_conn, self._builder), name=f"roll-async-{self.name}", daemon=True)
+        process = _EnvProcess(
+            target=_child_main,
+            args=(child_conn, self._builder),
+            name=f"roll-async-{self.name}",
+            daemon=True,
+        )
         process.start()
         child_conn.close()
         self._process, self._conn = process, parent_conn
         try:
             if not parent_conn.poll(timeout_s):
-                raise EnvProcessError(f"{self.name}: building the env took longer than {timeout_s:g}s")
+                raise EnvProcessError(
+                    f"{self.name}: building the env took longer than {timeout_s:g}s"
+                )
             status, value = parent_conn.recv()
         except (EOFError, OSError):
             process.join(timeout=5.0)

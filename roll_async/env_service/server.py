@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-from roll_async.env_service.protocol import (
+from roll_async.env_service.wire import (
     API,
     BadRequest,
     encode_observation,
@@ -85,7 +85,9 @@ class EnvServer:
         idle_timeout_s: float = 900.0,
     ) -> None:
         if isolation not in ISOLATION_MODES:
-            raise ValueError(f"isolation={isolation!r}; use one of {list(ISOLATION_MODES)}")
+            raise ValueError(
+                f"isolation={isolation!r}; use one of {list(ISOLATION_MODES)}"
+            )
         self.isolation = isolation
         self.env_timeout_s = float(env_timeout_s)
         self.max_envs = int(max_envs)
@@ -97,7 +99,9 @@ class EnvServer:
         self.envs: dict[str, _Hosted] = {}
         self.stats = ServerStats()
         self._ids = itertools.count()
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env-server")
+        self._executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="env-server"
+        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -125,7 +129,10 @@ class EnvServer:
             await asyncio.sleep(max(1.0, min(60.0, self.idle_timeout_s / 4)))
             now = time.monotonic()
             for env_id, hosted in list(self.envs.items()):
-                if not hosted.lock.locked() and now - hosted.last_used > self.idle_timeout_s:
+                if (
+                    not hosted.lock.locked()
+                    and now - hosted.last_used > self.idle_timeout_s
+                ):
                     self.envs.pop(env_id, None)
                     self.stats.reaped_idle += 1
                     await self._dispose(hosted.env)
@@ -156,7 +163,9 @@ class EnvServer:
         return await self._respond(self._step, await self._json_for_env(request))
 
     async def close(self, request: web.Request) -> web.Response:
-        return await self._respond(self._close, {"env_id": request.match_info["env_id"]})
+        return await self._respond(
+            self._close, {"env_id": request.match_info["env_id"]}
+        )
 
     async def batch(self, request: web.Request) -> web.Response:
         """Many calls (on different envs) in one round trip, run concurrently; each gets its own status."""
@@ -165,7 +174,12 @@ class EnvServer:
             calls = require(body, "calls", list)
         except BadRequest as exc:
             return self._error(400, "bad_request", str(exc))
-        ops = {"create": self._create, "reset": self._reset, "step": self._step, "close": self._close}
+        ops = {
+            "create": self._create,
+            "reset": self._reset,
+            "step": self._step,
+            "close": self._close,
+        }
 
         async def one(call: Any) -> dict[str, Any]:
             try:
@@ -175,9 +189,17 @@ class EnvServer:
                 return {"ok": True, "status": 200, "body": await ops[op](call)}
             except BadRequest as exc:
                 self.stats.bad_requests += 1
-                return {"ok": False, "status": 400, "body": {"error": str(exc), "kind": "bad_request"}}
+                return {
+                    "ok": False,
+                    "status": 400,
+                    "body": {"error": str(exc), "kind": "bad_request"},
+                }
             except _CallFailed as exc:
-                return {"ok": False, "status": exc.status, "body": {"error": str(exc), "kind": exc.kind}}
+                return {
+                    "ok": False,
+                    "status": exc.status,
+                    "body": {"error": str(exc), "kind": exc.kind},
+                }
 
         results = await asyncio.gather(*(one(c) for c in calls))
         return web.json_response({"results": list(results)})
@@ -189,9 +211,15 @@ class EnvServer:
         env_type = require(body, "env_type", str)
         env_config = body.get("env_config") or {}
         if not isinstance(env_config, dict):
-            raise BadRequest(f"field 'env_config' must be an object, got {type(env_config).__name__}")
+            raise BadRequest(
+                f"field 'env_config' must be an object, got {type(env_config).__name__}"
+            )
         if len(self.envs) >= self.max_envs:
-            raise _CallFailed(429, "full", f"the server holds max_envs={self.max_envs} envs; close some or start another server")
+            raise _CallFailed(
+                429,
+                "full",
+                f"the server holds max_envs={self.max_envs} envs; close some or start another server",
+            )
         try:
             resolve_env_class(env_type)
         except ValueError as exc:
@@ -210,20 +238,32 @@ class EnvServer:
             env = await self._timed(self._in_thread(builder), timeout, "make_env", None)
         env_id = body.get("env_id") or f"e{next(self._ids)}"
         if not isinstance(env_id, str) or env_id in self.envs:
-            await self._dispose(env, after_failure=True) if isinstance(env, ProcessEnv) else None
+            await self._dispose(env, after_failure=True) if isinstance(
+                env, ProcessEnv
+            ) else None
             raise BadRequest(f"field 'env_id' must be a new string id, got {env_id!r}")
         self.envs[env_id] = _Hosted(env=env, env_type=env_type)
         self.stats.created += 1
         out: dict[str, Any] = {"env_id": env_id}
         if "seed" in body:
-            out.update(await self._reset({"env_id": env_id, "seed": body["seed"], "timeout_s": timeout}))
+            out.update(
+                await self._reset(
+                    {"env_id": env_id, "seed": body["seed"], "timeout_s": timeout}
+                )
+            )
         return out
 
     async def _reset(self, body: Any) -> dict[str, Any]:
         seed = require(body, "seed", int)
         hosted, env_id = self._hosted(body)
-        observation, info = await self._call(env_id, hosted, "reset", seed, timeout=self._timeout(body))
-        return {"env_id": env_id, "observation": encode_observation(observation), "info": to_jsonable(info)}
+        observation, info = await self._call(
+            env_id, hosted, "reset", seed, timeout=self._timeout(body)
+        )
+        return {
+            "env_id": env_id,
+            "observation": encode_observation(observation),
+            "info": to_jsonable(info),
+        }
 
     async def _step(self, body: Any) -> dict[str, Any]:
         action = require(body, "action", str)
@@ -243,9 +283,15 @@ class EnvServer:
         env_id = require(body, "env_id", str)
         hosted = self.envs.pop(env_id, None)
         if hosted is None:
-            raise _CallFailed(404, "not_found", f"no env with id {env_id!r} (already closed, or it failed)")
+            raise _CallFailed(
+                404,
+                "not_found",
+                f"no env with id {env_id!r} (already closed, or it failed)",
+            )
         self.stats.closed += 1
-        await self._dispose(hosted.env, after_failure=hosted.lock.locked())  # busy: kill, do not wait for the call
+        await self._dispose(
+            hosted.env, after_failure=hosted.lock.locked()
+        )  # busy: kill, do not wait for the call
         return {"closed": True}
 
     # -- plumbing --------------------------------------------------------------------
@@ -253,35 +299,59 @@ class EnvServer:
         env_id = require(body, "env_id", str)
         hosted = self.envs.get(env_id)
         if hosted is None:
-            raise _CallFailed(404, "not_found", f"no env with id {env_id!r} (already closed, or it failed)")
+            raise _CallFailed(
+                404,
+                "not_found",
+                f"no env with id {env_id!r} (already closed, or it failed)",
+            )
         return hosted, env_id
 
     def _timeout(self, body: Any) -> float:
-        value = body.get("timeout_s", self.env_timeout_s) if isinstance(body, dict) else self.env_timeout_s
+        value = (
+            body.get("timeout_s", self.env_timeout_s)
+            if isinstance(body, dict)
+            else self.env_timeout_s
+        )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise BadRequest(f"field 'timeout_s' must be a positive number of seconds, got {value!r}")
+            raise BadRequest(
+                f"field 'timeout_s' must be a positive number of seconds, got {value!r}"
+            )
         return float(value)
 
-    async def _call(self, env_id: str, hosted: _Hosted, method: str, *args: Any, timeout: float) -> Any:
+    async def _call(
+        self, env_id: str, hosted: _Hosted, method: str, *args: Any, timeout: float
+    ) -> Any:
         if hosted.lock.locked():
-            raise _CallFailed(409, "busy", f"env {env_id} is already running a call; wait for it")
+            raise _CallFailed(
+                409, "busy", f"env {env_id} is already running a call; wait for it"
+            )
         async with hosted.lock:
             self.stats.calls += 1
             fn = getattr(hosted.env, method)
-            call = fn(*args) if inspect.iscoroutinefunction(fn) else self._in_thread(fn, *args)
+            call = (
+                fn(*args)
+                if inspect.iscoroutinefunction(fn)
+                else self._in_thread(fn, *args)
+            )
             try:
                 return await self._timed(call, timeout, method, env_id)
             finally:
                 hosted.last_used = time.monotonic()
 
-    async def _timed(self, call: Any, timeout: float, method: str, env_id: str | None) -> Any:
+    async def _timed(
+        self, call: Any, timeout: float, method: str, env_id: str | None
+    ) -> Any:
         """Run ``call`` within ``timeout``; on failure the env is dropped (its process killed) and 500 names why."""
         try:
             return await asyncio.wait_for(call, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.stats.timeouts += 1
             await self._drop(env_id)
-            raise _CallFailed(500, "timeout", f"{method} exceeded timeout_s={timeout:g}; the env was killed") from None
+            raise _CallFailed(
+                500,
+                "timeout",
+                f"{method} exceeded timeout_s={timeout:g}; the env was killed",
+            ) from None
         except BadRequest:
             raise
         except Exception as exc:
@@ -291,10 +361,16 @@ class EnvServer:
             else:
                 self.stats.env_errors += 1
             await self._drop(env_id)
-            raise _CallFailed(500, "crashed" if crashed else "env_error", f"{method}: {type(exc).__name__}: {exc}") from None
+            raise _CallFailed(
+                500,
+                "crashed" if crashed else "env_error",
+                f"{method}: {type(exc).__name__}: {exc}",
+            ) from None
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, fn, *args
+        )
 
     async def _drop(self, env_id: str | None) -> None:
         hosted = self.envs.pop(env_id, None) if env_id is not None else None
@@ -322,14 +398,23 @@ class EnvServer:
             return await request.json()
         except Exception as exc:
             raise web.HTTPBadRequest(
-                text=_dumps({"error": f"the request body is not valid JSON: {exc}", "kind": "bad_request"}),
+                text=_dumps(
+                    {
+                        "error": f"the request body is not valid JSON: {exc}",
+                        "kind": "bad_request",
+                    }
+                ),
                 content_type="application/json",
             ) from None
 
     async def _json_for_env(self, request: web.Request) -> Any:
         """The body with the env id of the path added (a non-object body is left for ``require`` to reject)."""
         body = await self._json(request)
-        return {**body, "env_id": request.match_info["env_id"]} if isinstance(body, dict) else body
+        return (
+            {**body, "env_id": request.match_info["env_id"]}
+            if isinstance(body, dict)
+            else body
+        )
 
     async def _respond(self, op: Any, body: Any) -> web.Response:
         try:
@@ -361,18 +446,50 @@ def _dumps(obj: Any) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     parser.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: loopback only)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)"
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="import MODULE first (it may register envs with roll_async.envs.register_env); repeatable",
     )
-    parser.add_argument("--isolation", choices=ISOLATION_MODES, default="process", help="process (default): one child process per env")
-    parser.add_argument("--env-timeout-s", type=float, default=60.0, help="default per-call timeout (a request may pass timeout_s)")
-    parser.add_argument("--max-envs", type=int, default=256, help="most env instances held at once (429 beyond)")
-    parser.add_argument("--threads", type=int, default=32, help="threads for in-thread envs (--isolation none)")
     parser.add_argument(
-        "--idle-timeout-s", type=float, default=900.0,
+        "--isolation",
+        choices=ISOLATION_MODES,
+        default="process",
+        help="process (default): one child process per env",
+    )
+    parser.add_argument(
+        "--env-timeout-s",
+        type=float,
+        default=60.0,
+        help="default per-call timeout (a request may pass timeout_s)",
+    )
+    parser.add_argument(
+        "--max-envs",
+        type=int,
+        default=256,
+        help="most env instances held at once (429 beyond)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=32,
+        help="threads for in-thread envs (--isolation none)",
+    )
+    parser.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=900.0,
         help="close an env nobody called for this long (its client died); 0 disables (default 900)",
     )
 
@@ -382,9 +499,14 @@ def main(args: argparse.Namespace) -> int:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise SystemExit(f"roll-async env-server: --import {module}: {exc}") from None
+            raise SystemExit(
+                f"roll-async env-server: --import {module}: {exc}"
+            ) from None
     server = EnvServer(
-        isolation=args.isolation, env_timeout_s=args.env_timeout_s, max_envs=args.max_envs, threads=args.threads,
+        isolation=args.isolation,
+        env_timeout_s=args.env_timeout_s,
+        max_envs=args.max_envs,
+        threads=args.threads,
         idle_timeout_s=args.idle_timeout_s,
     )
 
@@ -394,7 +516,10 @@ def main(args: argparse.Namespace) -> int:
         site = web.TCPSite(runner, args.host, args.port, backlog=2048)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(f"roll-async env-server listening on http://{args.host}:{port} (isolation={args.isolation})", flush=True)
+        print(
+            f"roll-async env-server listening on http://{args.host}:{port} (isolation={args.isolation})",
+            flush=True,
+        )
         try:
             await asyncio.Event().wait()
         finally:
@@ -407,7 +532,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def launch_server_process(*extra_args: str, host: str = "127.0.0.1", timeout_s: float = 120.0) -> tuple[Any, str]:
+def launch_server_process(
+    *extra_args: str, host: str = "127.0.0.1", timeout_s: float = 120.0
+) -> tuple[Any, str]:
     """Start ``roll-async env-server`` as a subprocess on a free port; returns (Popen, url) once it listens.
 
     For tests and benchmarks; the caller terminates the process.
@@ -416,8 +543,20 @@ def launch_server_process(*extra_args: str, host: str = "127.0.0.1", timeout_s: 
     import sys
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "roll_async.cli", "env-server", "--host", host, "--port", "0", *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "roll_async.cli",
+            "env-server",
+            "--host",
+            host,
+            "--port",
+            "0",
+            *extra_args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + timeout_s
     lines = []

@@ -61,11 +61,15 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         if self.render_mode not in RENDER_MODES:
-            raise ValueError(f"render_mode={self.render_mode!r} is not one of {list(RENDER_MODES)}")
+            raise ValueError(
+                f"render_mode={self.render_mode!r} is not one of {list(RENDER_MODES)}"
+            )
         if int(self.max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if int(self.max_actions_per_turn) < 1:
-            raise ValueError(f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}")
+            raise ValueError(
+                f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}"
+            )
         self.max_steps = int(self.max_steps)
         self.max_actions_per_turn = int(self.max_actions_per_turn)
         self.format_penalty = float(self.format_penalty)
@@ -141,11 +145,15 @@ class BaseEnv:
         self._reset(self.seed)
         return self.render(), {"instruction": self.instruction(), "seed": self.seed}
 
-    def step(self, action_text: str) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action_text: str
+    ) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self.done:
-            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
+            raise RuntimeError(
+                f"{type(self).__name__}.step() called after the episode ended; call reset()"
+            )
         parsed = self._parse(action_text)
         self.num_steps += 1
         reward = 0.0
@@ -182,7 +190,13 @@ class BaseEnv:
         }
         metrics.update(self.extra_metrics())
         info = {"metrics": metrics, "actions": executed, "format_error": parsed.error}
-        return self.render("\n".join(feedback)), float(reward), terminated, truncated, info
+        return (
+            self.render("\n".join(feedback)),
+            float(reward),
+            terminated,
+            truncated,
+            info,
+        )
 
     def close(self) -> None:
         """Nothing to free for the built-ins; kept for the gym contract."""
@@ -191,7 +205,10 @@ class BaseEnv:
         """The observation for the current state, with an optional feedback line first."""
         prefix = f"{feedback}\n" if feedback else ""
         if self.config.render_mode == "vision":
-            return Observation(text=prefix + self.config.image_placeholder, images=[self.render_image()])
+            return Observation(
+                text=prefix + self.config.image_placeholder,
+                images=[self.render_image()],
+            )
         return prefix + self.render_text()
 
     def solve(self) -> list[str] | None:
@@ -204,7 +221,10 @@ class BaseEnv:
         if plan is None:
             return None
         k = self.config.max_actions_per_turn if self.multi_action else 1
-        return [self.parser.wrap(self.join_actions(plan[i : i + k])) for i in range(0, len(plan), k)]
+        return [
+            self.parser.wrap(self.join_actions(plan[i : i + k]))
+            for i in range(0, len(plan), k)
+        ]
 
     def join_actions(self, actions: list[str]) -> str:
         """Several actions of one turn as the model should write them (``Up, Left`` or ``Up || Left``)."""
@@ -254,7 +274,11 @@ class BaseEnv:
         return text
 
     def _format_feedback(self, parsed: ParsedAction) -> str:
-        words = f" Valid actions: {', '.join(self.action_words)}." if self.action_words else ""
+        words = (
+            f" Valid actions: {', '.join(self.action_words)}."
+            if self.action_words
+            else ""
+        )
         return f"Invalid action: {parsed.error}.{words}"
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.parsing import ParsedAction
-from roll_async.envs.sandbox import SandboxLimits, SandboxResult, run_python, truncate
+from roll_async.envs.sandbox import SandboxLimits, SandboxResult, run_python
 
 DEFAULT_TASKS = Path(__file__).parent / "data" / "code_tasks.json"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -86,7 +86,14 @@ class CodeEnvConfig(EnvConfig):
         super().__post_init__()
         if self.tasks_path is not None and not Path(self.tasks_path).is_file():
             raise ValueError(f"tasks_path {self.tasks_path!r} is not a file")
-        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_processes", "max_observation_chars"):
+        for name in (
+            "cpu_s",
+            "wall_s",
+            "memory_mb",
+            "max_output_bytes",
+            "max_processes",
+            "max_observation_chars",
+        ):
             if float(getattr(self, name)) <= 0:
                 raise ValueError(f"code env: {name}={getattr(self, name)} must be > 0")
         self.task_ids = list(self.task_ids)
@@ -94,27 +101,38 @@ class CodeEnvConfig(EnvConfig):
     @property
     def limits(self) -> SandboxLimits:
         return SandboxLimits(
-            cpu_s=float(self.cpu_s), wall_s=float(self.wall_s), memory_mb=int(self.memory_mb),
-            max_output_bytes=int(self.max_output_bytes), max_processes=int(self.max_processes),
+            cpu_s=float(self.cpu_s),
+            wall_s=float(self.wall_s),
+            memory_mb=int(self.memory_mb),
+            max_output_bytes=int(self.max_output_bytes),
+            max_processes=int(self.max_processes),
         )
 
 
-def load_tasks(path: str | Path | None = None, task_ids: list[str] | None = None) -> list[dict[str, Any]]:
+def load_tasks(
+    path: str | Path | None = None, task_ids: list[str] | None = None
+) -> list[dict[str, Any]]:
     """The task list of ``path`` (default: the shipped file), optionally only ``task_ids``."""
     tasks = json.loads(Path(path or DEFAULT_TASKS).read_text(encoding="utf-8"))["tasks"]
     if task_ids:
         by_id = {t["id"]: t for t in tasks}
         missing = [i for i in task_ids if i not in by_id]
         if missing:
-            raise ValueError(f"code env: task_ids {missing} are not in {path or DEFAULT_TASKS}")
+            raise ValueError(
+                f"code env: task_ids {missing} are not in {path or DEFAULT_TASKS}"
+            )
         tasks = [by_id[i] for i in task_ids]
     return tasks
 
 
-def grade(source: str, tests: list[str], limits: SandboxLimits) -> tuple[int, SandboxResult]:
+def grade(
+    source: str, tests: list[str], limits: SandboxLimits
+) -> tuple[int, SandboxResult]:
     """(tests passed, the sandbox result) for ``source`` against ``tests``, run in the sandbox."""
     nonce = secrets.token_hex(8)
-    result = run_python(_GRADER % {"source": source, "tests": list(tests), "nonce": nonce}, limits)
+    result = run_python(
+        _GRADER % {"source": source, "tests": list(tests), "nonce": nonce}, limits
+    )
     passed = 0
     for line in result.stdout.splitlines():
         if line.startswith(nonce + " "):
@@ -134,7 +152,9 @@ class CodeEnv(BaseEnv):
     config_cls: ClassVar[type] = CodeEnvConfig
     multi_action: ClassVar[bool] = False
 
-    def __init__(self, config: CodeEnvConfig | dict | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, config: CodeEnvConfig | dict | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: CodeEnvConfig
         self.tasks = load_tasks(self.config.tasks_path, self.config.task_ids)
@@ -145,7 +165,9 @@ class CodeEnv(BaseEnv):
         self.tests_passed = 0.0
 
     def _reset(self, seed: int) -> None:
-        self.task = self.tasks[int(np.random.default_rng(seed).integers(len(self.tasks)))]
+        self.task = self.tasks[
+            int(np.random.default_rng(seed).integers(len(self.tasks)))
+        ]
         self.last_output = ""
         self.num_runs = 0
         self.limit_hits = 0
@@ -156,7 +178,9 @@ class CodeEnv(BaseEnv):
         run = _FENCE.search(text)
         answer = self.parser.regex.search(text)
         if run and (not answer or run.start() < answer.start()):
-            return ParsedAction(actions=[f"run:{run.group(1)}"], raw=run.group(1), is_valid=True)
+            return ParsedAction(
+                actions=[f"run:{run.group(1)}"], raw=run.group(1), is_valid=True
+            )
         if answer:
             code = extract_code(answer.group(1))
             if code.strip():
@@ -172,7 +196,12 @@ class CodeEnv(BaseEnv):
         if kind == "run":
             self.num_runs += 1
             result = run_python(code, cfg.limits)
-            self.limit_hits += result.status in ("timeout", "cpu_limit", "memory_limit", "output_limit")
+            self.limit_hits += result.status in (
+                "timeout",
+                "cpu_limit",
+                "memory_limit",
+                "output_limit",
+            )
             self.last_output = result.report(cfg.max_observation_chars)
             return cfg.run_reward, True, ""
         tests = self.task["tests"]
@@ -180,16 +209,29 @@ class CodeEnv(BaseEnv):
         self.tests_passed = passed / len(tests)
         self.success = passed == len(tests)
         self.done = True
-        status = "" if result.status == "ok" else f" (the grading run ended: {result.status})"
+        status = (
+            ""
+            if result.status == "ok"
+            else f" (the grading run ended: {result.status})"
+        )
         self.last_output = f"{passed}/{len(tests)} tests passed{status}."
-        reward = cfg.success_reward * (self.tests_passed if cfg.partial_credit else float(self.success))
+        reward = cfg.success_reward * (
+            self.tests_passed if cfg.partial_credit else float(self.success)
+        )
         return reward, True, ""
 
     def extra_metrics(self) -> dict[str, float | bool]:
-        return {"tests_passed": self.tests_passed, "num_runs": float(self.num_runs), "sandbox_limit_hits": float(self.limit_hits)}
+        return {
+            "tests_passed": self.tests_passed,
+            "num_runs": float(self.num_runs),
+            "sandbox_limit_hits": float(self.limit_hits),
+        }
 
     def render_text(self) -> str:
-        return self.last_output or f"Task: {self.task['prompt']}\nExample: {self.task['tests'][0]}"
+        return (
+            self.last_output
+            or f"Task: {self.task['prompt']}\nExample: {self.task['tests'][0]}"
+        )
 
     def instruction(self) -> str:
         cfg = self.config
@@ -204,5 +246,3 @@ class CodeEnv(BaseEnv):
     def solve(self) -> list[str] | None:
         """The task's reference solution (one submission)."""
         return [self.task["solution"]]
-
-

@@ -24,7 +24,13 @@ _VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("countdown", {"num_numbers": 3, "max_number": 50}),
     ("retrieval_qa", {}),
 ]
-_INVALID = ["<answer>Jump</answer>", "Up", "<answer></answer>", "<answer>up, down, sideways</answer>", "I think Left."]
+_INVALID = [
+    "<answer>Jump</answer>",
+    "Up",
+    "<answer></answer>",
+    "<answer>up, down, sideways</answer>",
+    "I think Left.",
+]
 _STEPS = 4
 
 
@@ -54,7 +60,10 @@ def sample_env_texts(num_seeds: int = 20) -> list[str]:
             texts += [info["instruction"], obs.text]
         if name == "retrieval_qa":
             env.reset(0)
-            texts += [f"[{i}] {p['title']}: {p['text']}" for i, p in enumerate(env.passages, 1)]
+            texts += [
+                f"[{i}] {p['title']}: {p['text']}"
+                for i, p in enumerate(env.passages, 1)
+            ]
             texts += [q["question"] for q in env.questions[: num_seeds * 4]]
         env.close()
     return texts

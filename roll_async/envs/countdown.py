@@ -75,13 +75,22 @@ class CountdownEnv(BaseEnv):
         rng = np.random.default_rng(seed)
         cfg = self.config
         for _ in range(1000):
-            numbers = [int(x) for x in rng.integers(1, cfg.max_number + 1, size=cfg.num_numbers)]
+            numbers = [
+                int(x)
+                for x in rng.integers(1, cfg.max_number + 1, size=cfg.num_numbers)
+            ]
             target = _random_combination(rng, numbers)
-            if target is not None and 1 <= target <= cfg.max_target and target not in numbers:
+            if (
+                target is not None
+                and 1 <= target <= cfg.max_target
+                and target not in numbers
+            ):
                 self.numbers, self.target = numbers, target
                 self.last_value = None
                 return
-        raise RuntimeError(f"could not draw a countdown task with {cfg}; raise max_target or max_number")
+        raise RuntimeError(
+            f"could not draw a countdown task with {cfg}; raise max_target or max_number"
+        )
 
     def _apply(self, action: str) -> tuple[float, bool, str]:
         cfg = self.config
@@ -91,13 +100,19 @@ class CountdownEnv(BaseEnv):
             raise InvalidAction(f"invalid expression: {e}") from None
         extra = Counter(used) - Counter(self.numbers)
         if extra:
-            raise InvalidAction(f"uses numbers not available: {sorted(extra.elements())}")
+            raise InvalidAction(
+                f"uses numbers not available: {sorted(extra.elements())}"
+            )
         self.last_value = value
         if value == self.target:
             self.success = True
             self.done = True
             return cfg.success_reward, True, f"Correct: {_fmt(value)} = {self.target}."
-        return cfg.wrong_answer_reward, False, f"Your expression equals {_fmt(value)}, not {self.target}."
+        return (
+            cfg.wrong_answer_reward,
+            False,
+            f"Your expression equals {_fmt(value)}, not {self.target}.",
+        )
 
     def render_text(self) -> str:
         return f"Numbers: {' '.join(map(str, self.numbers))}\nTarget: {self.target}"

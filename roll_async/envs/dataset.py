@@ -31,11 +31,19 @@ from roll_async.envs.registry import make_env
 SCHEMA = pa.schema(
     [
         ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        (
+            "prompt",
+            pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])),
+        ),
         (
             "extra_info",
             pa.struct(
-                [("env_name", pa.string()), ("env_config", pa.string()), ("seed", pa.int64()), ("split", pa.string())]
+                [
+                    ("env_name", pa.string()),
+                    ("env_config", pa.string()),
+                    ("seed", pa.int64()),
+                    ("split", pa.string()),
+                ]
             ),
         ),
     ]
@@ -77,7 +85,10 @@ def make_env_dataset_rows(
         if s not in seen:
             seen.add(s)
             seeds.append(s)
-    return [EnvDatasetRow(env_name, dict(env_config), s, split, data_source or env_name) for s in seeds]
+    return [
+        EnvDatasetRow(env_name, dict(env_config), s, split, data_source or env_name)
+        for s in seeds
+    ]
 
 
 def write_env_dataset(path: str | Path, rows: list[EnvDatasetRow]) -> Path:
@@ -108,11 +119,19 @@ def load_env_dataset(path: str | Path) -> list[EnvDatasetRow]:
     """Rows back from a file written by :func:`write_env_dataset` (or by VAGEN, whose env_config is a struct)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"env dataset {path} does not exist; write one with `roll-async make-env-dataset`")
+        raise FileNotFoundError(
+            f"env dataset {path} does not exist; write one with `roll-async make-env-dataset`"
+        )
     table = pq.read_table(path)
     if "extra_info" not in table.column_names:
-        raise ValueError(f"{path} has no extra_info column; columns: {table.column_names}")
-    sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else None
+        raise ValueError(
+            f"{path} has no extra_info column; columns: {table.column_names}"
+        )
+    sources = (
+        table.column("data_source").to_pylist()
+        if "data_source" in table.column_names
+        else None
+    )
     rows = []
     for i, info in enumerate(table.column("extra_info").to_pylist()):
         cfg = info.get("env_config") or {}
@@ -134,14 +153,30 @@ def load_env_dataset(path: str | Path) -> list[EnvDatasetRow]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``roll-async make-env-dataset``."""
     parser.add_argument(
-        "--env", required=True, help="registered env name, package.module:ClassName, or gymnasium:/textarena:/reasoning_gym: id"
+        "--env",
+        required=True,
+        help="registered env name, package.module:ClassName, or gymnasium:/textarena:/reasoning_gym: id",
     )
-    parser.add_argument("--num", type=int, default=64, help="number of env instances (rows)")
-    parser.add_argument("--seed", type=int, default=0, help="seed from which the rows' seeds are drawn")
-    parser.add_argument("--split", default="train", help="split name stored in each row (e.g. train, val)")
+    parser.add_argument(
+        "--num", type=int, default=64, help="number of env instances (rows)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed from which the rows' seeds are drawn"
+    )
+    parser.add_argument(
+        "--split",
+        default="train",
+        help="split name stored in each row (e.g. train, val)",
+    )
     parser.add_argument("--out", required=True, help="output parquet path")
-    parser.add_argument("--env-config", default="{}", help="env config as a JSON object, e.g. '{\"dim_room\": [6, 6]}'")
-    parser.add_argument("--data-source", default=None, help="data_source column (default: the env name)")
+    parser.add_argument(
+        "--env-config",
+        default="{}",
+        help="env config as a JSON object, e.g. '{\"dim_room\": [6, 6]}'",
+    )
+    parser.add_argument(
+        "--data-source", default=None, help="data_source column (default: the env name)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -149,8 +184,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         env_config = json.loads(args.env_config)
         if not isinstance(env_config, dict):
-            raise TypeError(f"--env-config must be a JSON object, got {args.env_config!r}")
-        rows = make_env_dataset_rows(args.env, args.num, args.seed, args.split, env_config, args.data_source)
+            raise TypeError(
+                f"--env-config must be a JSON object, got {args.env_config!r}"
+            )
+        rows = make_env_dataset_rows(
+            args.env, args.num, args.seed, args.split, env_config, args.data_source
+        )
     except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         print(f"make-env-dataset: {e}", file=sys.stderr)
         return 2
@@ -160,6 +199,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="roll-async make-env-dataset", description=__doc__.splitlines()[0])
+    _parser = argparse.ArgumentParser(
+        prog="roll-async make-env-dataset", description=__doc__.splitlines()[0]
+    )
     add_arguments(_parser)
     sys.exit(main(_parser.parse_args()))

@@ -37,9 +37,16 @@ class DelayedEnvConfig:
     max_step_latency_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("step_latency_s", "reset_latency_s", "step_latency_sigma", "max_step_latency_s"):
+        for name in (
+            "step_latency_s",
+            "reset_latency_s",
+            "step_latency_sigma",
+            "max_step_latency_s",
+        ):
             if getattr(self, name) < 0:
-                raise ValueError(f"delayed env: {name}={getattr(self, name)} must be >= 0")
+                raise ValueError(
+                    f"delayed env: {name}={getattr(self, name)} must be >= 0"
+                )
 
 
 class InnerEnvWrapper:
@@ -80,7 +87,10 @@ class DelayedEnv(InnerEnvWrapper):
             return 0.0
         if sigma <= 0:
             return median
-        return min(self.config.max_step_latency_s, float(median * math.exp(sigma * self._rng.standard_normal())))
+        return min(
+            self.config.max_step_latency_s,
+            float(median * math.exp(sigma * self._rng.standard_normal())),
+        )
 
     def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         self._rng = np.random.default_rng(seed)

@@ -46,11 +46,17 @@ class FaultyEnvConfig:
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
-            raise ValueError(f"faulty env: fault={self.fault!r} is not one of {list(FAULTS)}")
+            raise ValueError(
+                f"faulty env: fault={self.fault!r} is not one of {list(FAULTS)}"
+            )
         if self.fault_on not in ("reset", "step"):
-            raise ValueError(f"faulty env: fault_on={self.fault_on!r}; use reset or step")
+            raise ValueError(
+                f"faulty env: fault_on={self.fault_on!r}; use reset or step"
+            )
         if not 0.0 <= float(self.fault_probability) <= 1.0:
-            raise ValueError(f"faulty env: fault_probability={self.fault_probability} must be within [0, 1]")
+            raise ValueError(
+                f"faulty env: fault_probability={self.fault_probability} must be within [0, 1]"
+            )
 
 
 class FaultyEnv(InnerEnvWrapper):

@@ -36,7 +36,12 @@ from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.render import draw_grid
 
 Pos = tuple[int, int]
-MOVES: dict[str, Pos] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+MOVES: dict[str, Pos] = {
+    "Left": (0, -1),
+    "Down": (1, 0),
+    "Right": (0, 1),
+    "Up": (-1, 0),
+}
 #: Perpendicular slips for each intended move (gymnasium: action-1, action, action+1 mod 4).
 _SLIPS = {
     "Left": ("Up", "Left", "Down"),
@@ -70,7 +75,9 @@ class FrozenLakeConfig(EnvConfig):
         self.size = int(self.size)
         self.p = float(self.p)
         if self.size < 2:
-            raise ValueError(f"size must be >= 2 (a 1x1 lake has the start on the goal), got {self.size}")
+            raise ValueError(
+                f"size must be >= 2 (a 1x1 lake has the start on the goal), got {self.size}"
+            )
         if not 0.0 < self.p <= 1.0:
             raise ValueError(f"p (frozen probability) must be in (0, 1], got {self.p}")
 
@@ -172,7 +179,9 @@ class FrozenLakeEnv(BaseEnv):
         return self._policy[self.player]
 
 
-def generate_map(rng: np.random.Generator, size: int, p: float, max_tries: int = 100) -> list[str]:
+def generate_map(
+    rng: np.random.Generator, size: int, p: float, max_tries: int = 100
+) -> list[str]:
     """Rows of 'S', 'F', 'H', 'G' with a start-to-goal path (gymnasium's rejection sampling, then a thawed path)."""
     board = None
     for _ in range(max_tries):
@@ -208,13 +217,20 @@ def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
             continue
         for name, (dr, dc) in MOVES.items():
             nxt = (pos[0] + dr, pos[1] + dc)
-            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and nxt not in parent and desc[nxt[0]][nxt[1]] != "H":
+            if (
+                0 <= nxt[0] < n
+                and 0 <= nxt[1] < n
+                and nxt not in parent
+                and desc[nxt[0]][nxt[1]] != "H"
+            ):
                 parent[nxt] = (pos, name)
                 queue.append(nxt)
     return None
 
 
-def optimal_policy(desc: list[str], slippery: bool, iters: int = 1000) -> dict[Pos, str]:
+def optimal_policy(
+    desc: list[str], slippery: bool, iters: int = 1000
+) -> dict[Pos, str]:
     """Value iteration for the chance of reaching the goal; discount 0.99 makes ties prefer the shorter way."""
     n = len(desc)
     tiles = np.array([list(row) for row in desc]).reshape(-1)
@@ -227,16 +243,22 @@ def optimal_policy(desc: list[str], slippery: bool, iters: int = 1000) -> dict[P
             dr, dc = MOVES[m]
             for s in range(n * n):
                 r, c = divmod(s, n)
-                nxt[ai, k, s] = min(max(r + dr, 0), n - 1) * n + min(max(c + dc, 0), n - 1)
+                nxt[ai, k, s] = min(max(r + dr, 0), n - 1) * n + min(
+                    max(c + dc, 0), n - 1
+                )
     value = np.zeros(n * n)
     live = ~(goal | hole)
     for _ in range(iters):
-        q = np.where(goal[nxt], 1.0, np.where(hole[nxt], 0.0, 0.99 * value[nxt])).mean(axis=1)
+        q = np.where(goal[nxt], 1.0, np.where(hole[nxt], 0.0, 0.99 * value[nxt])).mean(
+            axis=1
+        )
         new = np.where(live, q.max(axis=0), 0.0)
         done = np.max(np.abs(new - value)) < 1e-9
         value = new
         if done:
             break
-    q = np.where(goal[nxt], 1.0, np.where(hole[nxt], 0.0, 0.99 * value[nxt])).mean(axis=1)
+    q = np.where(goal[nxt], 1.0, np.where(hole[nxt], 0.0, 0.99 * value[nxt])).mean(
+        axis=1
+    )
     best = q.argmax(axis=0)
     return {divmod(s, n): names[int(best[s])] for s in range(n * n)}

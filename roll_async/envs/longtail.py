@@ -78,16 +78,31 @@ class LongTailEnvConfig:
                 f"longtail env: need 1 <= min_turns <= max_turns, got min_turns={self.min_turns}, max_turns={self.max_turns}"
             )
         for name in (
-            "turns_alpha", "step_latency_s", "step_latency_sigma", "max_step_latency_s", "slow_step_s",
-            "reset_latency_s", "observation_words_sigma",
+            "turns_alpha",
+            "step_latency_s",
+            "step_latency_sigma",
+            "max_step_latency_s",
+            "slow_step_s",
+            "reset_latency_s",
+            "observation_words_sigma",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"longtail env: {name}={getattr(self, name)} must be >= 0")
+                raise ValueError(
+                    f"longtail env: {name}={getattr(self, name)} must be >= 0"
+                )
         if not 0.0 <= self.slow_step_prob <= 1.0:
-            raise ValueError(f"longtail env: slow_step_prob={self.slow_step_prob} must be in [0, 1]")
+            raise ValueError(
+                f"longtail env: slow_step_prob={self.slow_step_prob} must be in [0, 1]"
+            )
         if int(self.observation_words) < 1:
-            raise ValueError(f"longtail env: observation_words={self.observation_words} must be >= 1")
-        self.min_turns, self.max_turns, self.observation_words = int(self.min_turns), int(self.max_turns), int(self.observation_words)
+            raise ValueError(
+                f"longtail env: observation_words={self.observation_words} must be >= 1"
+            )
+        self.min_turns, self.max_turns, self.observation_words = (
+            int(self.min_turns),
+            int(self.max_turns),
+            int(self.observation_words),
+        )
 
 
 def pareto_turns(u: float, min_turns: int, max_turns: int, alpha: float) -> int:
@@ -118,7 +133,9 @@ class LongTailEnv:
     # -- draws -------------------------------------------------------------------------
 
     def _rng(self, *keys: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed & 0x7FFFFFFF, *[k & 0x7FFFFFFF for k in keys]])
+        return np.random.default_rng(
+            [self.seed & 0x7FFFFFFF, *[k & 0x7FFFFFFF for k in keys]]
+        )
 
     def _action_key(self, action_text: str) -> int:
         return _text_key(action_text) if self.config.vary_within_group else 0
@@ -138,7 +155,11 @@ class LongTailEnv:
         z, slow = rng.standard_normal(), rng.random()
         delay = 0.0
         if c.step_latency_s > 0:
-            delay = c.step_latency_s * math.exp(c.step_latency_sigma * z) if c.step_latency_sigma > 0 else c.step_latency_s
+            delay = (
+                c.step_latency_s * math.exp(c.step_latency_sigma * z)
+                if c.step_latency_sigma > 0
+                else c.step_latency_s
+            )
             delay = min(delay, c.max_step_latency_s)
         if c.slow_step_prob > 0 and slow < c.slow_step_prob:
             delay += c.slow_step_s
@@ -147,9 +168,15 @@ class LongTailEnv:
     def _observation(self, turn: int, action_text: str) -> str:
         c = self.config
         rng = self._rng(3, turn, self._action_key(action_text))
-        factor = math.exp(c.observation_words_sigma * rng.standard_normal()) if c.observation_words_sigma > 0 else 1.0
+        factor = (
+            math.exp(c.observation_words_sigma * rng.standard_normal())
+            if c.observation_words_sigma > 0
+            else 1.0
+        )
         n = max(1, int(round(c.observation_words * factor)))
-        words = " ".join([_WORDS[i] for i in rng.integers(0, len(_WORDS), size=n).tolist()])
+        words = " ".join(
+            [_WORDS[i] for i in rng.integers(0, len(_WORDS), size=n).tolist()]
+        )
         return f"Step {turn}: tool returned: {words}"
 
     # -- gym API -----------------------------------------------------------------------
@@ -163,7 +190,9 @@ class LongTailEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.done:
-            raise RuntimeError("LongTailEnv.step() called before reset() or after the episode ended")
+            raise RuntimeError(
+                "LongTailEnv.step() called before reset() or after the episode ended"
+            )
         if self.target_turns is None:
             self.target_turns = self.draw_turns(action_text)
         delay = self.draw_step_latency(self.turn, action_text)
@@ -180,7 +209,13 @@ class LongTailEnv:
             "target_turns": float(self.target_turns),
             "step_latency_s": delay,
         }
-        return self._observation(self.turn, action_text), reward, terminated, False, {"metrics": metrics}
+        return (
+            self._observation(self.turn, action_text),
+            reward,
+            terminated,
+            False,
+            {"metrics": metrics},
+        )
 
     def close(self) -> None:
         self.done = True

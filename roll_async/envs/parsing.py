@@ -45,9 +45,13 @@ class ActionParser:
         try:
             self.regex = re.compile(pattern, re.DOTALL)
         except re.error as e:
-            raise ValueError(f"action_pattern {pattern!r} is not a valid regex: {e}") from e
+            raise ValueError(
+                f"action_pattern {pattern!r} is not a valid regex: {e}"
+            ) from e
         if self.regex.groups < 1:
-            raise ValueError(f"action_pattern {pattern!r} needs one capture group around the action")
+            raise ValueError(
+                f"action_pattern {pattern!r} needs one capture group around the action"
+            )
         if max_actions < 1:
             raise ValueError(f"max_actions must be >= 1, got {max_actions}")
         self.pattern = pattern
@@ -59,25 +63,40 @@ class ActionParser:
     def parse(self, text: str) -> ParsedAction:
         matches = self.regex.findall(text or "")
         if not matches:
-            return ParsedAction(error=f"no action found; expected the pattern {self.wrap('...')}")
+            return ParsedAction(
+                error=f"no action found; expected the pattern {self.wrap('...')}"
+            )
         raw = matches[-1]
         raw = raw[0] if isinstance(raw, tuple) else raw
         content = raw.strip()
         if not content:
             return ParsedAction(raw=raw, error="empty action")
-        parts = [p.strip() for p in content.split(self.separator)] if self.separator else [content]
+        parts = (
+            [p.strip() for p in content.split(self.separator)]
+            if self.separator
+            else [content]
+        )
         parts = [p for p in parts if p]
         dropped = max(0, len(parts) - self.max_actions)
         parts = parts[: self.max_actions]
         if self.vocab is None:
-            return ParsedAction(actions=parts, raw=raw, is_valid=True, num_dropped=dropped)
+            return ParsedAction(
+                actions=parts, raw=raw, is_valid=True, num_dropped=dropped
+            )
         actions: list[str] = []
         for p in parts:
             word = self.vocab.get(p.lower())
             if word is None:
-                return ParsedAction(actions=actions, raw=raw, error=f"unknown action {p!r}", num_dropped=dropped)
+                return ParsedAction(
+                    actions=actions,
+                    raw=raw,
+                    error=f"unknown action {p!r}",
+                    num_dropped=dropped,
+                )
             actions.append(word)
-        return ParsedAction(actions=actions, raw=raw, is_valid=True, num_dropped=dropped)
+        return ParsedAction(
+            actions=actions, raw=raw, is_valid=True, num_dropped=dropped
+        )
 
     def wrap(self, action: str) -> str:
         """Render ``action`` the way the pattern expects it (for instructions and expert demos)."""

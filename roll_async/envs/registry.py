@@ -21,8 +21,12 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from roll_async.dotted import resolve_dotted
-from roll_async.envs.adapters import adapter_class, make_adapter_env, split_adapter_env_type
+from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.envs.adapters import (
+    adapter_class,
+    make_adapter_env,
+    split_adapter_env_type,
+)
 from roll_async.envs.base import build_config
 from roll_async.envs.code import CodeEnv
 from roll_async.envs.countdown import CountdownEnv
@@ -57,10 +61,14 @@ def register_env(name: str, cls: type | None = None, *, overwrite: bool = False)
     if cls is None:
         return lambda c: register_env(name, c, overwrite=overwrite)
     if not name or ":" in name:
-        raise ValueError(f"env name {name!r} must be non-empty and contain no ':' (that marks a dotted path)")
+        raise ValueError(
+            f"env name {name!r} must be non-empty and contain no ':' (that marks a dotted path)"
+        )
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
-        raise TypeError(f"{cls!r} cannot be registered as env {name!r}: it has no {', '.join(missing)} method")
+        raise TypeError(
+            f"{cls!r} cannot be registered as env {name!r}: it has no {', '.join(missing)} method"
+        )
     old = _REGISTRY.get(name)
     if old is not None and old is not cls and not overwrite:
         raise ValueError(
@@ -84,7 +92,9 @@ def resolve_env_class(env_type: str) -> type:
     if ":" in env_type:
         obj = resolve_dotted(env_type, f"env_type {env_type!r}")
         if not isinstance(obj, type):
-            raise ValueError(f"env_type {env_type!r} names {obj!r}, which is not a class")
+            raise ValueError(
+                f"env_type {env_type!r} names {obj!r}, which is not a class"
+            )
         return obj
     raise ValueError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
@@ -106,11 +116,15 @@ def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
     return cls(**kwargs)
 
 
-def _check_kwargs(init: Callable[..., Any], kwargs: dict[str, Any], env_type: str) -> None:
+def _check_kwargs(
+    init: Callable[..., Any], kwargs: dict[str, Any], env_type: str
+) -> None:
     params = list(inspect.signature(init).parameters.values())[1:]  # drop self
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return
-    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    accepted = [
+        p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     for key in kwargs:
         if key not in accepted:
             raise ValueError(

@@ -11,7 +11,9 @@ RGB = tuple[int, int, int]
 CellStyle = tuple[RGB, str | None, RGB]
 
 
-def draw_grid(cells: Sequence[Sequence[str]], styles: Mapping[str, CellStyle], cell_size: int = 32) -> Image.Image:
+def draw_grid(
+    cells: Sequence[Sequence[str]], styles: Mapping[str, CellStyle], cell_size: int = 32
+) -> Image.Image:
     """One square per cell, styled by the cell's text symbol; thin grid lines keep cells countable."""
     rows, cols = len(cells), len(cells[0])
     img = Image.new("RGB", (cols * cell_size, rows * cell_size), (255, 255, 255))

@@ -72,16 +72,22 @@ class RetrievalQAConfig(EnvConfig):
         if self.split not in ("train", "val", "all"):
             raise ValueError(f"split must be train, val or all, got {self.split!r}")
         if self.reward_metric not in ("em", "f1"):
-            raise ValueError(f"reward_metric must be em or f1, got {self.reward_metric!r}")
+            raise ValueError(
+                f"reward_metric must be em or f1, got {self.reward_metric!r}"
+            )
         if int(self.top_k) < 1 or int(self.max_searches) < 0:
-            raise ValueError(f"top_k must be >= 1 and max_searches >= 0, got {self.top_k}, {self.max_searches}")
+            raise ValueError(
+                f"top_k must be >= 1 and max_searches >= 0, got {self.top_k}, {self.max_searches}"
+            )
         self.top_k, self.max_searches = int(self.top_k), int(self.max_searches)
         if self.corpus_path is not None and not Path(self.corpus_path).is_file():
             raise ValueError(f"corpus_path {self.corpus_path!r} is not a file")
         try:
             re.compile(self.search_pattern)
         except re.error as e:
-            raise ValueError(f"search_pattern {self.search_pattern!r} is not a valid regex: {e}") from e
+            raise ValueError(
+                f"search_pattern {self.search_pattern!r} is not a valid regex: {e}"
+            ) from e
 
 
 class BM25:
@@ -104,7 +110,12 @@ class BM25:
             for t in terms:
                 f = tf.get(t, 0)
                 if f:
-                    s += self.idf[t] * f * (self.k1 + 1) / (f + self.k1 * (1 - self.b + self.b * length / self.avg_len))
+                    s += (
+                        self.idf[t]
+                        * f
+                        * (self.k1 + 1)
+                        / (f + self.k1 * (1 - self.b + self.b * length / self.avg_len))
+                    )
             out.append(s)
         return out
 
@@ -126,7 +137,9 @@ def normalize_answer(text: str) -> str:
 
 
 def exact_match(prediction: str, answers: list[str]) -> float:
-    return float(any(normalize_answer(prediction) == normalize_answer(a) for a in answers))
+    return float(
+        any(normalize_answer(prediction) == normalize_answer(a) for a in answers)
+    )
 
 
 def f1_score(prediction: str, answers: list[str]) -> float:
@@ -147,7 +160,9 @@ class RetrievalQAEnv(BaseEnv):
     config_cls: ClassVar[type] = RetrievalQAConfig
     multi_action: ClassVar[bool] = False
 
-    def __init__(self, config: RetrievalQAConfig | dict | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, config: RetrievalQAConfig | dict | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: RetrievalQAConfig
         self._search_re = re.compile(self.config.search_pattern, re.DOTALL)
@@ -162,12 +177,20 @@ class RetrievalQAEnv(BaseEnv):
 
     def _load(self) -> None:
         """Read and index the corpus on first use, so constructing the env stays cheap."""
-        data = json.loads(Path(self.config.corpus_path or DEFAULT_CORPUS).read_text(encoding="utf-8"))
+        data = json.loads(
+            Path(self.config.corpus_path or DEFAULT_CORPUS).read_text(encoding="utf-8")
+        )
         self.passages = data["passages"]
         split = self.config.split
-        self.questions = [q for q in data["questions"] if split == "all" or q.get("split", "train") == split]
+        self.questions = [
+            q
+            for q in data["questions"]
+            if split == "all" or q.get("split", "train") == split
+        ]
         if not self.questions:
-            raise ValueError(f"corpus {self.config.corpus_path or DEFAULT_CORPUS} has no questions in split {split!r}")
+            raise ValueError(
+                f"corpus {self.config.corpus_path or DEFAULT_CORPUS} has no questions in split {split!r}"
+            )
         self.bm25 = BM25([f"{p['title']} {p['text']}" for p in self.passages])
 
     def _reset(self, seed: int) -> None:
@@ -188,7 +211,9 @@ class RetrievalQAEnv(BaseEnv):
             if not query:
                 return ParsedAction(raw=search.group(1), error="empty search query")
             return ParsedAction(actions=[f"search: {query}"], raw=query, is_valid=True)
-        parsed = self.parser.parse(action_text[: answer.end()] if answer else action_text)
+        parsed = self.parser.parse(
+            action_text[: answer.end()] if answer else action_text
+        )
         parsed.actions = [f"answer: {a}" for a in parsed.actions]
         if parsed.error and parsed.error.startswith("no action found"):
             parsed.error = (
@@ -202,14 +227,17 @@ class RetrievalQAEnv(BaseEnv):
         cfg = self.config
         if kind == "search":
             if self.searches >= cfg.max_searches:
-                raise InvalidAction(f"no searches left (limit {cfg.max_searches}); answer now")
+                raise InvalidAction(
+                    f"no searches left (limit {cfg.max_searches}); answer now"
+                )
             self.searches += 1
             assert self.bm25 is not None
             hits = self.bm25.search(text, cfg.top_k)
             self.retrieved |= {self.passages[i]["id"] for i, _ in hits}
             lines = [f'Search results for "{text}":']
             lines += [
-                f"[{n}] {self.passages[i]['title']}: {self.passages[i]['text']}" for n, (i, _) in enumerate(hits, 1)
+                f"[{n}] {self.passages[i]['title']}: {self.passages[i]['text']}"
+                for n, (i, _) in enumerate(hits, 1)
             ]
             if not hits:
                 lines.append("No passage matches.")
@@ -220,12 +248,23 @@ class RetrievalQAEnv(BaseEnv):
         self.em, self.f1 = exact_match(text, answers), f1_score(text, answers)
         self.success = self.em == 1.0
         self.done = True
-        self.results_text = "Your answer is correct." if self.success else "Your answer is not correct."
-        return cfg.answer_reward * (self.em if cfg.reward_metric == "em" else self.f1), True, ""
+        self.results_text = (
+            "Your answer is correct." if self.success else "Your answer is not correct."
+        )
+        return (
+            cfg.answer_reward * (self.em if cfg.reward_metric == "em" else self.f1),
+            True,
+            "",
+        )
 
     def extra_metrics(self) -> dict[str, float | bool]:
         hit = bool(set(self.question.get("passage_ids", [])) & self.retrieved)
-        return {"num_searches": float(self.searches), "exact_match": self.em, "f1": self.f1, "retrieval_hit": hit}
+        return {
+            "num_searches": float(self.searches),
+            "exact_match": self.em,
+            "f1": self.f1,
+            "retrieval_hit": hit,
+        }
 
     def render_text(self) -> str:
         return self.results_text or f"Question: {self.question['question']}"
@@ -244,8 +283,13 @@ class RetrievalQAEnv(BaseEnv):
         """Whole tagged responses: a search for each gold passage's title (as searches allow), then the answer."""
         titles = {p["id"]: p["title"] for p in self.passages}
         left = self.config.max_searches - self.searches
-        searches = [wrap_with_pattern(self.config.search_pattern, titles[pid]) for pid in self.question["passage_ids"]]
-        return searches[: max(0, left)] + [self.parser.wrap(self.question["answers"][0])]
+        searches = [
+            wrap_with_pattern(self.config.search_pattern, titles[pid])
+            for pid in self.question["passage_ids"]
+        ]
+        return searches[: max(0, left)] + [
+            self.parser.wrap(self.question["answers"][0])
+        ]
 
     def expert_responses(self) -> list[str] | None:
         return self.solve()

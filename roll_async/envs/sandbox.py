@@ -77,7 +77,7 @@ if guard_net:
 del os, resource, fd, cpu_s, memory, fsize, nproc, guard_net
 sys.argv = ["solution.py"]
 exec(compile(source, "solution.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-""" % {"nobody": _NOBODY, "preload": _PRELOAD}
+""" % {"nobody": _NOBODY, "preload": _PRELOAD}  # noqa: UP031 (a %-template keeps the braces of the code it holds)
 
 
 @dataclass
@@ -126,7 +126,12 @@ def network_isolation() -> str:
     if unshare is None:
         return "socket_guard"
     try:
-        ok = subprocess.run([unshare, "--net", "true"], capture_output=True, timeout=10).returncode == 0
+        ok = (
+            subprocess.run(
+                [unshare, "--net", "true"], capture_output=True, timeout=10
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         ok = False
     return "netns" if ok else "socket_guard"
@@ -144,15 +149,31 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         else:
             guard_net = 1
     args = [
-        sys.executable, "-I", "-S", "-c", _RUNNER,
-        str(max(1, math.ceil(limits.cpu_s))), str(int(limits.memory_mb) * 1024 * 1024), str(fsize),
-        str(max(1, int(limits.max_processes))), str(guard_net),
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _RUNNER,
+        str(max(1, math.ceil(limits.cpu_s))),
+        str(int(limits.memory_mb) * 1024 * 1024),
+        str(fsize),
+        str(max(1, int(limits.max_processes))),
+        str(guard_net),
     ]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.monotonic()
         process = subprocess.Popen(
-            prefix + args, stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True, cwd=tempfile.gettempdir(),
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"},
+            prefix + args,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            cwd=tempfile.gettempdir(),
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "LANG": "C.UTF-8",
+                "PYTHONIOENCODING": "utf-8",
+            },
         )
         timed_out = False
         try:
@@ -169,7 +190,12 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     truncated = out_full or err_full
     if timed_out:
         status = "timeout"
-    elif code_ is not None and code_ < 0 and -code_ in (signal.SIGXCPU, signal.SIGKILL) and seconds >= limits.cpu_s * 0.5:
+    elif (
+        code_ is not None
+        and code_ < 0
+        and -code_ in (signal.SIGXCPU, signal.SIGKILL)
+        and seconds >= limits.cpu_s * 0.5
+    ):
         status = "cpu_limit"
     elif "MemoryError" in stderr:
         status = "memory_limit"
@@ -179,7 +205,14 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         status = "killed"
     else:
         status = "ok" if code_ == 0 else "error"
-    return SandboxResult(stdout=stdout, stderr=stderr, exit_code=code_, status=status, seconds=seconds, output_truncated=truncated)
+    return SandboxResult(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=code_,
+        status=status,
+        seconds=seconds,
+        output_truncated=truncated,
+    )
 
 
 def _kill_group(pid: int) -> None:

@@ -30,7 +30,12 @@ import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 
-MOVES: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+MOVES: dict[str, tuple[int, int]] = {
+    "Up": (-1, 0),
+    "Down": (1, 0),
+    "Left": (0, -1),
+    "Right": (0, 1),
+}
 _OPPOSITE = {"Up": "Down", "Down": "Up", "Left": "Right", "Right": "Left"}
 
 
@@ -50,7 +55,9 @@ class SlidingPuzzleConfig(EnvConfig):
         if self.size < 2:
             raise ValueError(f"size must be >= 2, got {self.size}")
         if self.num_scramble < 1:
-            raise ValueError(f"num_scramble must be >= 1 (0 would start solved), got {self.num_scramble}")
+            raise ValueError(
+                f"num_scramble must be >= 1 (0 would start solved), got {self.num_scramble}"
+            )
 
 
 class SlidingPuzzleEnv(BaseEnv):
@@ -59,7 +66,9 @@ class SlidingPuzzleEnv(BaseEnv):
     config_cls: ClassVar[type] = SlidingPuzzleConfig
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)
 
-    def __init__(self, config: SlidingPuzzleConfig | dict | None = None, **kwargs) -> None:
+    def __init__(
+        self, config: SlidingPuzzleConfig | dict | None = None, **kwargs
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: SlidingPuzzleConfig
         n = self.config.size
@@ -73,7 +82,11 @@ class SlidingPuzzleEnv(BaseEnv):
             self.board = list(self.goal)
             last = None
             for _ in range(self.config.num_scramble):
-                options = [m for m in MOVES if m != _OPPOSITE.get(last or "") and _slide(self.board, n, m)]
+                options = [
+                    m
+                    for m in MOVES
+                    if m != _OPPOSITE.get(last or "") and _slide(self.board, n, m)
+                ]
                 last = options[int(rng.integers(len(options)))]
                 self.board = _slide(self.board, n, last)  # type: ignore[assignment]
             if tuple(self.board) != self.goal:
@@ -95,7 +108,11 @@ class SlidingPuzzleEnv(BaseEnv):
         return cfg.step_penalty, True, ""
 
     def extra_metrics(self) -> dict[str, float | bool]:
-        return {"tiles_in_place": float(sum(1 for a, b in zip(self.board, self.goal) if a == b and a != 0))}
+        return {
+            "tiles_in_place": float(
+                sum(1 for a, b in zip(self.board, self.goal) if a == b and a != 0)
+            )
+        }
 
     def render_text(self) -> str:
         return format_board(self.board, self.config.size)
@@ -137,12 +154,18 @@ def _slide(board: list[int] | tuple[int, ...], n: int, move: str) -> list[int] |
     return out
 
 
-def solve_sliding(board: tuple[int, ...], n: int, max_nodes: int = 200_000) -> list[str] | None:
+def solve_sliding(
+    board: tuple[int, ...], n: int, max_nodes: int = 200_000
+) -> list[str] | None:
     """A* over boards; Manhattan distance is admissible, so the first goal popped is optimal."""
     goal = tuple(list(range(1, n * n)) + [0])
 
     def h(b: tuple[int, ...]) -> int:
-        return sum(abs(i // n - (v - 1) // n) + abs(i % n - (v - 1) % n) for i, v in enumerate(b) if v)
+        return sum(
+            abs(i // n - (v - 1) // n) + abs(i % n - (v - 1) % n)
+            for i, v in enumerate(b)
+            if v
+        )
 
     best = {board: 0}
     parent: dict[tuple[int, ...], tuple[tuple[int, ...], str] | None] = {board: None}

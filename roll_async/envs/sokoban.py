@@ -38,7 +38,12 @@ from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.render import draw_grid
 
 Pos = tuple[int, int]
-MOVES: dict[str, Pos] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+MOVES: dict[str, Pos] = {
+    "Up": (-1, 0),
+    "Down": (1, 0),
+    "Left": (0, -1),
+    "Right": (0, 1),
+}
 _MASKS = [
     ((0, 0, 0), (1, 1, 1), (0, 0, 0)),
     ((0, 1, 0), (0, 1, 0), (0, 1, 0)),
@@ -74,7 +79,9 @@ class SokobanConfig(EnvConfig):
         super().__post_init__()
         dim = tuple(int(d) for d in self.dim_room)
         if len(dim) != 2 or min(dim) < 4:
-            raise ValueError(f"dim_room must be two sizes >= 4 (the border is wall), got {self.dim_room}")
+            raise ValueError(
+                f"dim_room must be two sizes >= 4 (the border is wall), got {self.dim_room}"
+            )
         self.dim_room = dim  # type: ignore[assignment]
         self.num_boxes = int(self.num_boxes)
         interior = (dim[0] - 2) * (dim[1] - 2)
@@ -135,7 +142,9 @@ class SokobanEnv(BaseEnv):
                 return reward, False, ""
             self.boxes.remove(nxt)
             self.boxes.add(beyond)
-            reward += cfg.box_on_target_reward * ((beyond in self.targets) - (nxt in self.targets))
+            reward += cfg.box_on_target_reward * (
+                (beyond in self.targets) - (nxt in self.targets)
+            )
         self.player = nxt
         if self.boxes <= self.targets:
             self.success = True
@@ -192,11 +201,17 @@ class SokobanEnv(BaseEnv):
     # ---- solver -----------------------------------------------------------------
     def solve(self, max_states: int = 200_000) -> list[str] | None:
         """Shortest move sequence from the current state (BFS over player and box positions)."""
-        return solve_sokoban(self.walls, self.targets, frozenset(self.boxes), self.player, max_states)
+        return solve_sokoban(
+            self.walls, self.targets, frozenset(self.boxes), self.player, max_states
+        )
 
 
 def _generate_room(
-    rng: np.random.Generator, dim: tuple[int, int], num_boxes: int, search_depth: int, max_states: int = 20_000
+    rng: np.random.Generator,
+    dim: tuple[int, int],
+    num_boxes: int,
+    search_depth: int,
+    max_states: int = 20_000,
 ) -> tuple[frozenset[Pos], frozenset[Pos], frozenset[Pos], Pos] | None:
     """One attempt: carve a room, put the boxes on their targets, search backwards; None if nothing moved."""
     rows, cols = dim
@@ -217,7 +232,9 @@ def _generate_room(
         return None
     pick = rng.permutation(len(cells))
     targets = frozenset(cells[i] for i in pick[:num_boxes])
-    walls = frozenset((i, j) for i in range(rows) for j in range(cols) if not floor[i, j])
+    walls = frozenset(
+        (i, j) for i in range(rows) for j in range(cols) if not floor[i, j]
+    )
 
     # Reverse BFS from every solved state: a step moves the player and may pull the box behind it
     # (an undone push). The BFS depth of a state is exactly its forward optimal solution length.
@@ -251,7 +268,11 @@ def _generate_room(
 
 
 def solve_sokoban(
-    walls: frozenset[Pos], targets: frozenset[Pos], boxes: frozenset[Pos], player: Pos, max_states: int = 200_000
+    walls: frozenset[Pos],
+    targets: frozenset[Pos],
+    boxes: frozenset[Pos],
+    player: Pos,
+    max_states: int = 200_000,
 ) -> list[str] | None:
     """BFS over (player, boxes); prunes boxes pushed into a non-target corner. None if unsolved within max_states."""
     if boxes <= targets:

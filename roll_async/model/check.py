@@ -76,7 +76,9 @@ class SampledConversation:
     #: True when every request's prompt was exactly the ids built so far.
     prompts_exact: bool = True
 
-    def append(self, ids: list[int], generated: bool, logprobs: list[float] | None = None) -> None:
+    def append(
+        self, ids: list[int], generated: bool, logprobs: list[float] | None = None
+    ) -> None:
         self.token_ids += ids
         self.response_mask += [int(generated)] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
@@ -88,16 +90,22 @@ def read_chat_template(path: str | None) -> str | None:
         return None
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"model.chat_template={path!r} does not exist; point it at a Jinja chat template file")
+        raise FileNotFoundError(
+            f"model.chat_template={path!r} does not exist; point it at a Jinja chat template file"
+        )
     return file.read_text()
 
 
-async def sample_conversation(engine: Any, builder: Any, settings: CheckSettings, request_prefix: str = "check") -> SampledConversation:
+async def sample_conversation(
+    engine: Any, builder: Any, settings: CheckSettings, request_prefix: str = "check"
+) -> SampledConversation:
     """Play ``settings.turns`` turns against ``engine`` (a VLLMEngine or EngineClient) the way an EnvManager does."""
-    from roll_async.protocol import GenerationRequest
+    from roll_async.trajectory import GenerationRequest
 
     conversation = SampledConversation(user_texts=list(_USER_TURNS[: settings.turns]))
-    conversation.append(builder.first_turn_ids(conversation.user_texts[0]), generated=False)
+    conversation.append(
+        builder.first_turn_ids(conversation.user_texts[0]), generated=False
+    )
     for turn in range(settings.turns):
         prompt = list(conversation.token_ids)
         result = await engine.generate(
@@ -112,30 +120,47 @@ async def sample_conversation(engine: Any, builder: Any, settings: CheckSettings
             )
         )
         conversation.prompts_exact &= result.num_prompt_tokens in (0, len(prompt))
-        conversation.append(result.output_token_ids, generated=True, logprobs=result.logprobs)
+        conversation.append(
+            result.output_token_ids, generated=True, logprobs=result.logprobs
+        )
         conversation.generated.append(list(result.output_token_ids))
         if turn + 1 < settings.turns:
-            delta = builder.closure_ids_after(result.output_token_ids) + builder.user_delta_ids(conversation.user_texts[turn + 1])
+            delta = builder.closure_ids_after(
+                result.output_token_ids
+            ) + builder.user_delta_ids(conversation.user_texts[turn + 1])
             conversation.append(delta, generated=False)
     return conversation
 
 
 def trainer_logprob_gap(
-    trainer: Any, conversation: SampledConversation, pad_token_id: int, sampling: Any = None
+    trainer: Any,
+    conversation: SampledConversation,
+    pad_token_id: int,
+    sampling: Any = None,
 ) -> tuple[float, float, int]:
     """(max, mean) |engine - trainer| logprob over the generated tokens, and how many tokens were compared.
 
     The trainer scores under ``sampling`` (a SamplingSettings: the engine's temperature/top-p/top-k), as in training.
     """
-    from roll_async.batching import collate_trajectories
-    from roll_async.protocol import Trajectory
     from roll_async.sampling import SamplingSettings
+    from roll_async.trainer.collate import collate_trajectories
+    from roll_async.trajectory import Trajectory
 
     trajectory = Trajectory(
-        tag="check", group_id=0, episode_id=0, env_id=0, seed=0, traj_id="check", created_step=0,
-        token_ids=conversation.token_ids, response_mask=conversation.response_mask, logprobs=conversation.logprobs,
+        tag="check",
+        group_id=0,
+        episode_id=0,
+        env_id=0,
+        seed=0,
+        traj_id="check",
+        created_step=0,
+        token_ids=conversation.token_ids,
+        response_mask=conversation.response_mask,
+        logprobs=conversation.logprobs,
     )
-    batch = collate_trajectories([trajectory], pad_token_id=pad_token_id, sampling=sampling or SamplingSettings())
+    batch = collate_trajectories(
+        [trajectory], pad_token_id=pad_token_id, sampling=sampling or SamplingSettings()
+    )
     scored = trainer.compute_logprobs(batch)[0]
     mask = batch.response_mask[0].bool()
     gaps = (scored[mask] - batch.old_logprobs[0][mask]).abs()
@@ -152,7 +177,9 @@ def perturb_weights(model: Any, seed: int, scale: float = PERTURB_SCALE) -> None
     with torch.no_grad():
         for param in model.parameters():
             magnitude = float(param.detach().abs().mean()) or 1.0
-            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.device, param.dtype)
+            noise = torch.randn(
+                param.shape, generator=generator, dtype=torch.float32
+            ).to(param.device, param.dtype)
             param.add_(noise * magnitude * scale)
 
 
@@ -166,17 +193,34 @@ def _fails(check: str, detail: str, fix: str) -> CheckRow:
     return CheckRow(check, "FAIL", detail, fix)
 
 
-def check_template(tokenizer: Any, settings: CheckSettings) -> tuple[list[CheckRow], Any]:
+def check_template(
+    tokenizer: Any, settings: CheckSettings
+) -> tuple[list[CheckRow], Any]:
     """The template rows and a ChatPromptBuilder (None when the template is unusable)."""
-    from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+    from roll_async.errors import ChatTemplateError
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder
 
     try:
-        builder = ChatPromptBuilder(tokenizer, settings.system_prompt, chat_template=read_chat_template(settings.chat_template))
+        builder = ChatPromptBuilder(
+            tokenizer,
+            settings.system_prompt,
+            chat_template=read_chat_template(settings.chat_template),
+        )
         behaviour = builder.describe()
     except ChatTemplateError as exc:
-        return [_fails("chat template", str(exc).split(";")[0], "set model.chat_template to a template file that keeps every message")], None
+        return [
+            _fails(
+                "chat template",
+                str(exc).split(";")[0],
+                "set model.chat_template to a template file that keeps every message",
+            )
+        ], None
     rows = [
-        CheckRow("template append-only", "info", "yes" if behaviour.append_only else "no: " + "; ".join(behaviour.notes)),
+        CheckRow(
+            "template append-only",
+            "info",
+            "yes" if behaviour.append_only else "no: " + "; ".join(behaviour.notes),
+        ),
         CheckRow("template turn closure", "ok", repr(behaviour.closure)),
         CheckRow("template next user turn", "ok", repr(behaviour.user_turn)),
     ]
@@ -185,105 +229,210 @@ def check_template(tokenizer: Any, settings: CheckSettings) -> tuple[list[CheckR
     return rows, builder
 
 
-async def run_checks(model_dir: str, settings: CheckSettings, also_sampling: list[CheckSettings] | None = None) -> list[CheckRow]:
+async def run_checks(
+    model_dir: str,
+    settings: CheckSettings,
+    also_sampling: list[CheckSettings] | None = None,
+) -> list[CheckRow]:
     """Every check in order; later checks are skipped (not failed) when an earlier one leaves nothing to test.
 
     ``also_sampling``: more sampling settings to sample a conversation at and compare logprobs (same engine).
     """
-    from roll_async.config import EngineConfig, TrainerConfig
-    from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
-    from roll_async.protocol import GenerationRequest
-    from roll_async.tokenization import load_tokenizer
+    from roll_async.config.schema import EngineConfig, TrainerConfig
+    from roll_async.engine.vllm_engine import VLLMEngine
+    from roll_async.errors import EngineStartupError
+    from roll_async.prompts.prompt_builder import load_tokenizer
     from roll_async.trainer.grpo_trainer import GRPOTrainer
+    from roll_async.trajectory import GenerationRequest
 
     path = Path(model_dir).expanduser()
     if not (path / "config.json").is_file():
-        return [_fails("model directory", f"{model_dir!r} has no config.json", "point check-model at a Hugging Face model directory (save_pretrained output)")]
+        return [
+            _fails(
+                "model directory",
+                f"{model_dir!r} has no config.json",
+                "point check-model at a Hugging Face model directory (save_pretrained output)",
+            )
+        ]
     try:
         tokenizer = load_tokenizer(str(path))
     except Exception as exc:
-        return [_fails("tokenizer", f"{type(exc).__name__}: {exc}", "save the tokenizer into the model directory")]
+        return [
+            _fails(
+                "tokenizer",
+                f"{type(exc).__name__}: {exc}",
+                "save the tokenizer into the model directory",
+            )
+        ]
     rows, builder = check_template(tokenizer, settings)
     if builder is None:
         return rows
 
     try:
-        trainer = GRPOTrainer(TrainerConfig(device="cpu", dtype="float32", micro_batch_size=1), str(path), tokenizer=tokenizer)
+        trainer = GRPOTrainer(
+            TrainerConfig(device="cpu", dtype="float32", micro_batch_size=1),
+            str(path),
+            tokenizer=tokenizer,
+        )
         trainer.model.eval()
         rows.append(CheckRow("transformers load", "ok", type(trainer.model).__name__))
     except Exception as exc:
-        rows.append(_fails("transformers load", f"{type(exc).__name__}: {str(exc)[:200]}", "use an architecture transformers supports (or trust_remote_code for a custom one)"))
+        rows.append(
+            _fails(
+                "transformers load",
+                f"{type(exc).__name__}: {str(exc)[:200]}",
+                "use an architecture transformers supports (or trust_remote_code for a custom one)",
+            )
+        )
         return rows
 
     engine = VLLMEngine(
         str(path),
-        EngineConfig(dtype="float32", max_model_len=settings.max_model_len, max_num_seqs=8, cpu_kv_cache_space_gib=settings.cpu_kv_cache_space_gib, seed=settings.seed),
+        EngineConfig(
+            dtype="float32",
+            max_model_len=settings.max_model_len,
+            max_num_seqs=8,
+            cpu_kv_cache_space_gib=settings.cpu_kv_cache_space_gib,
+            seed=settings.seed,
+        ),
     )
     started = time.perf_counter()
     try:
         await engine.start()
     except EngineStartupError as exc:
-        rows.append(_fails("vLLM load", str(exc)[-300:], "use an architecture vLLM supports on this device (see vLLM's supported models list)"))
+        rows.append(
+            _fails(
+                "vLLM load",
+                str(exc)[-300:],
+                "use an architecture vLLM supports on this device (see vLLM's supported models list)",
+            )
+        )
         return rows
     try:
-        rows.append(CheckRow("vLLM load", "ok", f"started in {time.perf_counter() - started:.0f} s"))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        rows.append(
+            CheckRow(
+                "vLLM load", "ok", f"started in {time.perf_counter() - started:.0f} s"
+            )
+        )
+        pad = (
+            tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else (tokenizer.eos_token_id or 0)
+        )
         for index, current in enumerate([settings, *(also_sampling or [])]):
-            rows += await _conversation_rows(engine, builder, trainer, current, pad, with_template_rows=index == 0)
-        rows.append(await _weight_sync_round_trip(engine, trainer, builder, settings, pad, GenerationRequest))
+            rows += await _conversation_rows(
+                engine, builder, trainer, current, pad, with_template_rows=index == 0
+            )
+        rows.append(
+            await _weight_sync_round_trip(
+                engine, trainer, builder, settings, pad, GenerationRequest
+            )
+        )
     finally:
         await engine.shutdown()
     return rows
 
 
-async def _conversation_rows(engine, builder, trainer, settings: CheckSettings, pad: int, with_template_rows: bool) -> list[CheckRow]:
+async def _conversation_rows(
+    engine,
+    builder,
+    trainer,
+    settings: CheckSettings,
+    pad: int,
+    with_template_rows: bool,
+) -> list[CheckRow]:
     """Sample a conversation at ``settings``: token-in/token-out, fresh render, engine vs trainer logprobs."""
-    sampling = f"T={settings.temperature}, top_p={settings.top_p}, top_k={settings.top_k}"
+    sampling = (
+        f"T={settings.temperature}, top_p={settings.top_p}, top_k={settings.top_k}"
+    )
     conversation = await sample_conversation(engine, builder, settings)
     rows = []
     if with_template_rows:
         rows.append(
-            CheckRow("token-in/token-out", "ok" if conversation.prompts_exact else "FAIL",
-                     f"{settings.turns} turns, {sum(conversation.response_mask)} generated of {len(conversation.token_ids)} ids ({sampling})",
-                     "" if conversation.prompts_exact else "the engine saw a different prompt length than the ids built; report a bug")
+            CheckRow(
+                "token-in/token-out",
+                "ok" if conversation.prompts_exact else "FAIL",
+                f"{settings.turns} turns, {sum(conversation.response_mask)} generated of {len(conversation.token_ids)} ids ({sampling})",
+                ""
+                if conversation.prompts_exact
+                else "the engine saw a different prompt length than the ids built; report a bug",
+            )
         )
-        differs = builder.fresh_render_differs(conversation.token_ids, conversation.user_texts, conversation.generated)
-        rows.append(CheckRow("fresh render vs incremental ids", "info",
-                             "differs (the template re-renders earlier turns; the model's own ids are kept)" if differs else "identical text"))
-    worst, average, count = trainer_logprob_gap(trainer, conversation, pad, _sampling_settings(settings))
-    ok = count > 0 and worst <= LOGPROB_MAX_ABS_TOLERANCE and average <= LOGPROB_MEAN_ABS_TOLERANCE
-    rows.append(CheckRow(
-        f"engine vs trainer logprobs ({sampling})", "ok" if ok else "FAIL",
-        f"max |diff| {worst:.2e}, mean {average:.2e} over {count} tokens (tolerance max {LOGPROB_MAX_ABS_TOLERANCE}, mean {LOGPROB_MEAN_ABS_TOLERANCE})",
-        "" if ok else "run engine and trainer in float32 (engine.dtype=float32); the trainer must score under the same sampling settings",
-    ))
+        differs = builder.fresh_render_differs(
+            conversation.token_ids, conversation.user_texts, conversation.generated
+        )
+        rows.append(
+            CheckRow(
+                "fresh render vs incremental ids",
+                "info",
+                "differs (the template re-renders earlier turns; the model's own ids are kept)"
+                if differs
+                else "identical text",
+            )
+        )
+    worst, average, count = trainer_logprob_gap(
+        trainer, conversation, pad, _sampling_settings(settings)
+    )
+    ok = (
+        count > 0
+        and worst <= LOGPROB_MAX_ABS_TOLERANCE
+        and average <= LOGPROB_MEAN_ABS_TOLERANCE
+    )
+    rows.append(
+        CheckRow(
+            f"engine vs trainer logprobs ({sampling})",
+            "ok" if ok else "FAIL",
+            f"max |diff| {worst:.2e}, mean {average:.2e} over {count} tokens (tolerance max {LOGPROB_MAX_ABS_TOLERANCE}, mean {LOGPROB_MEAN_ABS_TOLERANCE})",
+            ""
+            if ok
+            else "run engine and trainer in float32 (engine.dtype=float32); the trainer must score under the same sampling settings",
+        )
+    )
     return rows
 
 
-async def _weight_sync_round_trip(engine, trainer, builder, settings, pad, GenerationRequest) -> CheckRow:
+async def _weight_sync_round_trip(
+    engine, trainer, builder, settings, pad, GenerationRequest
+) -> CheckRow:
     """Perturb, sync, compare: outputs must change and match the perturbed trainer on the same (cached) prompt."""
-    greedy = dataclasses.replace(settings, temperature=0.0, top_p=1.0, top_k=-1, turns=1, max_tokens=16)
+    greedy = dataclasses.replace(
+        settings, temperature=0.0, top_p=1.0, top_k=-1, turns=1, max_tokens=16
+    )
     before = await sample_conversation(engine, builder, greedy, "sync-before")
     perturb_weights(trainer.model, settings.seed + 1)
     await engine.pause("wait")
     try:
-        await engine.update_weights(trainer.state_dict_for_engine(), engine.get_weight_version() + 1)
+        await engine.update_weights(
+            trainer.state_dict_for_engine(), engine.get_weight_version() + 1
+        )
     finally:
         await engine.resume()
     after = await sample_conversation(engine, builder, greedy, "sync-after")
-    worst, average, count = trainer_logprob_gap(trainer, after, pad, _sampling_settings(greedy))
+    worst, average, count = trainer_logprob_gap(
+        trainer, after, pad, _sampling_settings(greedy)
+    )
     changed = before.token_ids != after.token_ids or any(
-        not math.isclose(a, b, abs_tol=1e-3) for a, b in zip(before.logprobs, after.logprobs)
+        not math.isclose(a, b, abs_tol=1e-3)
+        for a, b in zip(before.logprobs, after.logprobs)
     )
     ok = changed and count > 0 and worst <= LOGPROB_MAX_ABS_TOLERANCE
     detail = f"outputs {'changed' if changed else 'UNCHANGED'}; after sync max |engine - trainer| {worst:.2e} over {count} tokens"
-    return CheckRow("weight sync round trip", "ok" if ok else "FAIL", detail,
-                    "" if ok else "the engine did not take all weights (names, tied/fused layers) or reused a stale prefix cache")
+    return CheckRow(
+        "weight sync round trip",
+        "ok" if ok else "FAIL",
+        detail,
+        ""
+        if ok
+        else "the engine did not take all weights (names, tied/fused layers) or reused a stale prefix cache",
+    )
 
 
 def format_table(rows: list[CheckRow]) -> str:
     width = max(len(r.check) for r in rows)
-    lines = [f"{'check'.ljust(width)}  status  detail", f"{'-' * width}  ------  ------"]
+    lines = [
+        f"{'check'.ljust(width)}  status  detail",
+        f"{'-' * width}  ------  ------",
+    ]
     for row in rows:
         lines.append(f"{row.check.ljust(width)}  {row.status.ljust(6)}  {row.detail}")
         if row.fix:
@@ -295,5 +444,7 @@ def main(model_dir: str, settings: CheckSettings) -> int:
     rows = asyncio.run(run_checks(model_dir, settings))
     print(format_table(rows))
     failed = [r for r in rows if r.status == "FAIL"]
-    print(f"\n{model_dir}: {'FAILED: ' + ', '.join(r.check for r in failed) if failed else 'all checks passed'}")
+    print(
+        f"\n{model_dir}: {'FAILED: ' + ', '.join(r.check for r in failed) if failed else 'all checks passed'}"
+    )
     return 1 if failed else 0

@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, is_current_build, tiny_shape, write_model_dir
+from roll_async.model.tiny import (
+    _train_tokenizer,
+    default_tiny_model_dir,
+    is_current_build,
+    tiny_shape,
+    write_model_dir,
+)
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
 ZOO_BUILD_ID = "zoo-v1"
@@ -181,7 +187,10 @@ class Family:
 
 
 def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[str, Any]:
-    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in [family.eos_token, *family.extra_eos_tokens]]
+    eos_ids = [
+        tokenizer.convert_tokens_to_ids(t)
+        for t in [family.eos_token, *family.extra_eos_tokens]
+    ]
     bos = family.bos_token or family.pad_token
     return dict(
         **tiny_shape(len(tokenizer), hidden, layers, HEAD_DIM),
@@ -195,13 +204,21 @@ def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[st
 def _qwen2(tokenizer, family, hidden, layers):
     from transformers import Qwen2Config
 
-    return Qwen2Config(**_common(tokenizer, family, hidden, layers), rope_theta=1000000.0, tie_word_embeddings=True)
+    return Qwen2Config(
+        **_common(tokenizer, family, hidden, layers),
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    )
 
 
 def _qwen3(tokenizer, family, hidden, layers):
     from transformers import Qwen3Config
 
-    return Qwen3Config(**_common(tokenizer, family, hidden, layers), rope_theta=1000000.0, tie_word_embeddings=True)
+    return Qwen3Config(
+        **_common(tokenizer, family, hidden, layers),
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    )
 
 
 def _qwen3_moe(tokenizer, family, hidden, layers):
@@ -222,13 +239,22 @@ def _qwen3_moe(tokenizer, family, hidden, layers):
 def _llama(tokenizer, family, hidden, layers):
     from transformers import LlamaConfig
 
-    return LlamaConfig(**_common(tokenizer, family, hidden, layers), rope_theta=500000.0, tie_word_embeddings=False)
+    return LlamaConfig(
+        **_common(tokenizer, family, hidden, layers),
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+    )
 
 
 def _mistral(tokenizer, family, hidden, layers):
     from transformers import MistralConfig
 
-    return MistralConfig(**_common(tokenizer, family, hidden, layers), rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False)
+    return MistralConfig(
+        **_common(tokenizer, family, hidden, layers),
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    )
 
 
 def _gemma3(tokenizer, family, hidden, layers):
@@ -251,46 +277,98 @@ def _phi3(tokenizer, family, hidden, layers):
 
     kwargs = _common(tokenizer, family, hidden, layers)
     kwargs.pop("head_dim")  # Phi3 derives it from hidden_size / num_attention_heads
-    return Phi3Config(**kwargs, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False)
+    return Phi3Config(
+        **kwargs, rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False
+    )
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
         Family(
-            "qwen2_5", "Qwen2ForCausalLM", QWEN2_5_TEMPLATE, _CHATML, "<|im_end|>", "<|endoftext|>",
-            summary="ChatML, default system prompt, append-only", make_config=_qwen2,
+            "qwen2_5",
+            "Qwen2ForCausalLM",
+            QWEN2_5_TEMPLATE,
+            _CHATML,
+            "<|im_end|>",
+            "<|endoftext|>",
+            summary="ChatML, default system prompt, append-only",
+            make_config=_qwen2,
         ),
         Family(
-            "qwen3", "Qwen3ForCausalLM", QWEN3_TEMPLATE, _CHATML, "<|im_end|>", "<|endoftext|>",
+            "qwen3",
+            "Qwen3ForCausalLM",
+            QWEN3_TEMPLATE,
+            _CHATML,
+            "<|im_end|>",
+            "<|endoftext|>",
             added_tokens=["<think>", "</think>"],
-            summary="ChatML, strips <think> from earlier replies, enable_thinking", make_config=_qwen3,
+            summary="ChatML, strips <think> from earlier replies, enable_thinking",
+            make_config=_qwen3,
         ),
         Family(
-            "qwen3_moe", "Qwen3MoeForCausalLM", QWEN3_TEMPLATE, _CHATML, "<|im_end|>", "<|endoftext|>",
+            "qwen3_moe",
+            "Qwen3MoeForCausalLM",
+            QWEN3_TEMPLATE,
+            _CHATML,
+            "<|im_end|>",
+            "<|endoftext|>",
             added_tokens=["<think>", "</think>"],
-            summary="Qwen3 template, mixture-of-experts MLP (4 experts, top-2)", make_config=_qwen3_moe,
+            summary="Qwen3 template, mixture-of-experts MLP (4 experts, top-2)",
+            make_config=_qwen3_moe,
         ),
         Family(
-            "llama3", "LlamaForCausalLM", LLAMA3_TEMPLATE,
-            ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|finetune_right_pad_id|>"],
-            "<|eot_id|>", "<|finetune_right_pad_id|>", bos_token="<|begin_of_text|>", extra_eos_tokens=["<|end_of_text|>"],
-            summary="BOS, header tokens, system turn always rendered, content trimmed", make_config=_llama,
+            "llama3",
+            "LlamaForCausalLM",
+            LLAMA3_TEMPLATE,
+            [
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eot_id|>",
+                "<|finetune_right_pad_id|>",
+            ],
+            "<|eot_id|>",
+            "<|finetune_right_pad_id|>",
+            bos_token="<|begin_of_text|>",
+            extra_eos_tokens=["<|end_of_text|>"],
+            summary="BOS, header tokens, system turn always rendered, content trimmed",
+            make_config=_llama,
         ),
         Family(
-            "mistral", "MistralForCausalLM", MISTRAL_TEMPLATE, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
-            "</s>", "<unk>", bos_token="<s>",
-            summary="BOS, [INST] turns, system prompt merged into the last user message", make_config=_mistral,
+            "mistral",
+            "MistralForCausalLM",
+            MISTRAL_TEMPLATE,
+            ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+            "</s>",
+            "<unk>",
+            bos_token="<s>",
+            summary="BOS, [INST] turns, system prompt merged into the last user message",
+            make_config=_mistral,
         ),
         Family(
-            "gemma3", "Gemma3ForCausalLM", GEMMA3_TEMPLATE, ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
-            "<eos>", "<pad>", bos_token="<bos>", extra_eos_tokens=["<end_of_turn>"],
-            summary="BOS, no system role (prefixed to the first user turn), sliding-window layers", make_config=_gemma3,
+            "gemma3",
+            "Gemma3ForCausalLM",
+            GEMMA3_TEMPLATE,
+            ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+            "<eos>",
+            "<pad>",
+            bos_token="<bos>",
+            extra_eos_tokens=["<end_of_turn>"],
+            summary="BOS, no system role (prefixed to the first user turn), sliding-window layers",
+            make_config=_gemma3,
         ),
         Family(
-            "phi3", "Phi3ForCausalLM", PHI3_TEMPLATE, ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
-            "<|endoftext|>", "<|endoftext|>", extra_eos_tokens=["<|end|>"],
-            summary="<|role|> tags + <|end|>; EOS appended when no generation prompt", make_config=_phi3,
+            "phi3",
+            "Phi3ForCausalLM",
+            PHI3_TEMPLATE,
+            ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+            "<|endoftext|>",
+            "<|endoftext|>",
+            extra_eos_tokens=["<|end|>"],
+            summary="<|role|> tags + <|end|>; EOS appended when no generation prompt",
+            make_config=_phi3,
         ),
     ]
 }
@@ -353,5 +431,9 @@ def build_family_model(
     config.architectures = [family.architecture]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=config.bos_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+    )
     return write_model_dir(out, build_info, model, tokenizer)

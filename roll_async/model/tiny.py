@@ -42,7 +42,9 @@ reward: -0.1 1.0 10.0 success turn step
 
 def default_tiny_model_dir() -> Path:
     """Where the tiny model lives unless told otherwise (``$ROLL_ASYNC_CACHE`` or ~/.cache/roll_async)."""
-    root = Path(os.environ.get("ROLL_ASYNC_CACHE", Path.home() / ".cache" / "roll_async"))
+    root = Path(
+        os.environ.get("ROLL_ASYNC_CACHE", Path.home() / ".cache" / "roll_async")
+    )
     return root / BUILD_ID
 
 
@@ -65,11 +67,22 @@ def _train_tokenizer(
     added_tokens: list[str] | None = None,
 ):
     """The byte-level BPE recipe; the defaults are the tiny Qwen2 model's, the family zoo passes its own tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
-    additional = ["<|im_start|>"] if additional_special_tokens is None else additional_special_tokens
+    additional = (
+        ["<|im_start|>"]
+        if additional_special_tokens is None
+        else additional_special_tokens
+    )
 
     tok = Tokenizer(models.BPE(unk_token=None))
     # Byte-level: every string round-trips, even characters the corpus never showed.
@@ -82,8 +95,12 @@ def _train_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(tokenizer_training_corpus(), trainer=trainer)
-    if added_tokens:  # ordinary (not special) added tokens, e.g. Qwen3's <think>: kept when decoding
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
+    if (
+        added_tokens
+    ):  # ordinary (not special) added tokens, e.g. Qwen3's <think>: kept when decoding
+        tok.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in added_tokens]
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=eos_token,
@@ -97,7 +114,9 @@ def _train_tokenizer(
     )
 
 
-def tiny_shape(vocab_size: int, hidden_size: int, num_layers: int, head_dim: int = 64) -> dict[str, int]:
+def tiny_shape(
+    vocab_size: int, hidden_size: int, num_layers: int, head_dim: int = 64
+) -> dict[str, int]:
     """The size fields every tiny model shares (head_dim 64: vLLM's CPU attention rejects smaller heads)."""
     return dict(
         vocab_size=vocab_size,
@@ -190,7 +209,9 @@ def resolve_model_path(path: str | None) -> str:
     """The model a config names: None means the tiny model (built if missing); a local path must exist."""
     if path is None or path == "tiny":
         return str(build_tiny_model())
-    if path == "tiny-vl":  # the offline tiny vision-language model (roll_async.model.tiny_vl)
+    if (
+        path == "tiny-vl"
+    ):  # the offline tiny vision-language model (roll_async.model.tiny_vl)
         from roll_async.model.tiny_vl import build_tiny_vl_model
 
         return str(build_tiny_vl_model())

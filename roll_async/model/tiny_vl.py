@@ -21,7 +21,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from roll_async.model.tiny import _train_tokenizer, default_tiny_model_dir, is_current_build, tiny_shape, write_model_dir
+from roll_async.model.tiny import (
+    _train_tokenizer,
+    default_tiny_model_dir,
+    is_current_build,
+    tiny_shape,
+    write_model_dir,
+)
 
 #: Bump when the recipe changes, so caches rebuild.
 BUILD_ID = "tiny-idefics3-vl-v1"
@@ -30,9 +36,12 @@ FAMILY = "idefics3_vl"
 
 IMAGE_TOKEN = "<image>"
 #: Idefics3's processor looks these up by name (row/col tags are used only when images are split into tiles).
-IMAGE_SPECIAL_TOKENS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"] + [
-    f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)
-]
+IMAGE_SPECIAL_TOKENS = [
+    "<fake_token_around_image>",
+    IMAGE_TOKEN,
+    "<end_of_utterance>",
+    "<global-img>",
+] + [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
 
 
 def default_tiny_vl_model_dir() -> Path:
@@ -52,11 +61,20 @@ def build_tiny_vl_model(
 ) -> Path:
     """Build (or reuse) the tiny VL model directory (weights, tokenizer, processor) and return its path."""
     import torch
-    from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers import (
+        GenerationConfig,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
 
     if image_size % (patch_size * 2):
-        raise ValueError(f"image_size={image_size} must be a multiple of 2 * patch_size={2 * patch_size}")
+        raise ValueError(
+            f"image_size={image_size} must be a multiple of 2 * patch_size={2 * patch_size}"
+        )
     out = Path(out_dir) if out_dir is not None else default_tiny_vl_model_dir()
     build_info = {
         "build_id": BUILD_ID,
@@ -71,9 +89,13 @@ def build_tiny_vl_model(
         return out
 
     tokenizer = _train_tokenizer(vocab_size)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *IMAGE_SPECIAL_TOKENS]})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<|im_start|>", *IMAGE_SPECIAL_TOKENS]}
+    )
     head_dim = 64
-    image_seq_len = (image_size // patch_size) ** 2 // 4  # pixel shuffle by scale_factor=2
+    image_seq_len = (
+        image_size // patch_size
+    ) ** 2 // 4  # pixel shuffle by scale_factor=2
     config = Idefics3Config(
         text_config=dict(
             model_type="llama",
@@ -100,7 +122,9 @@ def build_tiny_vl_model(
     )
     torch.manual_seed(seed)
     model = Idefics3ForConditionalGeneration(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     image_processor = Idefics3ImageProcessorPil(
         size={"longest_edge": image_size},
         max_image_size={"longest_edge": image_size},
@@ -125,7 +149,9 @@ UNAVAILABLE_VL_FAMILIES = {
 }
 
 
-def build_tiny_vl_family(family: str | None, out_dir: str | None = None, *, force: bool = False) -> Path | None:
+def build_tiny_vl_family(
+    family: str | None, out_dir: str | None = None, *, force: bool = False
+) -> Path | None:
     """Build the VL model when ``family`` names it; None for any other family (a text family builds elsewhere)."""
     if family == FAMILY:
         return build_tiny_vl_model(out_dir, force=force)

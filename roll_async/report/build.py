@@ -15,12 +15,16 @@ _QUEUED_TID = 100_000
 
 
 def _asset(name: str) -> str:
-    return resources.files("roll_async.report").joinpath(name).read_text(encoding="utf-8")
+    return (
+        resources.files("roll_async.report").joinpath(name).read_text(encoding="utf-8")
+    )
 
 
 def render_html(report: ReportData) -> str:
     """The page as one string; the data is JSON in a script tag (``</`` escaped so text cannot close it)."""
-    payload = json.dumps(report.to_json(), separators=(",", ":"), allow_nan=False, default=str)
+    payload = json.dumps(
+        report.to_json(), separators=(",", ":"), allow_nan=False, default=str
+    )
     payload = payload.replace("</", "<\\/").replace("<!--", "<\\!--")
     page = _asset("page.html")
     return (
@@ -41,34 +45,119 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def trace_events(report: ReportData) -> list[dict[str, Any]]:
     """Chrome trace events (Perfetto opens them): one thread per env, complete ("X") events in microseconds."""
-    events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "env instances"}}]
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "env instances"}}
+    ]
     for env_id in report.env_ids:
-        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": env_id,
-                       "args": {"name": f"env {env_id} {report.env_tags.get(env_id, '')}".strip()}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": env_id, "args": {"sort_index": env_id}})
-        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": _QUEUED_TID + env_id,
-                       "args": {"name": f"env {env_id}: queued for the trainer"}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": 1,
+                "tid": env_id,
+                "args": {
+                    "name": f"env {env_id} {report.env_tags.get(env_id, '')}".strip()
+                },
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": 1,
+                "tid": env_id,
+                "args": {"sort_index": env_id},
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": 1,
+                "tid": _QUEUED_TID + env_id,
+                "args": {"name": f"env {env_id}: queued for the trainer"},
+            }
+        )
 
-    def span(name: str, start: float | None, end: float | None, tid: int, cat: str, args: dict[str, Any]) -> None:
+    def span(
+        name: str,
+        start: float | None,
+        end: float | None,
+        tid: int,
+        cat: str,
+        args: dict[str, Any],
+    ) -> None:
         if start is None or end is None or end < start:
             return
-        events.append({"ph": "X", "name": name, "cat": cat, "pid": 1, "tid": tid,
-                       "ts": round(start * 1e6), "dur": max(1, round((end - start) * 1e6)), "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": cat,
+                "pid": 1,
+                "tid": tid,
+                "ts": round(start * 1e6),
+                "dur": max(1, round((end - start) * 1e6)),
+                "args": args,
+            }
+        )
 
     for episode in report.episodes:
         tid = int(episode["env_id"])
-        args = {k: episode[k] for k in ("traj_id", "fate", "reward", "stop_reason", "created_step", "served_step", "straggler")}
+        args = {
+            k: episode[k]
+            for k in (
+                "traj_id",
+                "fate",
+                "reward",
+                "stop_reason",
+                "created_step",
+                "served_step",
+                "straggler",
+            )
+        }
         if episode.get("error"):
             args["error"] = episode["error"]
-        span("waiting for an episode", episode["requested"], episode["start"], tid, "waiting", {})
-        span(f"episode {episode['traj_id']} ({episode['fate']})", episode["start"], episode["end"], tid, "episode", args)
+        span(
+            "waiting for an episode",
+            episode["requested"],
+            episode["start"],
+            tid,
+            "waiting",
+            {},
+        )
+        span(
+            f"episode {episode['traj_id']} ({episode['fate']})",
+            episode["start"],
+            episode["end"],
+            tid,
+            "episode",
+            args,
+        )
         for index, turn in enumerate(episode["turns"]):
-            span(f"generate v{turn['v']}", turn["gs"], turn["gf"], tid, "generate",
-                 {"turn": index, "weight_version": turn["v"], "generated_tokens": turn["n"]})
+            span(
+                f"generate v{turn['v']}",
+                turn["gs"],
+                turn["gf"],
+                tid,
+                "generate",
+                {
+                    "turn": index,
+                    "weight_version": turn["v"],
+                    "generated_tokens": turn["n"],
+                },
+            )
             span("env step", turn["es"], turn["ef"], tid, "env_step", {"turn": index})
         if episode["fate"] == "served":
             # Queued time is the trajectory's, not the env's (which already plays the next episode): its own track.
-            span("queued for the trainer", episode["end"], episode["served"], _QUEUED_TID + tid, "queued", {"traj_id": episode["traj_id"]})
+            span(
+                "queued for the trainer",
+                episode["end"],
+                episode["served"],
+                _QUEUED_TID + tid,
+                "queued",
+                {"traj_id": episode["traj_id"]},
+            )
     return events
 
 
@@ -76,7 +165,10 @@ def write_trace(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``RUN_DIR/trace.json`` (Chrome trace format; open it in https://ui.perfetto.dev or chrome://tracing)."""
     report = load_report_data(run_dir)
     path = Path(out) if out else Path(run_dir) / "trace.json"
-    payload = {"traceEvents": trace_events(report), "displayTimeUnit": "ms",
-               "otherData": {"run_dir": report.run_dir, "t0_unix_s": report.t0}}
+    payload = {
+        "traceEvents": trace_events(report),
+        "displayTimeUnit": "ms",
+        "otherData": {"run_dir": report.run_dir, "t0_unix_s": report.t0},
+    }
     path.write_text(json.dumps(payload, default=str), encoding="utf-8")
     return path

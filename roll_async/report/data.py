@@ -38,7 +38,14 @@ CURVES: list[tuple[str, list[tuple[str, str]]]] = [
         ],
     ),
     ("Loss", [("train/loss", "train/loss")]),
-    ("Step time (s)", [("time/step_rollout", "rollout"), ("time/step_train", "train"), ("time/step_weight_sync", "weight sync")]),
+    (
+        "Step time (s)",
+        [
+            ("time/step_rollout", "rollout"),
+            ("time/step_train", "train"),
+            ("time/step_weight_sync", "weight sync"),
+        ],
+    ),
 ]
 
 #: Longest trajectory text kept in the browser; longer texts are cut in the middle.
@@ -125,14 +132,16 @@ def _rel(value: Any, t0: float) -> float | None:
 def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
     turns = []
     for turn in record.get("turns") or []:
-        turns.append({
-            "gs": _rel(turn.get("generate_started_at"), t0),
-            "gf": _rel(turn.get("generate_finished_at"), t0),
-            "es": _rel(turn.get("env_step_started_at"), t0),
-            "ef": _rel(turn.get("env_step_finished_at"), t0),
-            "v": turn.get("weight_version"),
-            "n": turn.get("generated_tokens"),
-        })
+        turns.append(
+            {
+                "gs": _rel(turn.get("generate_started_at"), t0),
+                "gf": _rel(turn.get("generate_finished_at"), t0),
+                "es": _rel(turn.get("env_step_started_at"), t0),
+                "ef": _rel(turn.get("env_step_finished_at"), t0),
+                "v": turn.get("weight_version"),
+                "n": turn.get("generated_tokens"),
+            }
+        )
     return {
         "traj_id": record.get("traj_id"),
         "env_id": record.get("env_id"),
@@ -163,7 +172,13 @@ def _segments(record: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(text, str):
         segments: list[dict[str, Any]] = []
         for turn in turns:
-            segments.append({"kind": "generated", "text": turn.get("action_text", ""), "turn": turn.get("turn")})
+            segments.append(
+                {
+                    "kind": "generated",
+                    "text": turn.get("action_text", ""),
+                    "turn": turn.get("turn"),
+                }
+            )
             if turn.get("observation"):
                 segments.append({"kind": "context", "text": turn["observation"]})
         return segments
@@ -181,7 +196,9 @@ def _segments(record: dict[str, Any]) -> list[dict[str, Any]]:
     for start, end, turn_index in reversed(found):
         if start > cursor:
             segments.append({"kind": "context", "text": text[cursor:start]})
-        segments.append({"kind": "generated", "text": text[start:end], "turn": turn_index})
+        segments.append(
+            {"kind": "generated", "text": text[start:end], "turn": turn_index}
+        )
         cursor = end
     if cursor < len(text):
         segments.append({"kind": "context", "text": text[cursor:]})
@@ -195,7 +212,9 @@ def _cut_long(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for segment in segments:  # shorten context first: it is the long, repeated part
         if segment["kind"] == "context" and len(segment["text"]) > 400:
             cut = segment["text"]
-            segment["text"] = cut[:200] + f"\n[... {len(cut) - 400} characters ...]\n" + cut[-200:]
+            segment["text"] = (
+                cut[:200] + f"\n[... {len(cut) - 400} characters ...]\n" + cut[-200:]
+            )
     return segments
 
 
@@ -213,7 +232,10 @@ def _browser_entry(record: dict[str, Any], fate: str) -> dict[str, Any]:
         "error": record.get("error"),
         "created_step": record.get("created_step"),
         "served_step": record.get("served_step"),
-        "versions": [record.get("oldest_weight_version"), record.get("newest_weight_version")],
+        "versions": [
+            record.get("oldest_weight_version"),
+            record.get("newest_weight_version"),
+        ],
         "num_tokens": record.get("num_tokens"),
         "response_length": record.get("response_length"),
         "turns": [
@@ -243,16 +265,31 @@ def _mark_stragglers(episodes: list[dict[str, Any]]) -> float:
         median = statistics.median(e["end"] - e["start"] for e in group)
         for episode in group:
             duration = episode["end"] - episode["start"]
-            episode["straggler"] = duration >= STRAGGLER_FACTOR * median and duration - median >= 1.0
+            episode["straggler"] = (
+                duration >= STRAGGLER_FACTOR * median and duration - median >= 1.0
+            )
     return statistics.median(e["end"] - e["start"] for e in timed) if timed else 0.0
 
 
 def _train_spans(metrics: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
     spans = []
     for record in metrics:
-        start, end = record.get("timestamp/train_start"), record.get("timestamp/train_end")
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)) and end >= start:
-            spans.append({"step": record.get("step"), "start": _rel(start, t0), "end": _rel(end, t0)})
+        start, end = (
+            record.get("timestamp/train_start"),
+            record.get("timestamp/train_end"),
+        )
+        if (
+            isinstance(start, (int, float))
+            and isinstance(end, (int, float))
+            and end >= start
+        ):
+            spans.append(
+                {
+                    "step": record.get("step"),
+                    "start": _rel(start, t0),
+                    "end": _rel(end, t0),
+                }
+            )
     return spans
 
 
@@ -261,7 +298,11 @@ def _curves(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for title, series_spec in CURVES:
         series = []
         for key, label in series_spec:
-            points = [[r["step"], r[key]] for r in metrics if isinstance(r.get(key), (int, float)) and "step" in r]
+            points = [
+                [r["step"], r[key]]
+                for r in metrics
+                if isinstance(r.get(key), (int, float)) and "step" in r
+            ]
             if points:
                 series.append({"key": key, "label": label, "points": points})
         if series:
@@ -274,7 +315,9 @@ def load_report_data(run_dir: str | Path) -> ReportData:
     root = Path(run_dir)
     config_path = root / "config.yaml"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{root} is not a run directory: it has no config.yaml (pass the output_dir of a run)")
+        raise FileNotFoundError(
+            f"{root} is not a run directory: it has no config.yaml (pass the output_dir of a run)"
+        )
     config = yaml.safe_load(config_path.read_text()) or {}
     metrics = read_jsonl(root / "metrics.jsonl")
     served = read_jsonl(root / "trajectories.jsonl")
@@ -284,20 +327,31 @@ def load_report_data(run_dir: str | Path) -> ReportData:
     for record in served + unserved:
         env_tags.setdefault(int(record.get("env_id", -1)), str(record.get("tag")))
     times = [
-        float(r[k]) for r in served + unserved for k in ("episode_requested_at", "started_at") if r.get(k)
+        float(r[k])
+        for r in served + unserved
+        for k in ("episode_requested_at", "started_at")
+        if r.get(k)
     ]
     t0 = min(times) if times else 0.0
 
-    episodes = [_episode(r, "served", t0) for r in served] + [_episode(r, r.get("fate", "unserved"), t0) for r in unserved]
+    episodes = [_episode(r, "served", t0) for r in served] + [
+        _episode(r, r.get("fate", "unserved"), t0) for r in unserved
+    ]
     median = _mark_stragglers(episodes)
     staleness: dict[int, int] = {}
     for record in served:
-        if record.get("served_step") is not None and record.get("created_step") is not None:
+        if (
+            record.get("served_step") is not None
+            and record.get("created_step") is not None
+        ):
             lag = int(record["served_step"]) - int(record["created_step"])
             staleness[lag] = staleness.get(lag, 0) + 1
 
     room = max(0, MAX_BROWSER_TRAJECTORIES - len(unserved))
-    browser = [_browser_entry(r, r.get("fate", "unserved")) for r in unserved[:MAX_BROWSER_TRAJECTORIES]]
+    browser = [
+        _browser_entry(r, r.get("fate", "unserved"))
+        for r in unserved[:MAX_BROWSER_TRAJECTORIES]
+    ]
     browser += [_browser_entry(r, "served") for r in (served[-room:] if room else [])]
     stragglers = {e["traj_id"] for e in episodes if e["straggler"]}
     for entry in browser:

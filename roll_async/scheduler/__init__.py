@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from roll_async.errors import RolloutFatalError
 from roll_async.scheduler.filters import GROUP_FILTERS, resolve_group_filter
 from roll_async.scheduler.group_queue import (
     GroupQueueManager,
-    RolloutFatalError,
     ServedBatch,
     derive_seed,
     env_layout,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from roll_async.protocol import Trajectory
+from roll_async.trajectory import Trajectory
 
 GroupFilter = Callable[[list[Trajectory]], bool]
 
@@ -44,4 +44,6 @@ def resolve_group_filter(name_or_fn: str | GroupFilter) -> GroupFilter:
     try:
         return GROUP_FILTERS[name_or_fn]
     except KeyError:
-        raise ValueError(f"group_filter={name_or_fn!r} is unknown; choose one of: {', '.join(GROUP_FILTERS)}") from None
+        raise ValueError(
+            f"group_filter={name_or_fn!r} is unknown; choose one of: {', '.join(GROUP_FILTERS)}"
+        ) from None

@@ -132,9 +132,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from roll_async.errors import RolloutFatalError
 from roll_async.metrics import rollout_metrics
-from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -144,13 +145,11 @@ CancelCallback = Callable[[int, int, int], Any]
 _MAX_UNSERVED_KEPT = 10_000
 
 
-class RolloutFatalError(RuntimeError):
-    """The rollout cannot continue; the message carries the root cause."""
-
-
 def derive_seed(run_seed: int, namespace: str, index: int) -> int:
     """A stable 31-bit seed for item ``index`` of ``namespace`` (a tag) in a run seeded with ``run_seed``."""
-    digest = hashlib.blake2b(f"{run_seed}/{namespace}/{index}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(
+        f"{run_seed}/{namespace}/{index}".encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
@@ -169,7 +168,9 @@ def split_by_weights(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
-def groups_per_tag(tags: Sequence[str], num_env_groups: int, num_groups_partition: Sequence[int]) -> list[int]:
+def groups_per_tag(
+    tags: Sequence[str], num_env_groups: int, num_groups_partition: Sequence[int]
+) -> list[int]:
     """Env groups per tag: the partition, or ``num_env_groups`` split evenly when it is empty."""
     if num_groups_partition:
         return list(num_groups_partition)
@@ -177,12 +178,18 @@ def groups_per_tag(tags: Sequence[str], num_env_groups: int, num_groups_partitio
 
 
 def env_layout(
-    tags: Sequence[str], num_env_groups: int, num_groups_partition: Sequence[int], group_size: int, group_size_redundancy: int
+    tags: Sequence[str],
+    num_env_groups: int,
+    num_groups_partition: Sequence[int],
+    group_size: int,
+    group_size_redundancy: int,
 ) -> list[tuple[int, str]]:
     """(env_id, tag) for every env instance: ``groups[tag] * (group_size + redundancy)`` per tag, ids contiguous."""
     layout: list[tuple[int, str]] = []
     per_group = group_size + group_size_redundancy
-    for tag, count in zip(tags, groups_per_tag(tags, num_env_groups, num_groups_partition)):
+    for tag, count in zip(
+        tags, groups_per_tag(tags, num_env_groups, num_groups_partition)
+    ):
         for _ in range(count * per_group):
             layout.append((len(layout), tag))
     return layout
@@ -226,7 +233,9 @@ class ServedBatch:
     #: dropped_stale, filtered, dropped_errors. The run directory records them (unserved_trajectories.jsonl).
     unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
-    def rollout_metrics(self, engine_stats: Sequence[Mapping[str, Any]] = ()) -> dict[str, float]:
+    def rollout_metrics(
+        self, engine_stats: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, float]:
         """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics)."""
         return rollout_metrics(
             self.trajectories,
@@ -331,12 +340,18 @@ class GroupQueueManager:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode={mode!r}: use 'sync' or 'async'")
         if serve_order not in SERVE_ORDERS:
-            raise ValueError(f"serve_order={serve_order!r}: use one of {', '.join(SERVE_ORDERS)}")
+            raise ValueError(
+                f"serve_order={serve_order!r}: use one of {', '.join(SERVE_ORDERS)}"
+            )
         if group_size < 1 or group_size_redundancy < 0:
-            raise ValueError(f"group_size={group_size} must be >= 1 and group_size_redundancy={group_size_redundancy} >= 0")
+            raise ValueError(
+                f"group_size={group_size} must be >= 1 and group_size_redundancy={group_size_redundancy} >= 0"
+            )
         unknown = sorted({t for t in env_tags.values() if t not in tags})
         if unknown:
-            raise ValueError(f"envs have tags {unknown} that are not in tags={list(tags)}")
+            raise ValueError(
+                f"envs have tags {unknown} that are not in tags={list(tags)}"
+            )
         self.tags = list(tags)
         self.mode = mode
         self.group_size = group_size
@@ -351,12 +366,20 @@ class GroupQueueManager:
         self._env_groups_per_tag = dict(env_groups_per_tag or {})
         self._partition = list(num_groups_partition) or [1] * len(self.tags)
         if len(self._partition) != len(self.tags):
-            raise ValueError(f"num_groups_partition={list(num_groups_partition)} needs one entry per tag {self.tags}")
+            raise ValueError(
+                f"num_groups_partition={list(num_groups_partition)} needs one entry per tag {self.tags}"
+            )
         self._filter = resolve_group_filter(group_filter)
         self._filter_is_none = group_filter == "none"
         if group_filter == "zero_variance" and group_size < 2:
-            raise ValueError("group_filter='zero_variance' needs group_size >= 2 (a single reward has no variance)")
-        self.max_errors_per_group = max_errors_per_group if max_errors_per_group is not None else 3 * self.num_seats
+            raise ValueError(
+                "group_filter='zero_variance' needs group_size >= 2 (a single reward has no variance)"
+            )
+        self.max_errors_per_group = (
+            max_errors_per_group
+            if max_errors_per_group is not None
+            else 3 * self.num_seats
+        )
         self.max_consecutive_env_errors = max_consecutive_env_errors
         self._max_filter_drops_override = max_filter_drops_per_batch
         self._on_cancel = on_cancel
@@ -373,9 +396,13 @@ class GroupQueueManager:
         #: fifo: per tag, how many groups at the head of _pending are known complete (a cursor; never rescans).
         self._lead: dict[str, int] = {tag: 0 for tag in self.tags}
         #: first_complete: per tag, complete (kept) pending groups in completion order.
-        self._complete_pending: dict[str, dict[int, _Group]] = {tag: {} for tag in self.tags}
+        self._complete_pending: dict[str, dict[int, _Group]] = {
+            tag: {} for tag in self.tags
+        }
         #: Per tag, env loops waiting for a seat (woken one at a time; see "Wake-ups").
-        self._seat_waiters: dict[str, deque[asyncio.Future]] = {tag: deque() for tag in self.tags}
+        self._seat_waiters: dict[str, deque[asyncio.Future]] = {
+            tag: deque() for tag in self.tags
+        }
         self.wakeups = WakeupCounters()
         #: env_id -> when it began waiting for a seat; idle seconds in the current window (env_busy_fraction).
         self._idle_since: dict[int, float] = {}
@@ -408,15 +435,23 @@ class GroupQueueManager:
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch={groups_per_batch} must be >= 1")
         self.groups_per_batch = groups_per_batch
-        self.shares = dict(zip(self.tags, split_by_weights(groups_per_batch, self._partition)))
-        starved = [t for t, s in self.shares.items() if s == 0 and t in self._env_tags.values()]
+        self.shares = dict(
+            zip(self.tags, split_by_weights(groups_per_batch, self._partition))
+        )
+        starved = [
+            t for t, s in self.shares.items() if s == 0 and t in self._env_tags.values()
+        ]
         if starved and self.auto_create:
             logger.warning(
                 "tags %s get 0 of the %d groups per batch; their envs stay idle (raise the batch size or "
-                "change num_groups_partition)", starved, groups_per_batch,
+                "change num_groups_partition)",
+                starved,
+                groups_per_batch,
             )
         self._max_filter_drops = (
-            self._max_filter_drops_override if self._max_filter_drops_override is not None else 10 * groups_per_batch
+            self._max_filter_drops_override
+            if self._max_filter_drops_override is not None
+            else 10 * groups_per_batch
         )
 
     @property
@@ -454,13 +489,17 @@ class GroupQueueManager:
                     if group is not None:
                         spec = self._assign_seat(group, env_id)
                         if waiters and self._has_free_seat(tag):
-                            self._wake_one(tag)  # relay: the next waiter takes the next seat
+                            self._wake_one(
+                                tag
+                            )  # relay: the next waiter takes the next seat
                         return spec
                 if env_id not in self._idle_since:
                     self._idle_since[env_id] = self._clock()
                 future = asyncio.get_running_loop().create_future()
                 if woken:
-                    waiters.appendleft(future)  # woken but the seat was taken: keep its place in the queue
+                    waiters.appendleft(
+                        future
+                    )  # woken but the seat was taken: keep its place in the queue
                 else:
                     waiters.append(future)
                 await future
@@ -468,10 +507,14 @@ class GroupQueueManager:
         finally:
             since = self._idle_since.pop(env_id, None)
             if since is not None:
-                self._idle_s_in_window += max(0.0, self._clock() - max(since, self._window_start))
+                self._idle_s_in_window += max(
+                    0.0, self._clock() - max(since, self._window_start)
+                )
 
     def _has_free_seat(self, tag: str) -> bool:
-        return self._oldest_group_with_free_seat(tag) is not None or self._may_create(tag)
+        return self._oldest_group_with_free_seat(tag) is not None or self._may_create(
+            tag
+        )
 
     def _wake_one(self, tag: str) -> None:
         """Wake the longest-waiting env loop of ``tag`` (skipping any whose wait was cancelled)."""
@@ -510,7 +553,11 @@ class GroupQueueManager:
 
     def _list_open(self, group: _Group) -> None:
         """Put a pending group back in its tag's open list after a seat re-opened (error, abort, cancel)."""
-        if group.listed_open or group.free_seats() <= 0 or self._groups.get(group.group_id) is not group:
+        if (
+            group.listed_open
+            or group.free_seats() <= 0
+            or self._groups.get(group.group_id) is not group
+        ):
             return
         group.listed_open = True
         open_groups = self._open[group.tag]
@@ -531,7 +578,12 @@ class GroupQueueManager:
         return quota
 
     def _create_group(
-        self, tag: str, *, seed: int | None = None, env_config_override: dict[str, Any] | None = None, num_seats: int | None = None
+        self,
+        tag: str,
+        *,
+        seed: int | None = None,
+        env_config_override: dict[str, Any] | None = None,
+        num_seats: int | None = None,
     ) -> _Group:
         index = self._tag_group_count[tag]
         self._tag_group_count[tag] += 1
@@ -595,10 +647,10 @@ class GroupQueueManager:
         self._unserved.append(("env_error", trajectory))
         group.env_errors += 1
         self._consecutive_env_errors += 1
-        self._last_env_error = (
-            f"env {trajectory.env_id} (tag {trajectory.tag}, group {group.group_id}, seed {group.seed}): {trajectory.error}"
+        self._last_env_error = f"env {trajectory.env_id} (tag {trajectory.tag}, group {group.group_id}, seed {group.seed}): {trajectory.error}"
+        logger.warning(
+            "env error, the group's seat is re-opened: %s", self._last_env_error
         )
-        logger.warning("env error, the group's seat is re-opened: %s", self._last_env_error)
         if self._consecutive_env_errors >= self.max_consecutive_env_errors:
             self.report_fatal(
                 f"{self._consecutive_env_errors} env errors in a row without one successful episode; "
@@ -618,7 +670,12 @@ class GroupQueueManager:
         group.complete = True
         self.counters.completed_groups += 1
         self._cancel_seats(group)
-        if apply_filter and not self._filter_is_none and self.auto_create and not self._filter(group.trajectories[: group.needed]):
+        if (
+            apply_filter
+            and not self._filter_is_none
+            and self.auto_create
+            and not self._filter(group.trajectories[: group.needed])
+        ):
             if self._filter_drops_this_batch < self._max_filter_drops:
                 self._filter_drops_this_batch += 1
                 self.counters.filtered_groups += 1
@@ -635,7 +692,12 @@ class GroupQueueManager:
                 try:
                     self._on_cancel(env_id, group.group_id, episode_id)
                 except Exception:  # a dead worker must not break the scheduler; its loop error surfaces elsewhere
-                    logger.exception("cancelling episode %s/%s on env %s failed", group.group_id, episode_id, env_id)
+                    logger.exception(
+                        "cancelling episode %s/%s on env %s failed",
+                        group.group_id,
+                        episode_id,
+                        env_id,
+                    )
         group.in_flight.clear()
         self._list_open(group)
 
@@ -659,16 +721,22 @@ class GroupQueueManager:
         self._cancel_seats(group)
         self._remove_pending(group)
         self._notify_trainer()
-        self._seat_event(group.tag)  # its quota slot is free: a new group may be created
+        self._seat_event(
+            group.tag
+        )  # its quota slot is free: a new group may be created
 
     # -- trainer side ------------------------------------------------------------------
 
     async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
         """Wait until ``batch_size`` trajectories in whole groups (oldest first, per tag share) are ready."""
         if batch_size < 1 or batch_size % self.group_size != 0:
-            raise ValueError(f"batch_size={batch_size} must be a positive multiple of group_size={self.group_size}")
+            raise ValueError(
+                f"batch_size={batch_size} must be a positive multiple of group_size={self.group_size}"
+            )
         if not self.auto_create:
-            raise RuntimeError("this scheduler plays fixed rounds; call run_fixed_round() instead of get_batch()")
+            raise RuntimeError(
+                "this scheduler plays fixed rounds; call run_fixed_round() instead of get_batch()"
+            )
         started = self._clock()
         if batch_size // self.group_size != self.groups_per_batch:
             self._set_groups_per_batch(batch_size // self.group_size)
@@ -685,7 +753,9 @@ class GroupQueueManager:
     def _enter_step(self, step: int) -> None:
         self._policy_step = max(self._policy_step, step)
         for tag in self.tags:
-            pending = self._pending[tag]  # ordered by created_step: the stale groups are a prefix
+            pending = self._pending[
+                tag
+            ]  # ordered by created_step: the stale groups are a prefix
             while pending and step - pending[0].created_step > self.staleness_bound:
                 self.counters.dropped_stale_groups += 1
                 self._drop(pending[0], fate="dropped_stale")
@@ -710,7 +780,9 @@ class GroupQueueManager:
         for tag in self.tags:
             share = self.shares.get(tag, 0)
             if self.serve_order == "first_complete":
-                heads.extend(itertools.islice(self._complete_pending[tag].values(), share))
+                heads.extend(
+                    itertools.islice(self._complete_pending[tag].values(), share)
+                )
             else:
                 heads.extend(self._pending[tag][:share])
         return heads
@@ -726,7 +798,9 @@ class GroupQueueManager:
         self._batches_served += 1
         now = self._clock()
         window = now - self._window_start
-        idle_s = self._idle_s_in_window + sum(now - max(since, self._window_start) for since in self._idle_since.values())
+        idle_s = self._idle_s_in_window + sum(
+            now - max(since, self._window_start) for since in self._idle_since.values()
+        )
         env_seconds = len(self._env_tags) * window
         self._idle_s_in_window = 0.0
         if self.mode == "sync" and self.auto_create:
@@ -743,8 +817,12 @@ class GroupQueueManager:
         self._window_start = now
         self._seat_event()  # served groups free their quota slots
         gauges = self.gauges()
-        gauges["env_busy_fraction"] = max(0.0, 1.0 - idle_s / env_seconds) if env_seconds > 0 else 0.0
-        gauges["groups_started_earlier_fraction"] = carried_over / len(groups) if groups else 0.0
+        gauges["env_busy_fraction"] = (
+            max(0.0, 1.0 - idle_s / env_seconds) if env_seconds > 0 else 0.0
+        )
+        gauges["groups_started_earlier_fraction"] = (
+            carried_over / len(groups) if groups else 0.0
+        )
         return ServedBatch(
             trajectories=trajectories,
             step=step,
@@ -760,7 +838,9 @@ class GroupQueueManager:
         self._unserved.clear()
         return unserved
 
-    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
+    async def run_fixed_round(
+        self, episodes: Sequence[EpisodeSpec], step: int
+    ) -> ServedBatch:
         """Play each given episode once (one seat each), wait for all, return them in the given order.
 
         For validation: seeds and env configs come from ``episodes``; envs are
@@ -768,15 +848,24 @@ class GroupQueueManager:
         ignored (the scheduler numbers groups itself).
         """
         if self.auto_create:
-            raise RuntimeError("run_fixed_round needs a scheduler built with auto_create=False")
+            raise RuntimeError(
+                "run_fixed_round needs a scheduler built with auto_create=False"
+            )
         started = self._clock()
         self._policy_step = max(self._policy_step, step)
         groups = []
         for spec in episodes:
             if spec.tag not in self._pending:
-                raise ValueError(f"episode tag {spec.tag!r} is not one of this scheduler's tags {self.tags}")
+                raise ValueError(
+                    f"episode tag {spec.tag!r} is not one of this scheduler's tags {self.tags}"
+                )
             groups.append(
-                self._create_group(spec.tag, seed=spec.seed, env_config_override=spec.env_config_override, num_seats=1)
+                self._create_group(
+                    spec.tag,
+                    seed=spec.seed,
+                    env_config_override=spec.env_config_override,
+                    num_seats=1,
+                )
             )
         self.resume()
         try:
@@ -837,9 +926,15 @@ class GroupQueueManager:
                 failed += 1
                 await self.put_trajectory(
                     Trajectory(
-                        tag=group.tag, group_id=group.group_id, episode_id=episode_id, env_id=env_id, seed=group.seed,
-                        traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}", created_step=group.created_step,
-                        stop_reason="env_error", error=f"its EnvManagerWorker died: {reason}",
+                        tag=group.tag,
+                        group_id=group.group_id,
+                        episode_id=episode_id,
+                        env_id=env_id,
+                        seed=group.seed,
+                        traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}",
+                        created_step=group.created_step,
+                        stop_reason="env_error",
+                        error=f"its EnvManagerWorker died: {reason}",
                     )
                 )
         for env_id in dead:
@@ -862,11 +957,16 @@ class GroupQueueManager:
         Groups pending at save time are not saved: the resumed run creates fresh groups
         after them, so their seeds are skipped rather than trained on twice.
         """
-        return {"next_group_id": self._next_group_id, "tag_group_count": dict(self._tag_group_count)}
+        return {
+            "next_group_id": self._next_group_id,
+            "tag_group_count": dict(self._tag_group_count),
+        }
 
     def load_seed_state(self, state: Mapping[str, Any]) -> None:
         if self._groups:
-            raise RuntimeError("load_seed_state must run before the first group is created")
+            raise RuntimeError(
+                "load_seed_state must run before the first group is created"
+            )
         self._next_group_id = int(state["next_group_id"])
         for tag, count in dict(state["tag_group_count"]).items():
             if tag in self._tag_group_count:
@@ -925,15 +1025,25 @@ class GroupQueueManager:
     ) -> GroupQueueManager:
         """Build from a PipelineConfig for ``train_env_manager`` (which='train') or ``val_env_manager`` ('val')."""
         em = config.train_env_manager if which == "train" else config.val_env_manager
-        layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy)
+        layout = env_layout(
+            em.tags,
+            em.num_env_groups,
+            em.num_groups_partition,
+            em.group_size,
+            em.group_size_redundancy,
+        )
         is_train = which == "train"
         queue = cls(
             env_tags=dict(layout),
             tags=list(em.tags),
-            num_groups_partition=groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition),
+            num_groups_partition=groups_per_tag(
+                em.tags, em.num_env_groups, em.num_groups_partition
+            ),
             group_size=em.group_size,
             group_size_redundancy=em.group_size_redundancy if is_train else 0,
-            groups_per_batch=max(1, config.rollout_batch_size // em.group_size) if is_train else 1,
+            groups_per_batch=max(1, config.rollout_batch_size // em.group_size)
+            if is_train
+            else 1,
             mode=config.mode if is_train else "sync",
             staleness_bound=config.staleness_bound if is_train else 0,
             seed=config.seed,
@@ -943,14 +1053,25 @@ class GroupQueueManager:
             on_cancel=on_cancel,
             clock=clock,
             serve_order=em.serve_order if is_train else "fifo",
-            env_groups_per_tag=dict(zip(em.tags, groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition))),
+            env_groups_per_tag=dict(
+                zip(
+                    em.tags,
+                    groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition),
+                )
+            ),
         )
-        busy_at_most = sum(queue._max_pending(tag) for tag in queue.tags) * queue.num_seats
+        busy_at_most = (
+            sum(queue._max_pending(tag) for tag in queue.tags) * queue.num_seats
+        )
         if is_train and len(layout) > busy_at_most:
             logger.warning(
                 "%d env instances, but at most %d can be busy (%d groups per batch x lookahead %d x %d seats); "
                 "the rest stay idle: lower num_env_groups, raise rollout_batch_size or use "
                 "train_env_manager.serve_order=first_complete",
-                len(layout), busy_at_most, queue.groups_per_batch, queue.lookahead, queue.num_seats,
+                len(layout),
+                busy_at_most,
+                queue.groups_per_batch,
+                queue.lookahead,
+                queue.num_seats,
             )
         return queue

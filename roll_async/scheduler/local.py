@@ -15,11 +15,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from env_managers.worker import EnvFactory, EnvManagerHost, build_env_managers, env_manager_config
-from roll_async.config import PipelineConfig, validate_config
+from roll_async.config.schema import PipelineConfig, validate_config
 from roll_async.engine.router import EngineClient, Router
-from roll_async.protocol import EpisodeSpec, Trajectory
-from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
+from roll_async.env_managers.worker import (
+    EnvFactory,
+    EnvManagerHost,
+    build_env_managers,
+    env_manager_config,
+)
+from roll_async.errors import RolloutFatalError
+from roll_async.scheduler.group_queue import GroupQueueManager, ServedBatch, env_layout
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
 class LocalRolloutScheduler:
@@ -39,11 +45,23 @@ class LocalRolloutScheduler:
         em = env_manager_config(config, which)
         self.config = config
         self.which = which
-        self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
-        self.group_queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
+        self.engines = (
+            list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        )
+        self.group_queue = GroupQueueManager.from_config(
+            config, which, on_cancel=self._cancel, start_step=start_step
+        )
         self.router = Router(self.engines)
-        self._executor = ThreadPoolExecutor(max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env")
-        layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy)
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
+        )
+        layout = env_layout(
+            em.tags,
+            em.num_env_groups,
+            em.num_groups_partition,
+            em.group_size,
+            em.group_size_redundancy,
+        )
         self.managers = build_env_managers(
             config,
             which,
@@ -70,33 +88,49 @@ class LocalRolloutScheduler:
     async def start(self) -> None:
         """Start the env loops (get_batch does this on first use)."""
         if self._run_task is None:
-            self._run_task = asyncio.create_task(self.host.run(), name="local-rollout-host")
+            self._run_task = asyncio.create_task(
+                self.host.run(), name="local-rollout-host"
+            )
 
     async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
         trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
         return trajectories
 
-    async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    async def get_batch_with_metrics(
+        self, batch_size: int, step: int
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
-        served: ServedBatch = await self._unless_loops_die(self.group_queue.get_batch(batch_size, step))
+        served: ServedBatch = await self._unless_loops_die(
+            self.group_queue.get_batch(batch_size, step)
+        )
         self.last_metrics = served.rollout_metrics(await self._engine_stats())
         return served.trajectories, self.last_metrics
 
-    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
+    async def run_fixed_round(
+        self, episodes: Sequence[EpisodeSpec], step: int
+    ) -> ServedBatch:
         await self.start()
-        return await self._unless_loops_die(self.group_queue.run_fixed_round(episodes, step))
+        return await self._unless_loops_die(
+            self.group_queue.run_fixed_round(episodes, step)
+        )
 
     async def _unless_loops_die(self, awaitable: Any) -> Any:
         assert self._run_task is not None
         task = asyncio.ensure_future(awaitable)
-        done, _ = await asyncio.wait({task, self._run_task}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {task, self._run_task}, return_when=asyncio.FIRST_COMPLETED
+        )
         if task in done:
             return task.result()
         task.cancel()
-        if self.group_queue.failure is not None:  # the loops ended because the rollout failed: report why
+        if (
+            self.group_queue.failure is not None
+        ):  # the loops ended because the rollout failed: report why
             raise self.group_queue.failure
         exc = self._run_task.exception() if not self._run_task.cancelled() else None
-        raise RolloutFatalError(f"the env rollout loops stopped: {exc or 'they exited'}") from exc
+        raise RolloutFatalError(
+            f"the env rollout loops stopped: {exc or 'they exited'}"
+        ) from exc
 
     async def _engine_stats(self) -> list[dict]:
         stats = []

@@ -38,14 +38,23 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from env_managers.worker import EnvFactory, EnvManagerWorker, env_manager_config
-from roll_async.config import PipelineConfig, validate_config
-from roll_async import node_files, sched_policy
+from roll_async.config.schema import PipelineConfig, validate_config
+from roll_async.env_managers.worker import (
+    EnvFactory,
+    EnvManagerWorker,
+    env_manager_config,
+)
+from roll_async.errors import RolloutFatalError
 from roll_async.metrics import replica_metrics
-from roll_async.protocol import EpisodeSpec, Trajectory
-from roll_async.ray_utils import actor_death_errors, describe_ray_error, unwrap_ray_error
-from roll_async.scheduler.group_queue import GroupQueueManager, RolloutFatalError, ServedBatch, env_layout
-from roll_async.zmq_rpc import ServesCallsOverZmq
+from roll_async.runtime import node_files, sched_policy
+from roll_async.runtime.ray_utils import (
+    actor_death_errors,
+    describe_ray_error,
+    unwrap_ray_error,
+)
+from roll_async.runtime.zmq_calls import ServesCallsOverZmq
+from roll_async.scheduler.group_queue import GroupQueueManager, ServedBatch, env_layout
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +63,11 @@ _SHUTDOWN_TIMEOUT_S = 30.0
 
 
 #: GroupQueueActor methods the EnvManagerWorkers call over ZMQ (engine.request_transport: zmq): one per episode.
-QUEUE_HANDOVER_METHODS = ("next_episode", "put_trajectory", "put_trajectory_and_next_episode")
+QUEUE_HANDOVER_METHODS = (
+    "next_episode",
+    "put_trajectory",
+    "put_trajectory_and_next_episode",
+)
 
 
 class GroupQueueActor(ServesCallsOverZmq):
@@ -62,7 +75,7 @@ class GroupQueueActor(ServesCallsOverZmq):
 
     Every method is ``async`` so all of them run on the actor's event loop (the
     manager is not thread-safe). The per-episode hand-overs can also come over its
-    ZMQ call socket (``call_endpoint``, roll_async/zmq_rpc.py): one process serves
+    ZMQ call socket (``call_endpoint``, roll_async/runtime/zmq_calls.py): one process serves
     every worker, and it spent 1.44 ms of CPU per episode over Ray calls, 0.79 ms over
     ZMQ (benchmarks/README.md, "Episode hand-overs over ZMQ too"). Those calls are not
     cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
@@ -75,16 +88,24 @@ class GroupQueueActor(ServesCallsOverZmq):
     ZMQ_CANCELLABLE = False
 
     def __init__(
-        self, config: PipelineConfig, which: str, start_step: int, seed_state: dict[str, Any] | None = None
+        self,
+        config: PipelineConfig,
+        which: str,
+        start_step: int,
+        seed_state: dict[str, Any] | None = None,
     ) -> None:
         self._workers_by_env: dict[int, Any] = {}
         #: env_id -> incarnation of the worker that hosts it now (bumped on each restart).
         self._incarnation: dict[int, int] = {}
-        self.queue = GroupQueueManager.from_config(config, which, on_cancel=self._cancel, start_step=start_step)
+        self.queue = GroupQueueManager.from_config(
+            config, which, on_cancel=self._cancel, start_step=start_step
+        )
         if seed_state:
             self.queue.load_seed_state(seed_state)
         # Every hand-over wakes this process; like the workers, it must not preempt vLLM's steps.
-        sched_policy.apply_to_process(env_manager_config(config, which).rollout_sched_policy)
+        sched_policy.apply_to_process(
+            env_manager_config(config, which).rollout_sched_policy
+        )
 
     async def ping(self) -> None:
         """A liveness probe for ZMQ callers whose connection dropped."""
@@ -92,26 +113,37 @@ class GroupQueueActor(ServesCallsOverZmq):
     def _cancel(self, env_id: int, group_id: int, episode_id: int) -> None:
         worker = self._workers_by_env.get(env_id)
         if worker is not None:
-            worker.cancel_episode.remote(env_id, group_id, episode_id)  # fire and forget
+            worker.cancel_episode.remote(
+                env_id, group_id, episode_id
+            )  # fire and forget
 
     async def set_workers(self, workers_by_env: dict[int, Any]) -> None:
         self._workers_by_env = dict(workers_by_env)
 
-    async def next_episode(self, env_id: int, incarnation: int = 0) -> EpisodeSpec | None:
+    async def next_episode(
+        self, env_id: int, incarnation: int = 0
+    ) -> EpisodeSpec | None:
         spec = await self.queue.next_episode(env_id)
         if spec is not None and incarnation < self._incarnation.get(env_id, 0):
             # The call came from a worker that died while it waited: nobody will play this seat, give it back.
             await self.queue.put_trajectory(
                 Trajectory(
-                    tag=spec.tag, group_id=spec.group_id, episode_id=spec.episode_id, env_id=env_id, seed=spec.seed,
-                    traj_id=f"{spec.tag}-g{spec.group_id}-e{spec.episode_id}", created_step=spec.created_step,
+                    tag=spec.tag,
+                    group_id=spec.group_id,
+                    episode_id=spec.episode_id,
+                    env_id=env_id,
+                    seed=spec.seed,
+                    traj_id=f"{spec.tag}-g{spec.group_id}-e{spec.episode_id}",
+                    created_step=spec.created_step,
                     stop_reason="aborted",
                 )
             )
             return None
         return spec
 
-    async def restart_envs(self, env_ids: list[int], reason: str, incarnation: int) -> int:
+    async def restart_envs(
+        self, env_ids: list[int], reason: str, incarnation: int
+    ) -> int:
         """Their worker died; its replacement is ``incarnation``. Fails their in-flight episodes (see group_queue)."""
         for env_id in env_ids:
             self._incarnation[env_id] = incarnation
@@ -120,7 +152,9 @@ class GroupQueueActor(ServesCallsOverZmq):
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self.queue.put_trajectory(trajectory)
 
-    async def put_trajectory_and_next_episode(self, trajectory: Trajectory, incarnation: int = 0) -> EpisodeSpec | None:
+    async def put_trajectory_and_next_episode(
+        self, trajectory: Trajectory, incarnation: int = 0
+    ) -> EpisodeSpec | None:
         """put_trajectory then next_episode for the same env, in one call from the worker."""
         await self.queue.put_trajectory(trajectory)
         return await self.next_episode(trajectory.env_id, incarnation)
@@ -128,7 +162,9 @@ class GroupQueueActor(ServesCallsOverZmq):
     async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
         return await self.queue.get_batch(batch_size, step)
 
-    async def run_fixed_round(self, episodes: list[EpisodeSpec], step: int) -> ServedBatch:
+    async def run_fixed_round(
+        self, episodes: list[EpisodeSpec], step: int
+    ) -> ServedBatch:
         return await self.queue.run_fixed_round(episodes, step)
 
     async def suspend(self, cancel_in_flight: bool = True) -> None:
@@ -150,7 +186,11 @@ class GroupQueueActor(ServesCallsOverZmq):
         self.queue.shutdown()
 
     async def describe(self) -> dict[str, Any]:
-        return {**self.queue.describe(), "handovers_over_zmq": self.calls_served, "sched_policy": sched_policy.process_policies()}
+        return {
+            **self.queue.describe(),
+            "handovers_over_zmq": self.calls_served,
+            "sched_policy": sched_policy.process_policies(),
+        }
 
     async def seed_state(self) -> dict[str, Any]:
         return self.queue.seed_state()
@@ -162,7 +202,11 @@ class GroupQueueActor(ServesCallsOverZmq):
 async def _gather_quietly(refs: list[Any]) -> list[Any]:
     """Results of Ray calls for metrics: exceptions in place of failed ones, [] if they time out together."""
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), _ENGINE_STATS_TIMEOUT_S))
+        return list(
+            await asyncio.wait_for(
+                asyncio.gather(*refs, return_exceptions=True), _ENGINE_STATS_TIMEOUT_S
+            )
+        )
     except Exception:
         logger.debug("stats unavailable", exc_info=True)
         return []
@@ -184,7 +228,9 @@ class RolloutScheduler:
     ) -> None:
         if not engine_handles:
             raise ValueError("RolloutScheduler needs at least one engine actor handle")
-        validate_config(config)  # config mistakes fail here, before any actor or env starts
+        validate_config(
+            config
+        )  # config mistakes fail here, before any actor or env starts
         self.config = config
         self.which = which
         self.engine_handles = list(engine_handles)
@@ -213,7 +259,13 @@ class RolloutScheduler:
         import ray
 
         em = env_manager_config(self.config, self.which)
-        layout = env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy)
+        layout = env_layout(
+            em.tags,
+            em.num_env_groups,
+            em.num_groups_partition,
+            em.group_size,
+            em.group_size_redundancy,
+        )
         per_worker = em.max_env_num_per_worker
         chunks = [layout[i : i + per_worker] for i in range(0, len(layout), per_worker)]
         assert len(chunks) == math.ceil(len(layout) / per_worker)
@@ -228,14 +280,31 @@ class RolloutScheduler:
         self._tokenizer_files = ray.put(node_files.tokenizer_files(self.tokenizer_path))
         self._workers = [self._create_worker(index) for index in range(len(chunks))]
         try:
-            await asyncio.gather(*(w.describe.remote() for w in self._workers))  # surfaces constructor errors now
+            await asyncio.gather(
+                *(w.describe.remote() for w in self._workers)
+            )  # surfaces constructor errors now
         except Exception as exc:
             await self._kill_actors()
-            raise RolloutFatalError(f"an EnvManagerWorker failed to start: {unwrap_ray_error(exc)}") from exc
-        await self._queue.set_workers.remote({env_id: self._workers[i] for i, chunk in enumerate(chunks) for env_id, _ in chunk})
-        self._run_futures = [asyncio.wrap_future(w.run.remote().future()) for w in self._workers]
+            raise RolloutFatalError(
+                f"an EnvManagerWorker failed to start: {unwrap_ray_error(exc)}"
+            ) from exc
+        await self._queue.set_workers.remote(
+            {
+                env_id: self._workers[i]
+                for i, chunk in enumerate(chunks)
+                for env_id, _ in chunk
+            }
+        )
+        self._run_futures = [
+            asyncio.wrap_future(w.run.remote().future()) for w in self._workers
+        ]
         self._started = True
-        logger.info("%s rollout: %d envs on %d EnvManagerWorkers", self.which, len(layout), len(self._workers))
+        logger.info(
+            "%s rollout: %d envs on %d EnvManagerWorkers",
+            self.which,
+            len(layout),
+            len(self._workers),
+        )
 
     def _create_worker(self, index: int) -> Any:
         import ray
@@ -245,10 +314,22 @@ class RolloutScheduler:
         strategy = "SPREAD" if em.worker_placement == "spread" else "DEFAULT"
         return (
             ray.remote(EnvManagerWorker)
-            .options(num_cpus=em.num_cpus_per_worker, max_concurrency=4 * len(chunk) + 64, scheduling_strategy=strategy)
+            .options(
+                num_cpus=em.num_cpus_per_worker,
+                max_concurrency=4 * len(chunk) + 64,
+                scheduling_strategy=strategy,
+            )
             .remote(
-                index, self.config, self.which, chunk, self._queue, self.engine_handles, self.tokenizer_path,
-                self.env_factory, self._incarnations[index], tokenizer_files=self._tokenizer_files,
+                index,
+                self.config,
+                self.which,
+                chunk,
+                self._queue,
+                self.engine_handles,
+                self.tokenizer_path,
+                self.env_factory,
+                self._incarnations[index],
+                tokenizer_files=self._tokenizer_files,
             )
         )
 
@@ -261,7 +342,10 @@ class RolloutScheduler:
         reason = describe_ray_error(cause)
         logger.warning(
             "EnvManagerWorker %d died (%s); restarting it (restart %d of at most %d)",
-            index, reason.splitlines()[0], self.worker_restarts, env_manager_config(self.config, self.which).max_worker_restarts,
+            index,
+            reason.splitlines()[0],
+            self.worker_restarts,
+            env_manager_config(self.config, self.which).max_worker_restarts,
         )
         try:
             ray.kill(self._workers[index], no_restart=True)
@@ -276,10 +360,16 @@ class RolloutScheduler:
                 f"{unwrap_ray_error(exc)}"
             ) from exc
         env_ids = [env_id for env_id, _ in self._chunks[index]]
-        await self._queue.restart_envs.remote(env_ids, reason.splitlines()[0], self._incarnations[index])
+        await self._queue.restart_envs.remote(
+            env_ids, reason.splitlines()[0], self._incarnations[index]
+        )
         self._workers[index] = worker
         await self._queue.set_workers.remote(
-            {env_id: self._workers[i] for i, chunk in enumerate(self._chunks) for env_id, _ in chunk}
+            {
+                env_id: self._workers[i]
+                for i, chunk in enumerate(self._chunks)
+                for env_id, _ in chunk
+            }
         )
         self._run_futures[index] = asyncio.wrap_future(worker.run.remote().future())
 
@@ -288,26 +378,41 @@ class RolloutScheduler:
         trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
         return trajectories
 
-    async def get_batch_with_metrics(self, batch_size: int, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    async def get_batch_with_metrics(
+        self, batch_size: int, step: int
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
-        served: ServedBatch = await self._unless_loops_die(self._queue.get_batch.remote(batch_size, step))
+        served: ServedBatch = await self._unless_loops_die(
+            self._queue.get_batch.remote(batch_size, step)
+        )
         engine_stats = await self._engine_stats()
         self.last_metrics = served.rollout_metrics(engine_stats)
-        self.last_metrics.update(replica_metrics(engine_stats, await self._router_stats()))
-        self.last_unserved = served.unserved  # episodes of this window not served: (fate, trajectory)
+        self.last_metrics.update(
+            replica_metrics(engine_stats, await self._router_stats())
+        )
+        self.last_unserved = (
+            served.unserved
+        )  # episodes of this window not served: (fate, trajectory)
         return served.trajectories, self.last_metrics
 
-    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch:
+    async def run_fixed_round(
+        self, episodes: Sequence[EpisodeSpec], step: int
+    ) -> ServedBatch:
         """Play each episode once (validation); see GroupQueueManager.run_fixed_round."""
         await self.start()
-        return await self._unless_loops_die(self._queue.run_fixed_round.remote(list(episodes), step))
+        return await self._unless_loops_die(
+            self._queue.run_fixed_round.remote(list(episodes), step)
+        )
 
     async def _unless_loops_die(self, ref: Any) -> Any:
         """Await ``ref``; a worker whose process died is restarted (within the budget), any other end is fatal."""
         result_future = asyncio.wrap_future(ref.future())
         while True:
             try:
-                done, _ = await asyncio.wait({result_future, *self._run_futures}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {result_future, *self._run_futures},
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
             except asyncio.CancelledError:  # the caller gave up (e.g. Ctrl-C): its answer, error or not, is not wanted
                 result_future.cancel()
                 raise
@@ -320,7 +425,9 @@ class RolloutScheduler:
             index = self._run_futures.index(ended)
             exc = ended.exception()
             try:  # the queue knows the root cause when a loop reported it before its worker stopped
-                reported = await asyncio.wait_for(self._queue.failure.remote(), _ENGINE_STATS_TIMEOUT_S)
+                reported = await asyncio.wait_for(
+                    self._queue.failure.remote(), _ENGINE_STATS_TIMEOUT_S
+                )
             except Exception:
                 reported = None
             if reported:
@@ -333,12 +440,16 @@ class RolloutScheduler:
             result_future.cancel()
             reason = describe_ray_error(exc) if exc else "its env loops exited"
             if isinstance(exc, actor_death_errors()):
-                which = "train_env_manager" if self.which == "train" else "val_env_manager"
+                which = (
+                    "train_env_manager" if self.which == "train" else "val_env_manager"
+                )
                 raise RolloutFatalError(
                     f"EnvManagerWorker {index} died after {self.worker_restarts} worker restarts, the budget "
                     f"{which}.max_worker_restarts={budget} (raise it to tolerate more): {reason}"
                 ) from exc
-            raise RolloutFatalError(f"EnvManagerWorker {index} stopped: {reason}") from exc
+            raise RolloutFatalError(
+                f"EnvManagerWorker {index} stopped: {reason}"
+            ) from exc
 
     async def _engine_stats(self) -> list[dict]:
         """Stats per replica (an empty dict for a replica that does not answer, e.g. a dead one)."""
@@ -347,7 +458,13 @@ class RolloutScheduler:
 
     async def _router_stats(self) -> list[dict]:
         """Every worker's Router counters (one call per worker per batch)."""
-        return [r for r in await _gather_quietly([w.router_stats.remote() for w in self._workers]) if isinstance(r, dict)]
+        return [
+            r
+            for r in await _gather_quietly(
+                [w.router_stats.remote() for w in self._workers]
+            )
+            if isinstance(r, dict)
+        ]
 
     async def suspend(self, cancel_in_flight: bool = True) -> None:
         await self.start()
@@ -367,8 +484,14 @@ class RolloutScheduler:
         if not self._started:
             return {"started": False}
         queue = await self._queue.describe.remote()
-        workers = await asyncio.gather(*(w.describe.remote() for w in self._workers), return_exceptions=True)
-        return {"started": True, "queue": queue, "workers": [w if isinstance(w, dict) else repr(w) for w in workers]}
+        workers = await asyncio.gather(
+            *(w.describe.remote() for w in self._workers), return_exceptions=True
+        )
+        return {
+            "started": True,
+            "queue": queue,
+            "workers": [w if isinstance(w, dict) else repr(w) for w in workers],
+        }
 
     async def shutdown(self) -> None:
         """Stop the loops and kill the actors; safe to call twice."""
@@ -378,12 +501,22 @@ class RolloutScheduler:
         try:
             await asyncio.wait_for(self._queue.shutdown.remote(), _SHUTDOWN_TIMEOUT_S)
             await asyncio.wait_for(
-                asyncio.gather(*(w.stop.remote() for w in self._workers), return_exceptions=True), _SHUTDOWN_TIMEOUT_S
+                asyncio.gather(
+                    *(w.stop.remote() for w in self._workers), return_exceptions=True
+                ),
+                _SHUTDOWN_TIMEOUT_S,
             )
-            await asyncio.wait_for(asyncio.gather(*self._run_futures, return_exceptions=True), _SHUTDOWN_TIMEOUT_S)
-            await asyncio.wait_for(self._queue.close_call_socket.remote(), _SHUTDOWN_TIMEOUT_S)
+            await asyncio.wait_for(
+                asyncio.gather(*self._run_futures, return_exceptions=True),
+                _SHUTDOWN_TIMEOUT_S,
+            )
+            await asyncio.wait_for(
+                self._queue.close_call_socket.remote(), _SHUTDOWN_TIMEOUT_S
+            )
         except Exception:
-            logger.warning("rollout actors did not stop cleanly; killing them", exc_info=True)
+            logger.warning(
+                "rollout actors did not stop cleanly; killing them", exc_info=True
+            )
         await self._kill_actors()
 
     async def _kill_actors(self) -> None:

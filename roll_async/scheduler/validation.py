@@ -22,16 +22,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from roll_async.config import PipelineConfig
+from roll_async.config.schema import PipelineConfig
 from roll_async.metrics import validation_metrics
-from roll_async.protocol import EpisodeSpec, Trajectory
 from roll_async.scheduler.group_queue import ServedBatch, derive_seed, groups_per_tag
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
 class FixedRoundRunner(Protocol):
     """A RolloutScheduler or LocalRolloutScheduler built with ``which="val"``."""
 
-    async def run_fixed_round(self, episodes: Sequence[EpisodeSpec], step: int) -> ServedBatch: ...
+    async def run_fixed_round(
+        self, episodes: Sequence[EpisodeSpec], step: int
+    ) -> ServedBatch: ...
 
     async def shutdown(self) -> None: ...
 
@@ -44,10 +46,18 @@ def build_validation_episodes(config: PipelineConfig) -> list[EpisodeSpec]:
     if em.dataset:
         return _episodes_from_dataset(config, em.dataset)
     episodes = []
-    for tag, count in zip(em.tags, groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition)):
+    for tag, count in zip(
+        em.tags, groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition)
+    ):
         for index in range(count):
             episodes.append(
-                EpisodeSpec(tag=tag, group_id=len(episodes), episode_id=0, seed=derive_seed(config.seed, f"val/{tag}", index), created_step=0)
+                EpisodeSpec(
+                    tag=tag,
+                    group_id=len(episodes),
+                    episode_id=0,
+                    seed=derive_seed(config.seed, f"val/{tag}", index),
+                    created_step=0,
+                )
             )
     return episodes
 
@@ -61,7 +71,9 @@ def _episodes_from_dataset(config: PipelineConfig, path: str) -> list[EpisodeSpe
         if row.data_source in tags:
             tag = row.data_source
         else:
-            matching = [t for t in tags if config.custom_envs[t].env_type == row.env_name]
+            matching = [
+                t for t in tags if config.custom_envs[t].env_type == row.env_name
+            ]
             if not matching:
                 raise ValueError(
                     f"val_env_manager.dataset={path!r} row {row_index} is for env {row.env_name!r}, but no val tag "
@@ -70,7 +82,12 @@ def _episodes_from_dataset(config: PipelineConfig, path: str) -> list[EpisodeSpe
             tag = matching[0]
         episodes.append(
             EpisodeSpec(
-                tag=tag, group_id=len(episodes), episode_id=0, seed=row.seed, created_step=0, env_config_override=dict(row.env_config)
+                tag=tag,
+                group_id=len(episodes),
+                episode_id=0,
+                seed=row.seed,
+                created_step=0,
+                env_config_override=dict(row.env_config),
             )
         )
     return episodes
@@ -79,7 +96,9 @@ def _episodes_from_dataset(config: PipelineConfig, path: str) -> list[EpisodeSpe
 class ValidationScheduler:
     """Runs every validation episode once per ``evaluate``."""
 
-    def __init__(self, runner: FixedRoundRunner, episodes: Sequence[EpisodeSpec]) -> None:
+    def __init__(
+        self, runner: FixedRoundRunner, episodes: Sequence[EpisodeSpec]
+    ) -> None:
         self.runner = runner
         self.episodes = list(episodes)
 
@@ -96,7 +115,11 @@ class ValidationScheduler:
         from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
         runner = RolloutScheduler(
-            config, engine_handles=engine_handles, tokenizer_path=tokenizer_path, which="val", env_factory=env_factory
+            config,
+            engine_handles=engine_handles,
+            tokenizer_path=tokenizer_path,
+            which="val",
+            env_factory=env_factory,
         )
         return cls(runner, build_validation_episodes(config))
 

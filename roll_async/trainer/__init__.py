@@ -2,13 +2,18 @@
 
 ``build_trainer(config.trainer, model_path)`` returns the configured trainer;
 ``trainer.train_step(batch, step)`` trains on a
-:class:`~roll_async.batching.TrajectoryBatch`, ``state_dict_for_engine()``
+:class:`~roll_async.trainer.collate.TrajectoryBatch`, ``state_dict_for_engine()``
 gives weights for ``engine.update_weights``. See :mod:`.losses` for the exact
 loss and which ratio is clipped and which is truncated.
 """
 
-from roll_async.trainer.advantages import compute_advantages, grpo_advantages, rloo_advantages
-from roll_async.trainer.base import NonFiniteLossError, Trainer, build_trainer, load_trainer_class
+from roll_async.errors import NonFiniteLossError
+from roll_async.trainer.advantages import (
+    compute_advantages,
+    grpo_advantages,
+    rloo_advantages,
+)
+from roll_async.trainer.base import Trainer, build_trainer, load_trainer_class
 from roll_async.trainer.checkpoint import (
     checkpoint_dir,
     checkpoint_state_dict,
@@ -18,7 +23,14 @@ from roll_async.trainer.checkpoint import (
     resolve_resume_dir,
 )
 from roll_async.trainer.grpo_trainer import GradientStats, GRPOTrainer
-from roll_async.trainer.losses import LossNormalizer, aggregate, clipped_surrogate, k3_kl, token_logprobs, truncated_importance_weights
+from roll_async.trainer.losses import (
+    LossNormalizer,
+    aggregate,
+    clipped_surrogate,
+    k3_kl,
+    token_logprobs,
+    truncated_importance_weights,
+)
 from roll_async.trainer.scoring import score_generated_tokens
 from roll_async.trainer.sft import SFTExample, build_sft_examples, run_sft
 

@@ -23,28 +23,40 @@ import torch
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 
 
-def _group_sum(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+def _group_sum(
+    values: torch.Tensor, group_index: torch.Tensor, num_groups: int
+) -> torch.Tensor:
     """Sum of ``values`` per group, gathered back to each row."""
     sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
     return sums.index_add_(0, group_index, values)[group_index]
 
 
-def _group_size_and_sum(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_size_and_sum(
+    rewards: torch.Tensor, group_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the size of its group and the sum of its group's rewards (float64)."""
     num_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
     values = rewards.to(torch.float64)
-    return _group_sum(torch.ones_like(values), group_index, num_groups), _group_sum(values, group_index, num_groups)
+    return _group_sum(torch.ones_like(values), group_index, num_groups), _group_sum(
+        values, group_index, num_groups
+    )
 
 
 def grpo_advantages(
-    rewards: torch.Tensor, group_index: torch.Tensor, *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """``(r - group mean) / (group std + eps)`` per trajectory; 0 for groups of size 1."""
     n, total = _group_size_and_sum(rewards, group_index)
     advantages = rewards.to(torch.float64) - total / n
     if normalize_std:
         num_groups = int(group_index.max().item()) + 1
-        var = _group_sum(advantages * advantages, group_index, num_groups) / (n - 1).clamp(min=1)
+        var = _group_sum(advantages * advantages, group_index, num_groups) / (
+            n - 1
+        ).clamp(min=1)
         advantages = advantages / (var.sqrt() + eps)
     advantages = torch.where(n > 1, advantages, torch.zeros_like(advantages))
     return advantages.to(rewards.dtype)
@@ -73,7 +85,11 @@ def compute_advantages(
             f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must be 1-D and the same shape"
         )
     if estimator == "grpo":
-        return grpo_advantages(rewards, group_index, normalize_std=normalize_std, eps=eps)
+        return grpo_advantages(
+            rewards, group_index, normalize_std=normalize_std, eps=eps
+        )
     if estimator == "rloo":
         return rloo_advantages(rewards, group_index)
-    raise ValueError(f"advantage estimator {estimator!r} is unknown; use one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+    raise ValueError(
+        f"advantage estimator {estimator!r} is unknown; use one of {', '.join(ADVANTAGE_ESTIMATORS)}"
+    )

@@ -14,12 +14,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from roll_async.batching import TrajectoryBatch
-from roll_async.config import ConfigError, TrainerConfig
-from roll_async.dotted import resolve_dotted
+from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.config.schema import TrainerConfig
+from roll_async.errors import ConfigError
+from roll_async.trainer.collate import TrajectoryBatch
 
 #: The methods every trainer must have; checked when a custom class is loaded.
-TRAINER_METHODS = ("train_step", "state_dict_for_engine", "save_checkpoint", "load_checkpoint")
+TRAINER_METHODS = (
+    "train_step",
+    "state_dict_for_engine",
+    "save_checkpoint",
+    "load_checkpoint",
+)
 
 
 @runtime_checkable
@@ -42,29 +48,15 @@ class Trainer(Protocol):
         """The current weights under HF checkpoint names (what ``save_pretrained`` writes), as a snapshot."""
         ...
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
+    ) -> None:
         """Write model, optimizer and ``extra_state`` to ``directory`` atomically."""
         ...
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model and optimizer from ``directory``; return the ``extra_state`` saved with them."""
         ...
-
-
-class NonFiniteLossError(RuntimeError):
-    """A NaN/inf loss or gradient norm: the optimizer was not stepped; the run should stop at the last good checkpoint."""
-
-    def __init__(self, step: int, traj_ids: list[str], what: str, detail: str = "") -> None:
-        self.step = step
-        self.traj_ids = list(traj_ids)
-        self.what = what
-        shown = ", ".join(self.traj_ids[:4]) + (f" (+{len(self.traj_ids) - 4} more)" if len(self.traj_ids) > 4 else "")
-        super().__init__(
-            f"non-finite {what} at step {step}{f' ({detail})' if detail else ''}; batch trajectories: "
-            f"{shown or '(none)'}. The optimizer step was skipped, so the weights are those before this update; "
-            "stop the run and resume from the last good checkpoint (check rewards and engine logprobs of these "
-            "trajectories, or lower trainer.lr)"
-        )
 
 
 def load_trainer_class(dotted_path: str) -> type:
@@ -79,9 +71,13 @@ def load_trainer_class(dotted_path: str) -> type:
     try:
         obj = resolve_dotted(dotted_path, f"{key}={dotted_path!r}")
     except ValueError as exc:
-        raise ConfigError(f"{exc}; check the name and that the package is installed or on PYTHONPATH") from exc
+        raise ConfigError(
+            f"{exc}; check the name and that the package is installed or on PYTHONPATH"
+        ) from exc
     if not isinstance(obj, type):
-        raise ConfigError(f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class")
+        raise ConfigError(
+            f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class"
+        )
     missing = [m for m in TRAINER_METHODS if not callable(getattr(obj, m, None))]
     if missing:
         raise ConfigError(

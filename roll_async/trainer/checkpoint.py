@@ -63,7 +63,12 @@ def _drop_shared_storage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     seen: set[tuple[Any, ...]] = set()
     kept: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -75,9 +80,21 @@ def tied_parameter_names(model: torch.nn.Module) -> set[str]:
     """State-dict names that alias another entry (e.g. a tied ``lm_head.weight``)."""
     groups: dict[tuple[Any, ...], list[str]] = collections.defaultdict(list)
     for name, tensor in model.state_dict().items():
-        groups[(tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset())].append(name)
+        groups[
+            (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+            )
+        ].append(name)
     exported = set(checkpoint_state_dict(model))
-    return {name for names in groups.values() if len(names) > 1 for name in names if name not in exported}
+    return {
+        name
+        for names in groups.values()
+        if len(names) > 1
+        for name in names
+        if name not in exported
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -125,7 +142,9 @@ def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"checkpoint {str(directory)!r} holds no *.safetensors model weights")
+        raise FileNotFoundError(
+            f"checkpoint {str(directory)!r} holds no *.safetensors model weights"
+        )
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         weights.update(load_file(str(file)))
@@ -138,7 +157,9 @@ def load_model_weights(model: Any, directory: str | os.PathLike[str]) -> None:
     expected = set(checkpoint_state_dict(model))
     if set(weights) != expected:
         # Names differ from the in-memory ones (a transformers weight conversion): let HF map them.
-        weights = type(model).from_pretrained(directory).state_dict()  # load_state_dict casts to our dtype
+        weights = (
+            type(model).from_pretrained(directory).state_dict()
+        )  # load_state_dict casts to our dtype
     result = model.load_state_dict(weights, strict=False)
     missing = set(result.missing_keys) - tied_parameter_names(model)
     if missing or result.unexpected_keys:
@@ -148,7 +169,9 @@ def load_model_weights(model: Any, directory: str | os.PathLike[str]) -> None:
         )
 
 
-def read_checkpoint_state(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_checkpoint_state(
+    directory: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(trainer_state, extra_state)`` of a checkpoint directory."""
     path = Path(directory)
     if not is_checkpoint(path):
@@ -158,11 +181,15 @@ def read_checkpoint_state(directory: str | os.PathLike[str]) -> tuple[dict[str, 
         )
     trainer_state = json.loads((path / TRAINER_STATE_FILE).read_text())
     extra_file = path / EXTRA_STATE_FILE
-    extra_state = torch.load(extra_file, weights_only=False) if extra_file.is_file() else {}
+    extra_state = (
+        torch.load(extra_file, weights_only=False) if extra_file.is_file() else {}
+    )
     return trainer_state, extra_state
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, directory: str | os.PathLike[str]) -> bool:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, directory: str | os.PathLike[str]
+) -> bool:
     """Restore the optimizer if the checkpoint has its state; returns whether it did."""
     file = Path(directory) / OPTIMIZER_FILE
     if not file.is_file():
@@ -215,7 +242,11 @@ def resolve_resume_dir(path: str | os.PathLike[str]) -> Path:
 def prune_checkpoints(root: str | os.PathLike[str], keep_last: int) -> list[Path]:
     """Delete all but the ``keep_last`` newest checkpoints under ``root``; returns what was removed."""
     found = list_checkpoints(root)
-    doomed = [p for _, p in found[: max(0, len(found) - max(keep_last, 0))]] if keep_last > 0 else []
+    doomed = (
+        [p for _, p in found[: max(0, len(found) - max(keep_last, 0))]]
+        if keep_last > 0
+        else []
+    )
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

@@ -27,12 +27,11 @@ from typing import Any
 
 import torch
 
-from roll_async.batching import TrajectoryBatch
-from roll_async.config import ConfigError, TrainerConfig
+from roll_async.config.schema import TrainerConfig
+from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.metrics import TRAIN_TOKEN_LAG_MASKED_FRACTION, TRAIN_TOKEN_LAG_MAX
-from roll_async.multimodal import VisionProcessor, model_is_vision_language
+from roll_async.prompts.images import VisionProcessor, model_is_vision_language
 from roll_async.trainer.advantages import compute_advantages
-from roll_async.trainer.base import NonFiniteLossError
 from roll_async.trainer.checkpoint import (
     checkpoint_state_dict,
     load_model_weights,
@@ -41,6 +40,7 @@ from roll_async.trainer.checkpoint import (
     resolve_resume_dir,
     write_checkpoint,
 )
+from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.losses import (
     LossNormalizer,
     aggregate,
@@ -76,17 +76,30 @@ def resolve_device(device: str, ray_gpu_ids: list[Any] | None = None) -> torch.d
 
 def resolve_dtype(dtype: str) -> torch.dtype:
     if dtype not in _DTYPES:
-        raise ConfigError(f"trainer.dtype={dtype!r} is unknown; use one of float32, bfloat16, float16")
+        raise ConfigError(
+            f"trainer.dtype={dtype!r} is unknown; use one of float32, bfloat16, float16"
+        )
     return _DTYPES[dtype]
 
 
-def load_causal_lm(model_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False) -> Any:
+def load_causal_lm(
+    model_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool = False,
+) -> Any:
     """An HF causal LM on ``device`` with dropout off."""
     import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    auto_class = AutoModelForImageTextToText if model_is_vision_language(model_path) else AutoModelForCausalLM
+    dtype_key = (
+        "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    )
+    auto_class = (
+        AutoModelForImageTextToText
+        if model_is_vision_language(model_path)
+        else AutoModelForCausalLM
+    )
     model = auto_class.from_pretrained(
         model_path, trust_remote_code=trust_remote_code, **{dtype_key: dtype}
     ).to(device)
@@ -102,7 +115,9 @@ def disable_dropout(model: torch.nn.Module) -> None:
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
     config = getattr(model, "config", None)
-    if config is not None and isinstance(getattr(config, "attention_dropout", None), float):
+    if config is not None and isinstance(
+        getattr(config, "attention_dropout", None), float
+    ):
         config.attention_dropout = 0.0
 
 
@@ -137,23 +152,37 @@ class GRPOTrainer:
         if config.ppo_epochs < 1:
             raise ConfigError(f"trainer.ppo_epochs={config.ppo_epochs}: must be >= 1")
         if config.micro_batch_size < 1:
-            raise ConfigError(f"trainer.micro_batch_size={config.micro_batch_size}: must be >= 1")
+            raise ConfigError(
+                f"trainer.micro_batch_size={config.micro_batch_size}: must be >= 1"
+            )
         self.config = config
         self.model_path = str(model_path)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype)
-        self.model = load_causal_lm(self.model_path, self.dtype, self.device, trust_remote_code)
+        self.model = load_causal_lm(
+            self.model_path, self.dtype, self.device, trust_remote_code
+        )
         #: The model's processor when it is vision-language: it turns a batch's images into pixel inputs.
-        self.vision = VisionProcessor.load(self.model_path, trust_remote_code) if model_is_vision_language(self.model_path) else None
+        self.vision = (
+            VisionProcessor.load(self.model_path, trust_remote_code)
+            if model_is_vision_language(self.model_path)
+            else None
+        )
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         # The reference exists only when the KL term needs it (a full second copy of the weights).
         self.ref_model = None
         if config.kl_coef > 0:
-            self.ref_model = load_causal_lm(self.model_path, self.dtype, self.device, trust_remote_code)
+            self.ref_model = load_causal_lm(
+                self.model_path, self.dtype, self.device, trust_remote_code
+            )
             self.ref_model.eval().requires_grad_(False)
-        self.tokenizer = tokenizer if tokenizer is not None else _try_load_tokenizer(self.model_path, trust_remote_code)
+        self.tokenizer = (
+            tokenizer
+            if tokenizer is not None
+            else _try_load_tokenizer(self.model_path, trust_remote_code)
+        )
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -183,7 +212,14 @@ class GRPOTrainer:
         for epoch in range(cfg.ppo_epochs):
             where = f"epoch {epoch + 1}/{cfg.ppo_epochs}"
             self.optimizer.zero_grad(set_to_none=True)
-            stats = self.accumulate_gradients(batch, advantages, proximal, normalizer=normalizer, step=step, where=where)
+            stats = self.accumulate_gradients(
+                batch,
+                advantages,
+                proximal,
+                normalizer=normalizer,
+                step=step,
+                where=where,
+            )
             if proximal is None:
                 proximal = stats.logprobs  # the policy before any update of this step
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
@@ -222,10 +258,17 @@ class GRPOTrainer:
         normalizer = normalizer or LossNormalizer.for_mask(scored)
         size = len(batch)
         # Every behaviour logprob exactly 0 means the engine returned none (logprobs off): no TIS then.
-        behaviour_missing = bool(scored.any()) and bool((batch.old_logprobs[scored] == 0).all())
+        behaviour_missing = bool(scored.any()) and bool(
+            (batch.old_logprobs[scored] == 0).all()
+        )
         if behaviour_missing and cfg.tis_cap > 0:
-            logger.warning("step %s: the batch has no behaviour logprobs (all 0); truncated IS is skipped", step)
-        all_logprobs = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+            logger.warning(
+                "step %s: the batch has no behaviour logprobs (all 0); truncated IS is skipped",
+                step,
+            )
+        all_logprobs = torch.zeros(
+            batch.input_ids.shape, dtype=torch.float32, device=self.device
+        )
         totals: dict[str, float] = collections.defaultdict(float)
         for start in range(0, size, cfg.micro_batch_size):
             rows = slice(start, min(start + cfg.micro_batch_size, size))
@@ -243,14 +286,22 @@ class GRPOTrainer:
                 model_inputs=self._vision_inputs(batch, rows),
             )
             logp = out.logprobs
-            prox = proximal_logprobs[rows, cols] if proximal_logprobs is not None else logp.detach()
+            prox = (
+                proximal_logprobs[rows, cols]
+                if proximal_logprobs is not None
+                else logp.detach()
+            )
             behaviour = batch.old_logprobs[rows, cols].float()
             weights, raw_ratio = truncated_importance_weights(
                 prox, behaviour, 0.0 if behaviour_missing else cfg.tis_cap
             )
             token_adv = advantages[rows].float().unsqueeze(1).expand_as(logp)
             surrogate, _, clipped = clipped_surrogate(
-                logp, prox, token_adv, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high
+                logp,
+                prox,
+                token_adv,
+                clip_ratio_low=cfg.clip_ratio_low,
+                clip_ratio_high=cfg.clip_ratio_high,
             )
             pg_loss = aggregate(weights * surrogate, mask, cfg.loss_agg, normalizer)
             loss = pg_loss
@@ -282,11 +333,19 @@ class GRPOTrainer:
                 totals["kl"] += kl_value
                 totals["tokens"] += n_tokens
                 totals["clipped"] += int((clipped & mask).sum())
-                totals["truncated"] += int(((raw_ratio > cfg.tis_cap) & mask).sum()) if cfg.tis_cap > 0 else 0
-                totals["entropy"] += float(out.entropy[mask].sum()) if out.entropy is not None else 0.0
+                totals["truncated"] += (
+                    int(((raw_ratio > cfg.tis_cap) & mask).sum())
+                    if cfg.tis_cap > 0
+                    else 0
+                )
+                totals["entropy"] += (
+                    float(out.entropy[mask].sum()) if out.entropy is not None else 0.0
+                )
                 totals["ratio_sum"] += float(raw_ratio[mask].sum())
                 if n_tokens:
-                    totals["ratio_max"] = max(totals.get("ratio_max", 0.0), float(raw_ratio[mask].max()))
+                    totals["ratio_max"] = max(
+                        totals.get("ratio_max", 0.0), float(raw_ratio[mask].max())
+                    )
         tokens = max(totals["tokens"], 1)
         return GradientStats(
             loss=totals["loss"],
@@ -317,7 +376,9 @@ class GRPOTrainer:
         """
         batch = batch.to(self.device)
         scored = _scored_mask(batch.response_mask)
-        result = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        result = torch.zeros(
+            batch.input_ids.shape, dtype=torch.float32, device=self.device
+        )
         for start in range(0, len(batch), self.config.micro_batch_size):
             rows = slice(start, min(start + self.config.micro_batch_size, len(batch)))
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
@@ -333,12 +394,17 @@ class GRPOTrainer:
             ).logprobs
         return result
 
-    def _vision_inputs(self, batch: TrajectoryBatch, rows: slice) -> dict[str, torch.Tensor]:
+    def _vision_inputs(
+        self, batch: TrajectoryBatch, rows: slice
+    ) -> dict[str, torch.Tensor]:
         """Pixel inputs of the rows' images for a vision-language model ({} for text models or no images)."""
         if self.vision is None or not batch.images:
             return {}
         inputs = self.vision.pixel_inputs(batch.images[rows])
-        return {name: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype) for name, t in inputs.items()}
+        return {
+            name: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+            for name, t in inputs.items()
+        }
 
     def reset_reference(self) -> None:
         """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
@@ -346,14 +412,20 @@ class GRPOTrainer:
             self.ref_model.load_state_dict(self.model.state_dict())
 
     def _metrics(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, epochs: list[GradientStats], grad_norms: list[float]
+        self,
+        batch: TrajectoryBatch,
+        advantages: torch.Tensor,
+        epochs: list[GradientStats],
+        grad_norms: list[float],
     ) -> dict[str, float]:
         def mean(values: list[float]) -> float:
             return sum(values) / len(values)
 
         rewards = batch.rewards.float()
         first = epochs[0]
-        lag_metrics = self._token_lag_metrics(batch)  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
+        lag_metrics = self._token_lag_metrics(
+            batch
+        )  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
         metrics = {
             "train/loss": mean([e.loss for e in epochs]),
             "train/pg_loss": mean([e.pg_loss for e in epochs]),
@@ -383,7 +455,8 @@ class GRPOTrainer:
         known = response & (lag >= 0)
         masked = response & ~self._loss_mask(batch)
         return {
-            TRAIN_TOKEN_LAG_MASKED_FRACTION: float(masked.sum()) / max(int(response.sum()), 1),
+            TRAIN_TOKEN_LAG_MASKED_FRACTION: float(masked.sum())
+            / max(int(response.sum()), 1),
             TRAIN_TOKEN_LAG_MAX: float(lag[known].max()) if bool(known.any()) else 0.0,
         }
 
@@ -391,9 +464,14 @@ class GRPOTrainer:
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
         """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out)."""
-        return {name: t.detach().to("cpu", copy=True) for name, t in checkpoint_state_dict(self.model).items()}
+        return {
+            name: t.detach().to("cpu", copy=True)
+            for name, t in checkpoint_state_dict(self.model).items()
+        }
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
+    ) -> None:
         write_checkpoint(
             directory,
             model=self.model,
@@ -414,9 +492,14 @@ class GRPOTrainer:
         trainer_state, extra_state = read_checkpoint_state(path)
         load_model_weights(self.model, path)
         if load_optimizer_state(self.optimizer, path):
-            for group in self.optimizer.param_groups:  # resuming with a changed lr etc. uses the new values
+            for group in (
+                self.optimizer.param_groups
+            ):  # resuming with a changed lr etc. uses the new values
                 group["lr"] = self.config.lr
-                group["betas"] = (float(self.config.adam_betas[0]), float(self.config.adam_betas[1]))
+                group["betas"] = (
+                    float(self.config.adam_betas[0]),
+                    float(self.config.adam_betas[1]),
+                )
                 group["weight_decay"] = self.config.weight_decay
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
@@ -431,7 +514,11 @@ def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:
     if batch.token_versions is None or batch.policy_version is None:
         return None
     versions = batch.token_versions.to(batch.response_mask.device)
-    return torch.where(versions >= 0, (batch.policy_version - versions).clamp(min=0), torch.full_like(versions, -1))
+    return torch.where(
+        versions >= 0,
+        (batch.policy_version - versions).clamp(min=0),
+        torch.full_like(versions, -1),
+    )
 
 
 def _scored_mask(response_mask: torch.Tensor) -> torch.Tensor:
@@ -446,6 +533,8 @@ def _try_load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(
+            model_path, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError):
         return None

@@ -82,7 +82,11 @@ def token_logprobs(
     entropy is that of the same distribution.
     """
     outputs = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **(model_inputs or {})
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **(model_inputs or {}),
     )
     logits = outputs.logits
     wanted = (score_mask if score_mask is not None else attention_mask).bool()
@@ -99,12 +103,18 @@ def token_logprobs(
         shifted = shifted.masked_scatter(select, values)
         if shifted_entropy is not None:
             with torch.no_grad():
-                finite = picked.masked_fill(torch.isinf(picked), 0.0)  # removed tokens have p = 0
+                finite = picked.masked_fill(
+                    torch.isinf(picked), 0.0
+                )  # removed tokens have p = 0
                 ent = log_norm - (torch.softmax(picked, dim=-1) * finite).sum(-1)
                 shifted_entropy = shifted_entropy.masked_scatter(select, ent)
     first = torch.zeros((select.shape[0], 1), dtype=torch.float32, device=logits.device)
     out = torch.cat([first, shifted], dim=1)
-    entropy = torch.cat([first, shifted_entropy], dim=1) if shifted_entropy is not None else None
+    entropy = (
+        torch.cat([first, shifted_entropy], dim=1)
+        if shifted_entropy is not None
+        else None
+    )
     return TokenLogprobs(out, entropy)
 
 
@@ -136,7 +146,9 @@ def clipped_surrogate(
     """
     ratio = torch.exp(logp - prox_logp.detach())
     unclipped = -advantages * ratio
-    clipped_loss = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped_loss = -advantages * ratio.clamp(
+        1.0 - clip_ratio_low, 1.0 + clip_ratio_high
+    )
     loss = torch.maximum(unclipped, clipped_loss)
     with torch.no_grad():
         clipped = ((advantages > 0) & (ratio > 1.0 + clip_ratio_high)) | (
@@ -167,7 +179,9 @@ class LossNormalizer:
         )
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: LossNormalizer) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: LossNormalizer
+) -> torch.Tensor:
     """Reduce per-token ``values`` over ``mask`` by ``token_mean`` or ``seq_mean`` (see module docstring)."""
     weights = mask.to(values.dtype)
     if agg == "token_mean":
@@ -175,4 +189,6 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: Lo
     if agg == "seq_mean":
         per_seq = (values * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
         return per_seq.sum() / normalizer.num_sequences
-    raise ValueError(f"loss aggregation {agg!r} is unknown; use one of {', '.join(LOSS_AGGREGATIONS)}")
+    raise ValueError(
+        f"loss aggregation {agg!r} is unknown; use one of {', '.join(LOSS_AGGREGATIONS)}"
+    )

@@ -32,11 +32,17 @@ def score_generated_tokens(
     ``sampling`` the settings the engine sampled with (None: temperature 1, no top-k/top-p).
     """
     if not prompt_token_ids:
-        raise ValueError("prompt_token_ids is empty: the first generated token needs a prefix to be scored")
+        raise ValueError(
+            "prompt_token_ids is empty: the first generated token needs a prefix to be scored"
+        )
     if not output_token_ids:
         return []
     device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_token_ids) + list(output_token_ids)], dtype=torch.long, device=device)
+    ids = torch.tensor(
+        [list(prompt_token_ids) + list(output_token_ids)],
+        dtype=torch.long,
+        device=device,
+    )
     attention = torch.ones_like(ids)
     score_mask = torch.zeros_like(ids)
     score_mask[:, len(prompt_token_ids) :] = 1

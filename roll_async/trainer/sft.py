@@ -8,7 +8,7 @@ some good moves, but initial success stays low, leaving room for RL to show
 improvement.
 
 Conversations are rendered token-exactly the way rollouts build them
-(:class:`~roll_async.tokenization.ChatPromptBuilder`: first turn through the
+(:class:`~roll_async.prompts.prompt_builder.ChatPromptBuilder`: first turn through the
 chat template, then response ids, the turn closure, and the next user delta),
 with the same ``instruction_template``/``observation_template`` fields as the
 EnvManager (``instruction``, ``observation``, ``reward``, ``turn``). The loss
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from roll_async.envs import make_env
-from roll_async.tokenization import ChatPromptBuilder
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trainer.losses import token_logprobs
 
 
@@ -97,12 +97,21 @@ def build_sft_examples(
                 reply = builder.encode(response)
                 closure = builder.closure_ids_after(reply)
                 ids += reply + closure
-                mask += [1] * len(reply) + _end_of_turn_mask(closure, builder.eos_token_ids)
-                observation, reward, terminated, truncated, step_info = env.step(response)
+                mask += [1] * len(reply) + _end_of_turn_mask(
+                    closure, builder.eos_token_ids
+                )
+                observation, reward, terminated, truncated, step_info = env.step(
+                    response
+                )
                 success = bool((step_info.get("metrics") or {}).get("success", False))
                 if terminated or truncated or turn == keep - 1:
                     break
-                fields = {**fields, "observation": _observation_text(observation), "reward": float(reward), "turn": turn + 1}
+                fields = {
+                    **fields,
+                    "observation": _observation_text(observation),
+                    "reward": float(reward),
+                    "turn": turn + 1,
+                }
                 delta = builder.user_delta_ids(observation_template.format(**fields))
                 ids += delta
                 mask += [0] * len(delta)
@@ -110,7 +119,14 @@ def build_sft_examples(
                 ids, mask = ids[:max_length], mask[:max_length]
             if any(mask):
                 examples.append(
-                    SFTExample(ids, mask, seed=int(seed), num_turns=keep, demo_turns=len(responses), success=success)
+                    SFTExample(
+                        ids,
+                        mask,
+                        seed=int(seed),
+                        num_turns=keep,
+                        demo_turns=len(responses),
+                        success=success,
+                    )
                 )
     finally:
         env.close()
@@ -128,7 +144,9 @@ def _end_of_turn_mask(closure: list[int], eos_ids: set[int]) -> list[int]:
     return mask if not learning else [0] * len(closure)
 
 
-def collate_sft(examples: list[SFTExample], pad_token_id: int) -> dict[str, torch.Tensor]:
+def collate_sft(
+    examples: list[SFTExample], pad_token_id: int
+) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask``, ``position_ids`` and ``loss_mask``."""
     width = max(len(e.input_ids) for e in examples)
     size = len(examples)
@@ -142,14 +160,23 @@ def collate_sft(examples: list[SFTExample], pad_token_id: int) -> dict[str, torc
         loss_mask[row, :n] = torch.tensor(example.loss_mask)
     loss_mask[:, 0] = 0  # the first token has no prefix to predict it from
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0) * attention_mask
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "loss_mask": loss_mask}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "loss_mask": loss_mask,
+    }
 
 
 def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean negative log-likelihood over the batch's ``loss_mask`` tokens."""
     mask = batch["loss_mask"].bool()
     logp = token_logprobs(
-        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], score_mask=mask
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["position_ids"],
+        score_mask=mask,
     ).logprobs
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
@@ -176,13 +203,17 @@ def run_sft(
     ``seed`` (a local generator; global RNG untouched).
     """
     if not examples:
-        raise ValueError("run_sft got no examples; did every demonstration fail (check env solver and demo_fraction)?")
+        raise ValueError(
+            "run_sft got no examples; did every demonstration fail (check env solver and demo_fraction)?"
+        )
     model = getattr(target, "model", target)
     if pad_token_id is None:
         tokenizer = getattr(target, "tokenizer", None)
         pad_token_id = getattr(tokenizer, "pad_token_id", None)
         if pad_token_id is None:
-            pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+            pad_token_id = (
+                getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+            )
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -197,11 +228,16 @@ def run_sft(
             if not order:
                 order = torch.randperm(len(examples), generator=generator).tolist()
             picked.append(order.pop())
-        batch = {k: v.to(device) for k, v in collate_sft([examples[i] for i in picked], pad_token_id).items()}
+        batch = {
+            k: v.to(device)
+            for k, v in collate_sft([examples[i] for i in picked], pad_token_id).items()
+        }
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(model, batch)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"SFT loss became {float(loss)} at step {len(losses)}; lower sft_warmup.lr")
+            raise FloatingPointError(
+                f"SFT loss became {float(loss)} at step {len(losses)}; lower sft_warmup.lr"
+            )
         loss.backward()
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -212,7 +248,7 @@ def run_sft(
     reset = getattr(target, "reset_reference", None)
     if callable(reset) and target is not model:
         reset()
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    tail = losses[-max(1, len(losses) // 10) :] if losses else [float("nan")]
     return {
         "sft/loss/first": losses[0] if losses else float("nan"),
         "sft/loss/last": losses[-1] if losses else float("nan"),

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roll_async.config import TrainerConfig
+from roll_async.config.schema import TrainerConfig
 from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
 
 
@@ -39,18 +39,29 @@ class SimulatedTrainer:
     def train_step(self, batch: Any, step: int) -> dict[str, float]:
         time.sleep(self.step_s)  # no CPU: the simulated step only takes time
         self.optimizer_steps += 1
-        return {"train/simulated_step_s": self.step_s, "train/num_trajectories": float(len(getattr(batch, "traj_ids", []) or []))}
+        return {
+            "train/simulated_step_s": self.step_s,
+            "train/num_trajectories": float(len(getattr(batch, "traj_ids", []) or [])),
+        }
 
     def state_dict_for_engine(self) -> dict[str, Any]:
         return {}
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
+    ) -> None:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        state = {"simulated": True, "optimizer_steps": self.optimizer_steps, "extra_state": extra_state}
+        state = {
+            "simulated": True,
+            "optimizer_steps": self.optimizer_steps,
+            "extra_state": extra_state,
+        }
         (path / TRAINER_STATE_FILE).write_text(json.dumps(state, default=str))
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        state = json.loads((resolve_resume_dir(directory) / TRAINER_STATE_FILE).read_text())
+        state = json.loads(
+            (resolve_resume_dir(directory) / TRAINER_STATE_FILE).read_text()
+        )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         return dict(state.get("extra_state", {}))

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from roll_async.protocol import GenerationRequest
 from roll_async.sampling import SamplingSettings
+from roll_async.trajectory import GenerationRequest
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,9 @@ def prompt(tokenizer) -> list[int]:
         {"role": "assistant", "content": "<answer>Up</answer>"},
         {"role": "user", "content": "_G_\n_P_\n___"},
     ]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,9 @@ def hf_model(tiny_model_path):
     return load_causal_lm(str(tiny_model_path), torch.float32, torch.device("cpu"))
 
 
-async def _generate(engine, prompt: list[int], settings: SamplingSettings, n: int = 6, tokens: int = 24):
+async def _generate(
+    engine, prompt: list[int], settings: SamplingSettings, n: int = 6, tokens: int = 24
+):
     requests = [
         GenerationRequest(
             request_id=f"lp-{uuid.uuid4().hex[:10]}",
@@ -71,7 +75,9 @@ async def _generate(engine, prompt: list[int], settings: SamplingSettings, n: in
 
 
 @pytest.mark.parametrize("settings", CASES, ids=str)
-async def test_engine_and_trainer_logprobs_agree_under_the_sampling_transform(engine, prompt, hf_model, settings):
+async def test_engine_and_trainer_logprobs_agree_under_the_sampling_transform(
+    engine, prompt, hf_model, settings
+):
     from roll_async.trainer.scoring import score_generated_tokens
 
     results = await _generate(engine, prompt, settings)
@@ -79,11 +85,17 @@ async def test_engine_and_trainer_logprobs_agree_under_the_sampling_transform(en
     raw_gaps: list[float] = []
     for result in results:
         assert len(result.logprobs) == len(result.output_token_ids) > 0
-        trainer = score_generated_tokens(hf_model, prompt, result.output_token_ids, settings)
+        trainer = score_generated_tokens(
+            hf_model, prompt, result.output_token_ids, settings
+        )
         worst = max(worst, max(abs(a - b) for a, b in zip(trainer, result.logprobs)))
         raw = score_generated_tokens(hf_model, prompt, result.output_token_ids, None)
         raw_gaps += [abs(a - b) for a, b in zip(raw, result.logprobs)]
-    print(f"{settings}: max |engine - trainer| = {worst:.2e}, mean |engine - raw| = {sum(raw_gaps) / len(raw_gaps):.3f}")
+    print(
+        f"{settings}: max |engine - trainer| = {worst:.2e}, mean |engine - raw| = {sum(raw_gaps) / len(raw_gaps):.3f}"
+    )
     assert worst <= AGREEMENT_TOL
     if not settings.is_raw:
-        assert sum(raw_gaps) / len(raw_gaps) >= MISMATCH_MIN, "the transformation must matter for this check"
+        assert sum(raw_gaps) / len(raw_gaps) >= MISMATCH_MIN, (
+            "the transformation must matter for this check"
+        )

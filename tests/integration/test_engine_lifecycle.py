@@ -7,15 +7,18 @@ import time
 import psutil
 import pytest
 
-from roll_async.config import EngineConfig
-from roll_async.engine import EngineStartupError, VLLMEngine
+from roll_async.config.schema import EngineConfig
+from roll_async.engine import VLLMEngine
+from roll_async.errors import EngineStartupError
 from roll_async.model.tiny import resolve_model_path
 
 pytestmark = pytest.mark.integration
 
 
 def test_missing_model_path_names_the_path_and_the_fix():
-    with pytest.raises(FileNotFoundError, match=r"model.path='/nonexistent/model'.*make-tiny-model"):
+    with pytest.raises(
+        FileNotFoundError, match=r"model.path='/nonexistent/model'.*make-tiny-model"
+    ):
         resolve_model_path("/nonexistent/model")
 
 
@@ -26,7 +29,9 @@ async def test_engine_start_with_missing_path_fails_fast():
 
 
 async def test_unknown_engine_option_is_named(tiny_model_path):
-    engine = VLLMEngine(str(tiny_model_path), EngineConfig(engine_kwargs={"max_num_seqz": 4}))
+    engine = VLLMEngine(
+        str(tiny_model_path), EngineConfig(engine_kwargs={"max_num_seqz": 4})
+    )
     with pytest.raises(EngineStartupError, match="max_num_seqz"):
         await engine.start()
 
@@ -42,15 +47,23 @@ async def test_shutdown_leaves_no_vllm_process(ray_session, tiny_model_path):
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 
     (actor,) = await launch_engines(
-        str(tiny_model_path), EngineConfig(max_model_len=256, max_num_seqs=8), name_prefix="lifecycle_engine"
+        str(tiny_model_path),
+        EngineConfig(max_model_len=256, max_num_seqs=8),
+        name_prefix="lifecycle_engine",
     )
     host_pid = (await actor.info.remote())["pid"]
     children = psutil.Process(host_pid).children(recursive=True)
-    assert children, "vLLM should run its EngineCore in a child process of the engine actor"
+    assert children, (
+        "vLLM should run its EngineCore in a child process of the engine actor"
+    )
     await shutdown_engines([actor])
     deadline = time.monotonic() + 30
     alive = children
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
         time.sleep(0.2)
-    assert not alive, f"processes left after shutdown: {[(p.pid, p.name()) for p in alive]}"
+    assert not alive, (
+        f"processes left after shutdown: {[(p.pid, p.name()) for p in alive]}"
+    )

@@ -6,7 +6,14 @@ import collections
 
 import pytest
 
-from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EngineConfig,
+    EnvManagerConfig,
+    GenerationConfig,
+    PipelineConfig,
+    validate_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -16,7 +23,10 @@ pytest.importorskip("reasoning_gym")
 
 ADAPTER_ENVS = {
     "GymFrozenLake": CustomEnvConfig(
-        env_type="gymnasium:FrozenLake-v1", env_config={"is_slippery": False}, max_steps=3, max_tokens_per_step=16
+        env_type="gymnasium:FrozenLake-v1",
+        env_config={"is_slippery": False},
+        max_steps=3,
+        max_tokens_per_step=16,
     ),
     "GuessTheNumber": CustomEnvConfig(
         env_type="textarena:GuessTheNumber-v0",
@@ -26,17 +36,27 @@ ADAPTER_ENVS = {
         stop=["]"],
     ),
     "Arithmetic": CustomEnvConfig(
-        env_type="reasoning_gym:basic_arithmetic", env_config={"max_attempts": 2}, max_steps=2, max_tokens_per_step=16
+        env_type="reasoning_gym:basic_arithmetic",
+        env_config={"max_attempts": 2},
+        max_steps=2,
+        max_tokens_per_step=16,
     ),
 }
 
 
-async def test_each_adapter_plays_a_real_library_env_through_the_rollout(engine, tiny_model_path, tokenizer):
+async def test_each_adapter_plays_a_real_library_env_through_the_rollout(
+    engine, tiny_model_path, tokenizer
+):
     from roll_async.scheduler import RolloutScheduler
 
     config = PipelineConfig(
         custom_envs=ADAPTER_ENVS,
-        train_env_manager=EnvManagerConfig(num_env_groups=3, group_size=2, tags=list(ADAPTER_ENVS), max_env_num_per_worker=8),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=3,
+            group_size=2,
+            tags=list(ADAPTER_ENVS),
+            max_env_num_per_worker=8,
+        ),
         engine=EngineConfig(max_model_len=1024),
         generation=GenerationConfig(temperature=1.0),
         sequence_length=768,
@@ -44,9 +64,13 @@ async def test_each_adapter_plays_a_real_library_env_through_the_rollout(engine,
         mode="sync",
     )
     validate_config(config)
-    scheduler = RolloutScheduler(config, engine_handles=[engine], tokenizer_path=str(tiny_model_path))
+    scheduler = RolloutScheduler(
+        config, engine_handles=[engine], tokenizer_path=str(tiny_model_path)
+    )
     try:
-        batch, metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, 0)
+        batch, metrics = await scheduler.get_batch_with_metrics(
+            config.rollout_batch_size, 0
+        )
     finally:
         await scheduler.shutdown()
 
@@ -56,17 +80,34 @@ async def test_each_adapter_plays_a_real_library_env_through_the_rollout(engine,
     assert set(by_tag) == set(ADAPTER_ENVS)
     for tag, trajectories in by_tag.items():
         for t in trajectories:
-            assert t.stop_reason in ("terminated", "max_steps", "max_length"), (tag, t.stop_reason, t.error)
+            assert t.stop_reason in ("terminated", "max_steps", "max_length"), (
+                tag,
+                t.stop_reason,
+                t.error,
+            )
             assert t.num_turns >= 1
             assert len(t.token_ids) == len(t.response_mask) == len(t.logprobs)
-            assert sum(t.response_mask) == sum(turn.generated_tokens for turn in t.turns)
+            assert sum(t.response_mask) == sum(
+                turn.generated_tokens for turn in t.turns
+            )
     text = tokenizer.decode(by_tag["GymFrozenLake"][0].token_ids)
-    assert "frozen lake" in text and "Left, Down, Right, Up" in text  # the adapter's instruction and vocabulary
+    assert (
+        "frozen lake" in text and "Left, Down, Right, Up" in text
+    )  # the adapter's instruction and vocabulary
     frozen_turn = by_tag["GymFrozenLake"][0].turns[0]
-    assert "action_is_valid" in frozen_turn.metrics and "invalid_actions" in frozen_turn.metrics
+    assert (
+        "action_is_valid" in frozen_turn.metrics
+        and "invalid_actions" in frozen_turn.metrics
+    )
     assert "Guess The Number" in tokenizer.decode(by_tag["GuessTheNumber"][0].token_ids)
-    assert all("invalid_moves" in turn.metrics for t in by_tag["GuessTheNumber"] for turn in t.turns)
+    assert all(
+        "invalid_moves" in turn.metrics
+        for t in by_tag["GuessTheNumber"]
+        for turn in t.turns
+    )
     arithmetic = by_tag["Arithmetic"][0]
-    assert "Calculate" in tokenizer.decode(arithmetic.token_ids) or "=" in tokenizer.decode(arithmetic.token_ids)
+    assert "Calculate" in tokenizer.decode(
+        arithmetic.token_ids
+    ) or "=" in tokenizer.decode(arithmetic.token_ids)
     assert all("score" in turn.metrics for turn in arithmetic.turns)
     assert metrics["env/GuessTheNumber/invalid_moves"] >= 0.0

@@ -17,11 +17,13 @@ from roll_async.engine.vllm_engine import VLLMEngine
 pytestmark = pytest.mark.integration
 
 
-async def test_only_the_replica_whose_node_lacks_the_model_dir_gets_its_files(ray_session, tiny_model_path):
+async def test_only_the_replica_whose_node_lacks_the_model_dir_gets_its_files(
+    ray_session, tiny_model_path
+):
     import ray
 
     from roll_async.engine.engine_actor import _start_replicas
-    from roll_async.node_files import model_files
+    from roll_async.runtime.node_files import model_files
 
     # Defined here so that Ray pickles them by value (a test module is not importable on Ray's workers).
     class ReportingEngine(VLLMEngine):
@@ -30,19 +32,32 @@ async def test_only_the_replica_whose_node_lacks_the_model_dir_gets_its_files(ra
         async def start(self, model_files=None):
             if model_files is None:
                 return {"shipped": None}
-            return {"shipped": {name: hashlib.sha256(data).hexdigest() for name, data in model_files.items()}}
+            return {
+                "shipped": {
+                    name: hashlib.sha256(data).hexdigest()
+                    for name, data in model_files.items()
+                }
+            }
 
     class NodeWithoutModelDirEngine(ReportingEngine):
         def model_dir_on_node(self) -> bool:
             return False
 
     path = str(tiny_model_path)
-    actors = [ray.remote(ReportingEngine).remote(path), ray.remote(NodeWithoutModelDirEngine).remote(path)]
+    actors = [
+        ray.remote(ReportingEngine).remote(path),
+        ray.remote(NodeWithoutModelDirEngine).remote(path),
+    ]
     try:
         has_dir, lacks_dir = await _start_replicas(actors, path)
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
     assert has_dir["shipped"] is None
-    expected = {name: hashlib.sha256(data).hexdigest() for name, data in model_files(path).items()}
-    assert lacks_dir["shipped"] == expected and any(name.endswith(".safetensors") for name in expected)
+    expected = {
+        name: hashlib.sha256(data).hexdigest()
+        for name, data in model_files(path).items()
+    }
+    assert lacks_dir["shipped"] == expected and any(
+        name.endswith(".safetensors") for name in expected
+    )

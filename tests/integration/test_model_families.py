@@ -17,16 +17,26 @@ import uuid
 
 import pytest
 
-from roll_async.config import CustomEnvConfig, EngineConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, TrainerConfig
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EngineConfig,
+    EnvManagerConfig,
+    GenerationConfig,
+    PipelineConfig,
+    TrainerConfig,
+)
 from roll_async.model.families import FAMILIES, build_family_model
-from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: Largest |engine - trainer| logprob on any generated token (both float32 on CPU; kernels differ in
 #: summation order). Measured per family in benchmarks/results/model_families.md.
 LOGPROB_TOLERANCE = 1e-3
-APPEND_ONLY_FAMILIES = {"qwen2_5", "phi3"}  # no rewrite, no trimming of replies: a fresh render is identical
+APPEND_ONLY_FAMILIES = {
+    "qwen2_5",
+    "phi3",
+}  # no rewrite, no trimming of replies: a fresh render is identical
 THINK_STRIPPING_FAMILIES = {"qwen3", "qwen3_moe"}
 SOKOBAN = {"dim_room": [6, 6], "num_boxes": 1}
 
@@ -52,15 +62,27 @@ async def family(request):
     """(name, model path, engine, trainer, tokenizer) for one family; the engine starts once, in this process
     (no Ray actor: one process less to start on a loaded machine)."""
     from roll_async.engine.vllm_engine import VLLMEngine
-    from roll_async.tokenization import load_tokenizer
+    from roll_async.prompts.prompt_builder import load_tokenizer
     from roll_async.trainer.grpo_trainer import GRPOTrainer
 
     name = request.param
     path = str(build_family_model(name))
-    engine = VLLMEngine(path, EngineConfig(dtype="float32", max_model_len=1024, max_num_seqs=16, cpu_kv_cache_space_gib=0.25))
+    engine = VLLMEngine(
+        path,
+        EngineConfig(
+            dtype="float32",
+            max_model_len=1024,
+            max_num_seqs=16,
+            cpu_kv_cache_space_gib=0.25,
+        ),
+    )
     await engine.start()
     tokenizer = load_tokenizer(path)
-    trainer = GRPOTrainer(TrainerConfig(device="cpu", dtype="float32", lr=1e-3, micro_batch_size=4), path, tokenizer=tokenizer)
+    trainer = GRPOTrainer(
+        TrainerConfig(device="cpu", dtype="float32", lr=1e-3, micro_batch_size=4),
+        path,
+        tokenizer=tokenizer,
+    )
     try:
         yield name, path, engine, trainer, tokenizer
     finally:
@@ -68,11 +90,20 @@ async def family(request):
 
 
 def _config(generation: GenerationConfig) -> PipelineConfig:
-    from roll_async.config import validate_config
+    from roll_async.config.schema import validate_config
 
     config = PipelineConfig(
-        custom_envs={"Sokoban": CustomEnvConfig(env_type="sokoban", env_config=SOKOBAN, max_steps=3, max_tokens_per_step=16)},
-        train_env_manager=EnvManagerConfig(num_env_groups=1, group_size=2, tags=["Sokoban"]),
+        custom_envs={
+            "Sokoban": CustomEnvConfig(
+                env_type="sokoban",
+                env_config=SOKOBAN,
+                max_steps=3,
+                max_tokens_per_step=16,
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=2, tags=["Sokoban"]
+        ),
         engine=EngineConfig(max_model_len=1024),
         generation=generation,
         mode="sync",
@@ -88,7 +119,9 @@ async def _rollout(family, generation: GenerationConfig):
 
     _, _, engine, _, tokenizer = family
     client = RecordingClient(engine)
-    scheduler = LocalRolloutScheduler(_config(generation), engines=client, tokenizer=tokenizer)
+    scheduler = LocalRolloutScheduler(
+        _config(generation), engines=client, tokenizer=tokenizer
+    )
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(2, 0)
     finally:
@@ -99,38 +132,56 @@ async def _rollout(family, generation: GenerationConfig):
 def _assert_token_in_token_out(batch, calls) -> None:
     for trajectory in batch:
         mine = [
-            (q, r) for q, r in calls
-            if q.request_id.split("-env")[0].endswith(trajectory.traj_id) and f"-env{trajectory.env_id}-" in q.request_id
+            (q, r)
+            for q, r in calls
+            if q.request_id.split("-env")[0].endswith(trajectory.traj_id)
+            and f"-env{trajectory.env_id}-" in q.request_id
         ]
         assert len(mine) == trajectory.num_turns >= 1
         ids = trajectory.token_ids
         for k, (request, result) in enumerate(mine):
             prompt = request.prompt_token_ids
-            assert ids[: len(prompt)] == prompt, f"turn {k}: the prompt is not the trajectory so far"
+            assert ids[: len(prompt)] == prompt, (
+                f"turn {k}: the prompt is not the trajectory so far"
+            )
             out = slice(len(prompt), len(prompt) + len(result.output_token_ids))
-            assert ids[out] == result.output_token_ids, f"turn {k}: generated ids were altered"
+            assert ids[out] == result.output_token_ids, (
+                f"turn {k}: generated ids were altered"
+            )
             assert trajectory.response_mask[out] == [1] * len(result.output_token_ids)
-        assert sum(trajectory.response_mask) == sum(len(r.output_token_ids) for _, r in mine)
+        assert sum(trajectory.response_mask) == sum(
+            len(r.output_token_ids) for _, r in mine
+        )
 
 
-def _logprob_gap(trainer, batch, generation: GenerationConfig, pad_token_id: int) -> float:
-    from roll_async.batching import collate_trajectories
+def _logprob_gap(
+    trainer, batch, generation: GenerationConfig, pad_token_id: int
+) -> float:
     from roll_async.sampling import SamplingSettings
+    from roll_async.trainer.collate import collate_trajectories
 
-    collated = collate_trajectories(batch, pad_token_id=pad_token_id, sampling=SamplingSettings.from_generation(generation))
+    collated = collate_trajectories(
+        batch,
+        pad_token_id=pad_token_id,
+        sampling=SamplingSettings.from_generation(generation),
+    )
     scored = trainer.compute_logprobs(collated)
     mask = collated.response_mask.bool()
     return float((scored[mask] - collated.old_logprobs[mask]).abs().max())
 
 
 def _pad(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return (
+        tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id
+    )
 
 
 async def test_three_turn_rollout_is_token_exact_and_trains_one_step(family):
-    from roll_async.batching import collate_trajectories
     from roll_async.metrics import PREFIX_MISMATCH_RATE
     from roll_async.sampling import SamplingSettings
+    from roll_async.trainer.collate import collate_trajectories
 
     name, _, engine, trainer, tokenizer = family
     generation = GenerationConfig(temperature=1.0)
@@ -140,19 +191,29 @@ async def test_three_turn_rollout_is_token_exact_and_trains_one_step(family):
     if name in APPEND_ONLY_FAMILIES:
         assert metrics[PREFIX_MISMATCH_RATE] == 0.0
     if name in THINK_STRIPPING_FAMILIES:
-        assert metrics[PREFIX_MISMATCH_RATE] == 1.0  # the last reply gains an empty <think> block in a fresh render
-    assert _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
+        assert (
+            metrics[PREFIX_MISMATCH_RATE] == 1.0
+        )  # the last reply gains an empty <think> block in a fresh render
+    assert (
+        _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
+    )
 
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     for t in batch:  # distinct rewards so GRPO advantages are non-zero
         t.episode_reward = float(t.episode_id % 2)
-    collated = collate_trajectories(batch, pad_token_id=_pad(tokenizer), sampling=SamplingSettings.from_generation(generation))
+    collated = collate_trajectories(
+        batch,
+        pad_token_id=_pad(tokenizer),
+        sampling=SamplingSettings.from_generation(generation),
+    )
     train_metrics = trainer.train_step(collated, 0)
     assert train_metrics["train/importance_ratio/max"] == pytest.approx(1.0, abs=1e-2)
     assert any(not p.equal(before[n]) for n, p in trainer.model.named_parameters())
     await engine.update_weights(trainer.state_dict_for_engine(), 1)
     batch, _, _ = await _rollout(family, generation)
-    assert _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE  # the engine has the new weights
+    assert (
+        _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
+    )  # the engine has the new weights
 
 
 async def test_logprobs_agree_at_temperature_0_7_top_p_0_9(family):
@@ -160,29 +221,50 @@ async def test_logprobs_agree_at_temperature_0_7_top_p_0_9(family):
     generation = GenerationConfig(temperature=0.7, top_p=0.9)
     batch, _, calls = await _rollout(family, generation)
     _assert_token_in_token_out(batch, calls)
-    assert _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
+    assert (
+        _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
+    )
 
 
 async def _greedy(engine, prompt: list[int], tokens: int = 12) -> GenerationResult:
     return await engine.generate(
-        GenerationRequest(request_id=f"probe-{uuid.uuid4().hex[:8]}", prompt_token_ids=prompt, max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        GenerationRequest(
+            request_id=f"probe-{uuid.uuid4().hex[:8]}",
+            prompt_token_ids=prompt,
+            max_tokens=tokens,
+            temperature=0.0,
+            ignore_eos=True,
+        )
     )
 
 
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
-async def test_weight_sync_in_each_pause_mode_changes_outputs_without_stale_prefixes(family, mode):
+async def test_weight_sync_in_each_pause_mode_changes_outputs_without_stale_prefixes(
+    family, mode
+):
     from roll_async.model.check import perturb_weights
-    from roll_async.tokenization import ChatPromptBuilder
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder
     from roll_async.trainer import score_generated_tokens
 
     name, _, engine, trainer, tokenizer = family
-    builder = ChatPromptBuilder(tokenizer, "You are an agent solving a task step by step.")
-    probe = builder.first_turn_ids("Probe the weights: move the box onto the target, then report the grid state.")
+    builder = ChatPromptBuilder(
+        tokenizer, "You are an agent solving a task step by step."
+    )
+    probe = builder.first_turn_ids(
+        "Probe the weights: move the box onto the target, then report the grid state."
+    )
     assert len(probe) >= 32  # spans whole KV blocks, so the prefix cache holds it
     before = await _greedy(engine, probe)
     # A request in flight on the same prompt while the update happens (continues, waits or is aborted).
     in_flight = asyncio.ensure_future(
-        engine.generate(GenerationRequest(request_id=f"inflight-{mode}-{uuid.uuid4().hex[:6]}", prompt_token_ids=probe, max_tokens=64, ignore_eos=True))
+        engine.generate(
+            GenerationRequest(
+                request_id=f"inflight-{mode}-{uuid.uuid4().hex[:6]}",
+                prompt_token_ids=probe,
+                max_tokens=64,
+                ignore_eos=True,
+            )
+        )
     )
     await asyncio.sleep(0.5)
     perturb_weights(trainer.model, seed=hash(mode) % 1000)
@@ -192,8 +274,13 @@ async def test_weight_sync_in_each_pause_mode_changes_outputs_without_stale_pref
     await engine.resume()
     after = await _greedy(engine, probe)
     await asyncio.wait_for(in_flight, timeout=600)
-    assert after.output_token_ids != before.output_token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    assert (
+        after.output_token_ids != before.output_token_ids
+        or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    )
     assert after.token_versions == [version] * len(after.output_token_ids)
     expected = score_generated_tokens(trainer.model, probe, after.output_token_ids)
     gap = max(abs(a - b) for a, b in zip(after.logprobs, expected))
-    assert gap <= LOGPROB_TOLERANCE, f"{name}/{mode}: engine logprobs after the sync differ from the trainer's by {gap}"
+    assert gap <= LOGPROB_TOLERANCE, (
+        f"{name}/{mode}: engine logprobs after the sync differ from the trainer's by {gap}"
+    )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_async.config import (
+from roll_async.config.schema import (
     CustomEnvConfig,
     EngineConfig,
     EnvManagerConfig,
@@ -29,7 +29,7 @@ from roll_async.config import (
     load_config,
     validate_config,
 )
-from roll_async.protocol import GenerationRequest, GenerationResult, Trajectory
+from roll_async.trajectory import GenerationRequest, GenerationResult, Trajectory
 
 pytestmark = pytest.mark.integration
 
@@ -41,11 +41,20 @@ def sokoban_env(max_steps: int = 3, max_tokens: int = 16, **delayed) -> CustomEn
     if delayed:
         return CustomEnvConfig(
             env_type="delayed",
-            env_config={"inner_env_type": "sokoban", "inner_env_config": SOKOBAN, **delayed},
+            env_config={
+                "inner_env_type": "sokoban",
+                "inner_env_config": SOKOBAN,
+                **delayed,
+            },
             max_steps=max_steps,
             max_tokens_per_step=max_tokens,
         )
-    return CustomEnvConfig(env_type="sokoban", env_config=SOKOBAN, max_steps=max_steps, max_tokens_per_step=max_tokens)
+    return CustomEnvConfig(
+        env_type="sokoban",
+        env_config=SOKOBAN,
+        max_steps=max_steps,
+        max_tokens_per_step=max_tokens,
+    )
 
 
 def make_config(custom_envs: dict[str, CustomEnvConfig], **fields) -> PipelineConfig:
@@ -62,14 +71,20 @@ def make_config(custom_envs: dict[str, CustomEnvConfig], **fields) -> PipelineCo
     return config
 
 
-async def run_batches(config: PipelineConfig, engine, tokenizer_path, steps: int, between=None):
+async def run_batches(
+    config: PipelineConfig, engine, tokenizer_path, steps: int, between=None
+):
     from roll_async.scheduler import RolloutScheduler
 
-    scheduler = RolloutScheduler(config, engine_handles=[engine], tokenizer_path=str(tokenizer_path))
+    scheduler = RolloutScheduler(
+        config, engine_handles=[engine], tokenizer_path=str(tokenizer_path)
+    )
     batches, metrics = [], []
     try:
         for step in range(steps):
-            batch, step_metrics = await scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+            batch, step_metrics = await scheduler.get_batch_with_metrics(
+                config.rollout_batch_size, step
+            )
             batches.append(batch)
             metrics.append(step_metrics)
             if between is not None:
@@ -85,40 +100,62 @@ def assert_whole_groups(batch: list[Trajectory], group_size: int) -> None:
         groups[trajectory.group_id].append(trajectory)
     for members in groups.values():
         assert len(members) == group_size
-        assert len({t.seed for t in members}) == 1 and len({t.tag for t in members}) == 1
+        assert (
+            len({t.seed for t in members}) == 1 and len({t.tag for t in members}) == 1
+        )
         # distinct episodes; after an env error the same (rebuilt) env may replay the re-opened seat
         assert len({t.episode_id for t in members}) == group_size
 
 
-async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_plays_one(engine, tiny_model_path):
+async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_plays_one(
+    engine, tiny_model_path
+):
     config = make_config(
-        {"Fast": sokoban_env(step_latency_s=0.2), "Slow": sokoban_env(step_latency_s=2.0)},
+        {
+            "Fast": sokoban_env(step_latency_s=0.2),
+            "Slow": sokoban_env(step_latency_s=2.0),
+        },
         mode="async",
         max_staleness=3,
         rollout_batch_size=5,
         train_env_manager=EnvManagerConfig(
-            num_env_groups=5, group_size=1, tags=["Fast", "Slow"], num_groups_partition=[4, 1], max_env_num_per_worker=8
+            num_env_groups=5,
+            group_size=1,
+            tags=["Fast", "Slow"],
+            num_groups_partition=[4, 1],
+            max_env_num_per_worker=8,
         ),
     )
     batches, _ = await run_batches(config, engine, tiny_model_path, steps=3)
     trajectories = [t for batch in batches for t in batch]
     slow = min((t for t in trajectories if t.tag == "Slow"), key=lambda t: t.started_at)
     during = [
-        t for t in trajectories
-        if t.tag == "Fast" and t.started_at >= slow.started_at and t.finished_at <= slow.finished_at
+        t
+        for t in trajectories
+        if t.tag == "Fast"
+        and t.started_at >= slow.started_at
+        and t.finished_at <= slow.finished_at
     ]
     per_env = collections.Counter(t.env_id for t in during)
     assert slow.num_turns == 3
-    assert len(during) >= 4, f"only {len(during)} fast episodes finished inside one slow episode"
-    assert max(per_env.values()) >= 2, f"no fast env finished two episodes while the slow one ran: {per_env}"
+    assert len(during) >= 4, (
+        f"only {len(during)} fast episodes finished inside one slow episode"
+    )
+    assert max(per_env.values()) >= 2, (
+        f"no fast env finished two episodes while the slow one ran: {per_env}"
+    )
 
 
-async def test_sync_pauses_the_loops_after_get_batch_and_resume_restarts_them(engine, tiny_model_path):
+async def test_sync_pauses_the_loops_after_get_batch_and_resume_restarts_them(
+    engine, tiny_model_path
+):
     config = make_config(
         {"Sokoban": sokoban_env()},
         mode="sync",
         rollout_batch_size=4,
-        train_env_manager=EnvManagerConfig(num_env_groups=4, group_size=2, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=4, group_size=2, tags=["Sokoban"]
+        ),
     )
 
     async def generated() -> int:
@@ -134,26 +171,38 @@ async def test_sync_pauses_the_loops_after_get_batch_and_resume_restarts_them(en
         observations["suspended"] = (await scheduler.describe())["queue"]["suspended"]
         await scheduler.resume()
         await asyncio.sleep(2.0)
-        observations["resumed_delta"] = await generated() - before - observations["paused_delta"]
+        observations["resumed_delta"] = (
+            await generated() - before - observations["paused_delta"]
+        )
 
-    batches, _ = await run_batches(config, engine, tiny_model_path, steps=1, between=check_paused)
+    batches, _ = await run_batches(
+        config, engine, tiny_model_path, steps=1, between=check_paused
+    )
     assert len(batches[0]) == 4
     assert_whole_groups(batches[0], 2)
     assert observations["suspended"] is True
-    assert observations["paused_delta"] == 0, "env loops generated while a sync scheduler was suspended"
+    assert observations["paused_delta"] == 0, (
+        "env loops generated while a sync scheduler was suspended"
+    )
     assert observations["resumed_delta"] > 0
 
 
-async def test_async_keeps_generating_within_the_staleness_bound_across_weight_updates(engine, tiny_model_path):
+async def test_async_keeps_generating_within_the_staleness_bound_across_weight_updates(
+    engine, tiny_model_path
+):
     from safetensors.torch import load_file
 
-    weights = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])  # same values, new version
+    weights = load_file(
+        glob.glob(f"{tiny_model_path}/*.safetensors")[0]
+    )  # same values, new version
     config = make_config(
         {"Sokoban": sokoban_env(max_tokens=64)},
         mode="async",
         max_staleness=1,
         rollout_batch_size=4,
-        train_env_manager=EnvManagerConfig(num_env_groups=4, group_size=2, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=4, group_size=2, tags=["Sokoban"]
+        ),
     )
     versions = []
     generated_during_training = []
@@ -163,17 +212,25 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
         # while a request of the next step's groups is in flight (polled, so timing cannot hide it).
         before = (await engine.stats.remote())["generation_tokens"]
         deadline = time.monotonic() + 10
-        while (await engine.stats.remote())["in_flight"] == 0 and time.monotonic() < deadline:
+        while (await engine.stats.remote())[
+            "in_flight"
+        ] == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         version = await engine.get_weight_version.remote() + 1
-        await engine.pause.remote("abort")  # in-flight turns are aborted and must be continued, not lost
+        await engine.pause.remote(
+            "abort"
+        )  # in-flight turns are aborted and must be continued, not lost
         await engine.update_weights.remote(weights, version)
         await engine.resume.remote()
         versions.append(version)
         await asyncio.sleep(1.2)
-        generated_during_training.append((await engine.stats.remote())["generation_tokens"] - before)
+        generated_during_training.append(
+            (await engine.stats.remote())["generation_tokens"] - before
+        )
 
-    batches, metrics = await run_batches(config, engine, tiny_model_path, steps=4, between=train_and_sync)
+    batches, metrics = await run_batches(
+        config, engine, tiny_model_path, steps=4, between=train_and_sync
+    )
     assert all(delta > 0 for delta in generated_during_training)
     for step, batch in enumerate(batches):
         assert len(batch) == 4
@@ -181,13 +238,21 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
         for trajectory in batch:
             assert 0 <= step - trajectory.created_step <= 1
             assert trajectory.oldest_weight_version <= trajectory.newest_weight_version
-            assert [t.weight_version for t in trajectory.turns] == sorted(t.weight_version for t in trajectory.turns)
+            assert [t.weight_version for t in trajectory.turns] == sorted(
+                t.weight_version for t in trajectory.turns
+            )
     later = [t for batch in batches[1:] for t in batch]
-    assert any(t.newest_weight_version >= versions[0] for t in later), "no trajectory used the updated weights"
-    assert any(step - t.created_step == 1 for step, batch in enumerate(batches) for t in batch), (
+    assert any(t.newest_weight_version >= versions[0] for t in later), (
+        "no trajectory used the updated weights"
+    )
+    assert any(
+        step - t.created_step == 1 for step, batch in enumerate(batches) for t in batch
+    ), (
         "no group generated during training was served: the loops did not overlap with training"
     )
-    resumed = sum(turn.resumed_generations for batch in batches for t in batch for turn in t.turns)
+    resumed = sum(
+        turn.resumed_generations for batch in batches for t in batch for turn in t.turns
+    )
     assert resumed > 0, "no aborted turn was continued across a weight update"
     assert all(m["rollout/staleness/max"] <= 1 for m in metrics)
 
@@ -215,7 +280,9 @@ async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenize
         {"Sokoban": sokoban_env(max_steps=3, max_tokens=24)},
         mode="sync",
         rollout_batch_size=4,
-        train_env_manager=EnvManagerConfig(num_env_groups=2, group_size=2, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=2, group_size=2, tags=["Sokoban"]
+        ),
     )
     recording = RecordingEngine(engine)
     scheduler = LocalRolloutScheduler(config, engines=recording, tokenizer=tokenizer)
@@ -224,22 +291,38 @@ async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenize
     finally:
         await scheduler.shutdown()
     for trajectory in batch:
-        calls = [(q, r) for q, r in recording.calls if q.request_id.split("-env")[0].endswith(trajectory.traj_id)
-                 and f"-env{trajectory.env_id}-" in q.request_id]
+        calls = [
+            (q, r)
+            for q, r in recording.calls
+            if q.request_id.split("-env")[0].endswith(trajectory.traj_id)
+            and f"-env{trajectory.env_id}-" in q.request_id
+        ]
         assert len(calls) == trajectory.num_turns == 3
         ids = trajectory.token_ids
         for k, (request, result) in enumerate(calls):
             prompt = request.prompt_token_ids
-            assert ids[: len(prompt)] == prompt, f"turn {k}: prompt is not a prefix of the trajectory"
+            assert ids[: len(prompt)] == prompt, (
+                f"turn {k}: prompt is not a prefix of the trajectory"
+            )
             out = slice(len(prompt), len(prompt) + len(result.output_token_ids))
-            assert ids[out] == result.output_token_ids, f"turn {k}: generated ids were altered"
+            assert ids[out] == result.output_token_ids, (
+                f"turn {k}: generated ids were altered"
+            )
             assert trajectory.response_mask[out] == [1] * len(result.output_token_ids)
             assert trajectory.logprobs[out] == pytest.approx(result.logprobs)
             if k + 1 < len(calls):
                 next_prompt = calls[k + 1][0].prompt_token_ids
-                assert next_prompt[: out.stop] == prompt + result.output_token_ids  # never re-tokenized
-        assert sum(trajectory.response_mask) == sum(len(r.output_token_ids) for _, r in calls)
-        assert all(lp == 0.0 for lp, mask in zip(trajectory.logprobs, trajectory.response_mask) if mask == 0)
+                assert (
+                    next_prompt[: out.stop] == prompt + result.output_token_ids
+                )  # never re-tokenized
+        assert sum(trajectory.response_mask) == sum(
+            len(r.output_token_ids) for _, r in calls
+        )
+        assert all(
+            lp == 0.0
+            for lp, mask in zip(trajectory.logprobs, trajectory.response_mask)
+            if mask == 0
+        )
 
 
 async def test_trajectories_are_truncated_at_sequence_length(engine, tiny_model_path):
@@ -248,7 +331,9 @@ async def test_trajectories_are_truncated_at_sequence_length(engine, tiny_model_
         mode="sync",
         sequence_length=300,
         rollout_batch_size=2,
-        train_env_manager=EnvManagerConfig(num_env_groups=1, group_size=2, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=2, tags=["Sokoban"]
+        ),
     )
     (batch,), _ = await run_batches(config, engine, tiny_model_path, steps=1)
     for trajectory in batch:
@@ -258,10 +343,16 @@ async def test_trajectories_are_truncated_at_sequence_length(engine, tiny_model_
         assert trajectory.num_turns < 10
 
 
-async def test_env_step_timeouts_are_contained_counted_and_refilled(engine, tiny_model_path):
+async def test_env_step_timeouts_are_contained_counted_and_refilled(
+    engine, tiny_model_path
+):
     # Lognormal step latency (median 50 ms, sigma 2.5): roughly one step in five exceeds the 0.5 s timeout.
     config = make_config(
-        {"Flaky": sokoban_env(step_latency_s=0.05, step_latency_sigma=2.5, max_step_latency_s=2.0)},
+        {
+            "Flaky": sokoban_env(
+                step_latency_s=0.05, step_latency_sigma=2.5, max_step_latency_s=2.0
+            )
+        },
         mode="async",
         max_staleness=2,
         rollout_batch_size=4,
@@ -277,12 +368,16 @@ async def test_env_step_timeouts_are_contained_counted_and_refilled(engine, tiny
         assert all(t.stop_reason != "env_error" for t in batch)
 
 
-async def test_redundant_envs_complete_groups_with_the_first_finishers(engine, tiny_model_path):
+async def test_redundant_envs_complete_groups_with_the_first_finishers(
+    engine, tiny_model_path
+):
     config = make_config(
         {"Sokoban": sokoban_env(step_latency_s=0.05, step_latency_sigma=1.5)},
         mode="sync",
         rollout_batch_size=4,
-        train_env_manager=EnvManagerConfig(num_env_groups=2, group_size=2, group_size_redundancy=1, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=2, group_size=2, group_size_redundancy=1, tags=["Sokoban"]
+        ),
     )
     batches, metrics = await run_batches(config, engine, tiny_model_path, steps=2)
     for batch in batches:
@@ -297,10 +392,16 @@ async def test_validation_is_deterministic(engine, tiny_model_path):
     config = make_config(
         {"Sokoban": sokoban_env()},
         rollout_batch_size=2,
-        train_env_manager=EnvManagerConfig(num_env_groups=1, group_size=2, tags=["Sokoban"]),
-        val_env_manager=EnvManagerConfig(num_env_groups=3, group_size=1, tags=["Sokoban"]),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=2, tags=["Sokoban"]
+        ),
+        val_env_manager=EnvManagerConfig(
+            num_env_groups=3, group_size=1, tags=["Sokoban"]
+        ),
     )
-    validation = ValidationScheduler.create(config, engine_handles=[engine], tokenizer_path=str(tiny_model_path))
+    validation = ValidationScheduler.create(
+        config, engine_handles=[engine], tokenizer_path=str(tiny_model_path)
+    )
     try:
         first, first_metrics = await validation.evaluate(0)
         second, second_metrics = await validation.evaluate(1)
@@ -309,12 +410,19 @@ async def test_validation_is_deterministic(engine, tiny_model_path):
     assert len(first) == 3
     assert [t.seed for t in first] == [t.seed for t in second]
     assert [t.token_ids for t in first] == [t.token_ids for t in second]
-    assert first_metrics["val/Sokoban/episode_reward"] == second_metrics["val/Sokoban/episode_reward"]
+    assert (
+        first_metrics["val/Sokoban/episode_reward"]
+        == second_metrics["val/Sokoban/episode_reward"]
+    )
 
 
 # Vision configs need the vision-language model's engine: the CLI runs in README "Vision-language agents"
 # and tests/integration/test_vision_real_engine.py cover them.
-SHIPPED = sorted(p for p in (REPO / "configs").glob("*.yaml") if p.name != "base.yaml" and "_vision" not in p.stem)
+SHIPPED = sorted(
+    p
+    for p in (REPO / "configs").glob("*.yaml")
+    if p.name != "base.yaml" and "_vision" not in p.stem
+)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -328,7 +436,9 @@ async def test_every_shipped_config_collects_a_batch(path, engine, tiny_model_pa
         "engine.max_model_len=1024",
     ]
     if em.num_groups_partition:
-        overrides.append(f"train_env_manager.num_groups_partition=[{','.join(['1'] * len(em.tags))}]")
+        overrides.append(
+            f"train_env_manager.num_groups_partition=[{','.join(['1'] * len(em.tags))}]"
+        )
     config = load_config(path, overrides)
     (batch,), (metrics,) = await run_batches(config, engine, tiny_model_path, steps=1)
     assert len(batch) == config.rollout_batch_size
@@ -339,26 +449,68 @@ async def test_every_shipped_config_collects_a_batch(path, engine, tiny_model_pa
 @pytest.mark.slow
 def test_rollout_command_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "roll_async.cli", "rollout", str(REPO / "configs" / "default.yaml"),
-               "num_batches=2", f"output_dir={out}", "rollout_batch_size=8", "train_env_manager.num_env_groups=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "roll_async.cli",
+        "rollout",
+        str(REPO / "configs" / "default.yaml"),
+        "num_batches=2",
+        f"output_dir={out}",
+        "rollout_batch_size=8",
+        "train_env_manager.num_env_groups=2",
+    ]
     env = {**os.environ, "RAY_ADDRESS": ""}
     started = time.time()
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1:" in done.stdout
     assert (out / "config.yaml").is_file()
     assert load_config(out / "config.yaml").num_batches == 2
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == [0, 1]
-    assert {"rollout/trajectories_per_s", "rollout/tokens_per_s", "rollout/get_batch_wait_s",
-            "rollout/turns/mean", "rollout/staleness/max"} <= set(metrics[0])
-    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert {
+        "rollout/trajectories_per_s",
+        "rollout/tokens_per_s",
+        "rollout/get_batch_wait_s",
+        "rollout/turns/mean",
+        "rollout/staleness/max",
+    } <= set(metrics[0])
+    records = [
+        json.loads(line)
+        for line in (out / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 16
     for record in records:
-        assert {"tag", "group_id", "episode_id", "env_id", "seed", "traj_id", "episode_reward", "stop_reason",
-                "created_step", "oldest_weight_version", "newest_weight_version", "started_at", "finished_at",
-                "turns", "text"} <= set(record)
+        assert {
+            "tag",
+            "group_id",
+            "episode_id",
+            "env_id",
+            "seed",
+            "traj_id",
+            "episode_reward",
+            "stop_reason",
+            "created_step",
+            "oldest_weight_version",
+            "newest_weight_version",
+            "started_at",
+            "finished_at",
+            "turns",
+            "text",
+        } <= set(record)
         assert started - 600 < record["started_at"] <= record["finished_at"]
         for turn in record["turns"]:
-            assert {"action_text", "observation", "reward", "generated_tokens", "weight_version", "generate_s",
-                    "env_step_s"} <= set(turn)
+            assert {
+                "action_text",
+                "observation",
+                "reward",
+                "generated_tokens",
+                "weight_version",
+                "generate_s",
+                "env_step_s",
+            } <= set(turn)

@@ -26,8 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = "configs/frozen_lake.yaml"
 #: 2 groups x 4 envs = 8 env instances; small engine cache (the machine is shared).
 SMALL = [
-    "rollout_batch_size=8", "train_env_manager.num_env_groups=2", "train_env_manager.group_size=4",
-    "engine.cpu_kv_cache_space_gib=0.5", "engine.max_num_seqs=16", "ray_num_cpus=4", "trainer.micro_batch_size=8",
+    "rollout_batch_size=8",
+    "train_env_manager.num_env_groups=2",
+    "train_env_manager.group_size=4",
+    "engine.cpu_kv_cache_space_gib=0.5",
+    "engine.max_num_seqs=16",
+    "ray_num_cpus=4",
+    "trainer.micro_batch_size=8",
 ]
 NUM_ENVS = 8
 #: Replay must reproduce the original trainer metrics within this (same code, same CPU, same batch, same init).
@@ -36,10 +41,18 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "roll_async.cli", *args], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "roll_async.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -49,7 +62,9 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"roll-async did not finish within {timeout}s; output:\n{out[-4000:]}")
+        pytest.fail(
+            f"roll-async did not finish within {timeout}s; output:\n{out[-4000:]}"
+        )
     return out
 
 
@@ -71,7 +86,11 @@ def _descendants(root: int) -> set[int]:
     table = _process_table()
     found, frontier = set(), {root}
     while frontier:
-        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier and pid not in found}
+        frontier = {
+            pid
+            for pid, (ppid, _) in table.items()
+            if ppid in frontier and pid not in found
+        }
         found |= frontier
     return found
 
@@ -83,20 +102,33 @@ def _alive(pids: set[int]) -> set[int]:
 
 def _metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
 
 
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory):
     """Train until two steps are logged, then SIGINT the whole process group (as Ctrl-C in a terminal does)."""
     run = tmp_path_factory.mktemp("observability") / "train"
-    proc = _cli("train", CONFIG, *SMALL, "max_steps=40", "logging.save_batches=true", "logging.progress_bar=false",
-                f"output_dir={run}")
+    proc = _cli(
+        "train",
+        CONFIG,
+        *SMALL,
+        "max_steps=40",
+        "logging.save_batches=true",
+        "logging.progress_bar=false",
+        f"output_dir={run}",
+    )
     seen: set[int] = set()
     deadline = time.monotonic() + 1500
     while len([r for r in _metrics(run) if "train/loss" in r]) < 2:
         if proc.poll() is not None:
-            pytest.fail(f"the run ended before two steps (exit {proc.returncode}):\n{proc.stdout.read()[-4000:]}")
+            pytest.fail(
+                f"the run ended before two steps (exit {proc.returncode}):\n{proc.stdout.read()[-4000:]}"
+            )
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail("two training steps did not complete within 1500 s")
@@ -108,33 +140,68 @@ def interrupted_run(tmp_path_factory):
     deadline = time.monotonic() + 60
     while _alive(seen) and time.monotonic() < deadline:
         time.sleep(1.0)
-    return {"run": run, "rc": proc.returncode, "out": out, "left": _alive(seen), "children": seen}
+    return {
+        "run": run,
+        "rc": proc.returncode,
+        "out": out,
+        "left": _alive(seen),
+        "children": seen,
+    }
 
 
-def test_first_sigint_checkpoints_the_last_completed_step_and_exits_130(interrupted_run):
+def test_first_sigint_checkpoints_the_last_completed_step_and_exits_130(
+    interrupted_run,
+):
     out, run = interrupted_run["out"], interrupted_run["run"]
     assert interrupted_run["rc"] == 130, out[-3000:]
-    assert "Traceback" not in out and "Future exception was never retrieved" not in out, out[-3000:]
-    match = re.search(r"^interrupted at step (\d+) \(SIGINT\); checkpoint at (\S+); resume with: roll-async train (.*)$", out, re.M)
+    assert (
+        "Traceback" not in out and "Future exception was never retrieved" not in out
+    ), out[-3000:]
+    match = re.search(
+        r"^interrupted at step (\d+) \(SIGINT\); checkpoint at (\S+); resume with: roll-async train (.*)$",
+        out,
+        re.M,
+    )
     assert match, out[-3000:]
-    step, checkpoint, command = int(match.group(1)), Path(match.group(2)), match.group(3)
-    assert checkpoint == run / "checkpoints" / f"step_{step - 1}" and checkpoint.is_dir()
+    step, checkpoint, command = (
+        int(match.group(1)),
+        Path(match.group(2)),
+        match.group(3),
+    )
+    assert (
+        checkpoint == run / "checkpoints" / f"step_{step - 1}" and checkpoint.is_dir()
+    )
     assert f"checkpoint.resume_from={run}" in command and f"output_dir={run}" in command
     logged = [r["step"] for r in _metrics(run) if "train/loss" in r]
-    assert step - 1 >= max(logged)  # the checkpoint is of the last completed step, never an older one
+    assert step - 1 >= max(
+        logged
+    )  # the checkpoint is of the last completed step, never an older one
 
 
 def test_no_process_is_left_after_the_interrupt(interrupted_run):
-    assert interrupted_run["children"], "the run should have started Ray and vLLM processes"
-    assert not interrupted_run["left"], f"processes left: {sorted(interrupted_run['left'])}"
+    assert interrupted_run["children"], (
+        "the run should have started Ray and vLLM processes"
+    )
+    assert not interrupted_run["left"], (
+        f"processes left: {sorted(interrupted_run['left'])}"
+    )
 
 
 def test_resume_continues_at_the_next_step(interrupted_run):
     run = interrupted_run["run"]
-    step = int(re.search(r"^interrupted at step (\d+)", interrupted_run["out"], re.M).group(1))
+    step = int(
+        re.search(r"^interrupted at step (\d+)", interrupted_run["out"], re.M).group(1)
+    )
     before = len(_metrics(run))
-    proc = _cli("train", CONFIG, *SMALL, f"max_steps={step + 1}", "logging.progress_bar=false",
-                f"output_dir={run}", f"checkpoint.resume_from={run}")
+    proc = _cli(
+        "train",
+        CONFIG,
+        *SMALL,
+        f"max_steps={step + 1}",
+        "logging.progress_bar=false",
+        f"output_dir={run}",
+        f"checkpoint.resume_from={run}",
+    )
     out = _finish(proc, timeout=1200)
     assert proc.returncode == 0, out[-3000:]
     new_steps = [r["step"] for r in _metrics(run)[before:] if "train/loss" in r]
@@ -143,42 +210,85 @@ def test_resume_continues_at_the_next_step(interrupted_run):
 
 def test_console_shows_step_lines_and_no_vllm_or_ray_warnings(interrupted_run):
     out, run = interrupted_run["out"], interrupted_run["run"]
-    noise = [line for line in out.splitlines()
-             if re.search(r"WARNING (vllm|ray)|\(VLLMEngine|\(EnvManagerWorker|\(GroupQueueActor|pid=\d+\)|Failed to load weights"
-                          r"|worker\.py|raylet|Token authentication|(WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d \[", line)]
+    noise = [
+        line
+        for line in out.splitlines()
+        if re.search(
+            r"WARNING (vllm|ray)|\(VLLMEngine|\(EnvManagerWorker|\(GroupQueueActor|pid=\d+\)|Failed to load weights"
+            r"|worker\.py|raylet|Token authentication|(WARNING|INFO) \d\d-\d\d \d\d:\d\d:\d\d \[",
+            line,
+        )
+    ]
     assert not noise, "\n".join(noise[:20])
     assert re.search(r"^step 0: reward ", out, re.M)
     worker_logs = list((run / "logs").glob("ray-worker-*.log"))
     assert (run / "logs" / "driver.log").is_file() and worker_logs
-    assert any("vllm" in p.read_text(errors="replace").lower() for p in worker_logs), "the engine's log should be in RUN_DIR/logs"
+    assert any("vllm" in p.read_text(errors="replace").lower() for p in worker_logs), (
+        "the engine's log should be in RUN_DIR/logs"
+    )
 
 
 def test_trajectories_carry_per_turn_timestamps(interrupted_run):
     lines = (interrupted_run["run"] / "trajectories.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
-    assert record["episode_requested_at"] <= record["started_at"] <= record["finished_at"] <= record["served_at"]
+    assert (
+        record["episode_requested_at"]
+        <= record["started_at"]
+        <= record["finished_at"]
+        <= record["served_at"]
+    )
     turn = record["turns"][0]
-    assert record["started_at"] <= turn["generate_started_at"] <= turn["generate_finished_at"] <= turn["env_step_started_at"]
-    assert turn["env_step_started_at"] <= turn["env_step_finished_at"] <= record["finished_at"]
+    assert (
+        record["started_at"]
+        <= turn["generate_started_at"]
+        <= turn["generate_finished_at"]
+        <= turn["env_step_started_at"]
+    )
+    assert (
+        turn["env_step_started_at"]
+        <= turn["env_step_finished_at"]
+        <= record["finished_at"]
+    )
 
 
-def test_replay_reproduces_the_trainer_metrics_on_the_saved_batches(interrupted_run, tmp_path):
+def test_replay_reproduces_the_trainer_metrics_on_the_saved_batches(
+    interrupted_run, tmp_path
+):
     run = interrupted_run["run"]
-    saved = sorted(int(p.stem.split("_")[1]) for p in (run / "batches").glob("step_*.pt"))
-    original = {r["step"]: r for r in _metrics(run) if "train/loss" in r and r["step"] in saved}
+    saved = sorted(
+        int(p.stem.split("_")[1]) for p in (run / "batches").glob("step_*.pt")
+    )
+    original = {
+        r["step"]: r for r in _metrics(run) if "train/loss" in r and r["step"] in saved
+    }
     assert len(original) >= 2
     replay_dir = tmp_path / "replay"
-    proc = _cli("train", str(run / "config.yaml"), f"replay.from={run}", f"max_steps={max(original) + 1}",
-                f"output_dir={replay_dir}", "checkpoint.resume_from=null", "logging.progress_bar=false")
+    proc = _cli(
+        "train",
+        str(run / "config.yaml"),
+        f"replay.from={run}",
+        f"max_steps={max(original) + 1}",
+        f"output_dir={replay_dir}",
+        "checkpoint.resume_from=null",
+        "logging.progress_bar=false",
+    )
     out = _finish(proc, timeout=900)
     assert proc.returncode == 0, out[-3000:]
-    assert not list((replay_dir / "logs").glob("ray-worker-*.log")), "replay must not start Ray workers or engines"
+    assert not list((replay_dir / "logs").glob("ray-worker-*.log")), (
+        "replay must not start Ray workers or engines"
+    )
     replayed = {r["step"]: r for r in _metrics(replay_dir) if "train/loss" in r}
     for step, metrics in original.items():
-        keys = [k for k, v in metrics.items() if k.startswith("train/") and isinstance(v, (int, float))]
+        keys = [
+            k
+            for k, v in metrics.items()
+            if k.startswith("train/") and isinstance(v, (int, float))
+        ]
         assert keys
         for key in keys:
-            assert replayed[step][key] == pytest.approx(metrics[key], abs=REPLAY_ABS_TOL, rel=REPLAY_REL_TOL), (step, key)
+            assert replayed[step][key] == pytest.approx(
+                metrics[key], abs=REPLAY_ABS_TOL, rel=REPLAY_REL_TOL
+            ), (step, key)
 
 
 # -- the report in a real browser ---------------------------------------------------------
@@ -187,21 +297,45 @@ def test_replay_reproduces_the_trainer_metrics_on_the_saved_batches(interrupted_
 def _chromium_page_check(report: Path, tmp_path: Path) -> dict:
     """Load the report in headless Chromium; return rendered row count, span counts and console errors."""
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (scripts/setup.sh installs it as root with apt: apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+        pytest.skip(
+            f"no Chromium at {CHROMIUM} (scripts/setup.sh installs it as root with apt: apt-get install chromium)"
+        )
+    playwright = pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright (the test extra)"
+    )
     errors: list[str] = []
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(  # a fresh, empty profile directory per test
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
             viewport={"width": 1400, "height": 900},
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         try:
             page = browser.new_page()
-            page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+            page.on(
+                "console",
+                lambda m: (
+                    errors.append(m.text) if m.type in ("error", "warning") else None
+                ),
+            )
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: errors.append(f"network request: {r.url}") if not r.url.startswith(("file:", "data:", "about:")) else None)
+            page.on(
+                "request",
+                lambda r: (
+                    errors.append(f"network request: {r.url}")
+                    if not r.url.startswith(("file:", "data:", "about:"))
+                    else None
+                ),
+            )
             page.goto(report.as_uri())
             page.wait_for_selector("body[data-rendered='1']", timeout=60_000)
             result = {
@@ -210,11 +344,15 @@ def _chromium_page_check(report: Path, tmp_path: Path) -> dict:
                 "generate_spans": page.locator("#timeline rect.span-generate").count(),
                 "env_step_spans": page.locator("#timeline rect.span-env-step").count(),
                 "charts": page.locator("#curves svg.chart").count(),
-                "staleness_bars": page.locator("#staleness-histogram rect.staleness-bar").count(),
+                "staleness_bars": page.locator(
+                    "#staleness-histogram rect.staleness-bar"
+                ).count(),
                 "browser_rows": page.locator("#traj-table tbody tr").count(),
             }
             page.locator("#traj-table tbody tr").first.click()
-            result["generated_segments"] = page.locator("#traj-detail .seg-generated").count()
+            result["generated_segments"] = page.locator(
+                "#traj-detail .seg-generated"
+            ).count()
         finally:
             browser.close()
     result["errors"] = errors
@@ -235,7 +373,9 @@ def test_report_of_a_train_run_renders_in_chromium(interrupted_run, tmp_path):
     assert page["errors"] == []
     assert page["rows"] == NUM_ENVS and page["data_rows"] == str(NUM_ENVS)
     assert page["generate_spans"] > 0 and page["env_step_spans"] > 0
-    assert page["charts"] >= 3 and page["staleness_bars"] >= 1 and page["browser_rows"] > 0
+    assert (
+        page["charts"] >= 3 and page["staleness_bars"] >= 1 and page["browser_rows"] > 0
+    )
     assert page["generated_segments"] > 0
 
 
@@ -254,4 +394,3 @@ def test_report_of_a_rollout_run_renders_in_chromium(rollout_run, tmp_path):
     assert page["errors"] == []
     assert page["rows"] == NUM_ENVS
     assert page["generate_spans"] > 0 and page["browser_rows"] > 0
-

@@ -12,12 +12,17 @@ import asyncio
 
 import pytest
 
-from env_managers.env_manager import EnvManager, EnvManagerSettings
-from roll_async.config import CustomEnvConfig, EngineConfig, GenerationConfig, TrainerConfig
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EngineConfig,
+    GenerationConfig,
+    TrainerConfig,
+)
+from roll_async.env_managers.env_manager import EnvManager, EnvManagerSettings
 from roll_async.envs import make_env
-from roll_async.multimodal import ObservationEncoder, VisionProcessor
-from roll_async.protocol import EpisodeSpec
-from roll_async.tokenization import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.images import ObservationEncoder, VisionProcessor
+from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.trajectory import EpisodeSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,7 +65,9 @@ class _Episodes:
         if not self.seeds:
             return None
         seed = self.seeds.pop(0)
-        return EpisodeSpec(tag="VisionSokoban", group_id=seed, episode_id=0, seed=seed, created_step=0)
+        return EpisodeSpec(
+            tag="VisionSokoban", group_id=seed, episode_id=0, seed=seed, created_step=0
+        )
 
     async def put_trajectory(self, trajectory):
         self.trajectories.append(trajectory)
@@ -78,30 +85,45 @@ async def _play(engine, vl_model_path, seeds: list[int], max_steps: int = 3):
     episodes = _Episodes(seeds)
     manager = EnvManager(
         0,
-        EnvManagerSettings(tag="VisionSokoban", custom_env=custom, sequence_length=1000, generation=GenerationConfig()),
+        EnvManagerSettings(
+            tag="VisionSokoban",
+            custom_env=custom,
+            sequence_length=1000,
+            generation=GenerationConfig(),
+        ),
         make_env=lambda cfg: make_env("sokoban", cfg),
         scheduler=episodes,
         engine=engine,
-        prompt_builder=ChatPromptBuilder(load_tokenizer(vl_model_path), custom.system_prompt),
+        prompt_builder=ChatPromptBuilder(
+            load_tokenizer(vl_model_path), custom.system_prompt
+        ),
         observations=ObservationEncoder(vision),
     )
     await asyncio.wait_for(manager.run_rollout_loop(), 600)
     return episodes.trajectories, vision
 
 
-async def test_three_turn_vision_episode_reaches_engine_and_trainer(vl_engine, vl_model_path):
+async def test_three_turn_vision_episode_reaches_engine_and_trainer(
+    vl_engine, vl_model_path
+):
     import torch
 
-    from roll_async.batching import collate_trajectories
+    from roll_async.trainer.collate import collate_trajectories
     from roll_async.trainer.grpo_trainer import GRPOTrainer
 
     before = vl_engine.stats()["images_received"]
     trajectories, vision = await _play(vl_engine, vl_model_path, seeds=[3, 4])
     assert len(trajectories) == 2
     trajectory = trajectories[0]
-    assert trajectory.stop_reason == "max_steps" and trajectory.num_turns == 3, trajectory.error
+    assert trajectory.stop_reason == "max_steps" and trajectory.num_turns == 3, (
+        trajectory.error
+    )
     # One image per observation: the first prompt's and one after each of the first two steps.
-    assert len(trajectory.images) == 3 and [t.num_images for t in trajectory.turns] == [1, 1, 1]
+    assert len(trajectory.images) == 3 and [t.num_images for t in trajectory.turns] == [
+        1,
+        1,
+        1,
+    ]
     for start, end in trajectory.image_spans:
         assert trajectory.token_ids[start:end].count(vision.image_token_id) == 4
     # The image token is input-only: the engine never samples it (a random-init model otherwise would).
@@ -112,7 +134,11 @@ async def test_three_turn_vision_episode_reaches_engine_and_trainer(vl_engine, v
     assert vl_engine.stats()["images_received"] - before == 2 * (1 + 2 + 3)
     # ... and the prompt vLLM built from the compact ids + images is exactly the trajectory's ids.
     prompts = dict(vl_engine.recent_multimodal_prompts())
-    last_turn = [rid for rid in prompts if trajectory.traj_id in rid and rid.split("-t")[-1].startswith("2-")]
+    last_turn = [
+        rid
+        for rid in prompts
+        if trajectory.traj_id in rid and rid.split("-t")[-1].startswith("2-")
+    ]
     assert len(last_turn) == 1
     engine_prompt = prompts[last_turn[0]]
     assert engine_prompt == trajectory.token_ids[: len(engine_prompt)]
@@ -120,15 +146,22 @@ async def test_three_turn_vision_episode_reaches_engine_and_trainer(vl_engine, v
     assert len(engine_prompt) + generated_last == len(trajectory.token_ids)
 
     # Trainer side: logprobs with the vision tower agree with the engine's on generated tokens.
-    trainer = GRPOTrainer(TrainerConfig(device="cpu", dtype="float32", lr=1e-3, micro_batch_size=2), vl_model_path)
+    trainer = GRPOTrainer(
+        TrainerConfig(device="cpu", dtype="float32", lr=1e-3, micro_batch_size=2),
+        vl_model_path,
+    )
     tokenizer = load_tokenizer(vl_model_path)
     batch = collate_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
     assert [len(row) for row in batch.images] == [3, 3]
     trainer_logprobs = trainer.compute_logprobs(batch)
     mask = batch.response_mask.bool()
     diff = (trainer_logprobs[mask] - batch.old_logprobs[mask]).abs()
-    assert int(mask.sum()) > 0 and float(diff.max()) < LOGPROB_TOLERANCE, float(diff.max())
-    print(f"engine vs trainer logprobs on {int(mask.sum())} generated tokens: max |diff| {float(diff.max()):.2e}")
+    assert int(mask.sum()) > 0 and float(diff.max()) < LOGPROB_TOLERANCE, float(
+        diff.max()
+    )
+    print(
+        f"engine vs trainer logprobs on {int(mask.sum())} generated tokens: max |diff| {float(diff.max()):.2e}"
+    )
     # Without the images the same ids score differently: the vision tower is really in the loss path.
     blind = batch.to("cpu")
     blind.images = []

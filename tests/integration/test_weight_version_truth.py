@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from roll_async.protocol import GenerationRequest
+from roll_async.trajectory import GenerationRequest
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,9 @@ SAME_WEIGHTS_TOL = 2e-3
 
 
 def _req(prompt: list[int], **kwargs) -> GenerationRequest:
-    return GenerationRequest(request_id=f"wv-{uuid.uuid4().hex[:10]}", prompt_token_ids=prompt, **kwargs)
+    return GenerationRequest(
+        request_id=f"wv-{uuid.uuid4().hex[:10]}", prompt_token_ids=prompt, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,10 @@ def cached_prompt(tokenizer) -> list[int]:
     """A prompt of several full KV blocks (CPU block size 128), so the prefix cache has something to hit."""
     text = " ".join(f"Room {i}: #__P_O_X# the box is at {i % 7}." for i in range(40))
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        [{"role": "user", "content": text}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     assert len(ids) >= 300
     return ids[:400]
@@ -40,7 +45,9 @@ def cached_prompt(tokenizer) -> list[int]:
 @pytest.fixture(scope="module")
 def running_prompt(tokenizer) -> list[int]:
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Keep going for a long time."}], add_generation_prompt=True, tokenize=True,
+        [{"role": "user", "content": "Keep going for a long time."}],
+        add_generation_prompt=True,
+        tokenize=True,
         return_dict=False,
     )
 
@@ -55,7 +62,10 @@ def weights(tiny_model_path):
 
     original = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])
     generator = torch.Generator().manual_seed(7)
-    perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in original.items()}
+    perturbed = {
+        k: v + 0.5 * torch.randn(v.shape, generator=generator)
+        for k, v in original.items()
+    }
     old_model = load_causal_lm(str(tiny_model_path), torch.float32, torch.device("cpu"))
     new_model = load_causal_lm(str(tiny_model_path), torch.float32, torch.device("cpu"))
     new_model.load_state_dict(perturbed, strict=False)
@@ -88,7 +98,9 @@ async def test_no_stale_prefix_after_an_update_and_every_token_tagged_with_its_v
     await engine.generate.remote(_req(cached_prompt, **greedy))
     before = (await engine.stats.remote())["prefix_cache_hit_tokens"]
     await engine.generate.remote(_req(cached_prompt, **greedy))
-    assert (await engine.stats.remote())["prefix_cache_hit_tokens"] - before >= 256, "control: the cache hits"
+    assert (await engine.stats.remote())["prefix_cache_hit_tokens"] - before >= 256, (
+        "control: the cache hits"
+    )
 
     version = await engine.get_weight_version.remote()
     # A long request in flight while the update happens; in keep mode it is frozen holding KV blocks.
@@ -103,7 +115,9 @@ async def test_no_stale_prefix_after_an_update_and_every_token_tagged_with_its_v
 
         before = (await engine.stats.remote())["prefix_cache_hit_tokens"]
         fresh = await engine.generate.remote(_req(cached_prompt, **greedy))
-        assert (await engine.stats.remote())["prefix_cache_hit_tokens"] == before, "a prefix of old weights was reused"
+        assert (await engine.stats.remote())["prefix_cache_hit_tokens"] == before, (
+            "a prefix of old weights was reused"
+        )
         assert fresh.token_versions == [version + 1] * 8
         assert max(_gaps(new_model, cached_prompt, fresh)) <= SAME_WEIGHTS_TOL
     finally:
@@ -113,11 +127,18 @@ async def test_no_stale_prefix_after_an_update_and_every_token_tagged_with_its_v
 
     tokens = spanning.output_token_ids
     assert len(spanning.token_versions) == len(tokens) > 0
-    old_gaps, new_gaps = _gaps(old_model, running_prompt, spanning), _gaps(new_model, running_prompt, spanning)
+    old_gaps, new_gaps = (
+        _gaps(old_model, running_prompt, spanning),
+        _gaps(new_model, running_prompt, spanning),
+    )
     if mode == "keep":
         n_old = spanning.token_versions.count(version)
-        assert 0 < n_old < len(tokens) == 500, "a keep-mode request spanning the update has two versions"
-        assert spanning.token_versions == [version] * n_old + [version + 1] * (len(tokens) - n_old)
+        assert 0 < n_old < len(tokens) == 500, (
+            "a keep-mode request spanning the update has two versions"
+        )
+        assert spanning.token_versions == [version] * n_old + [version + 1] * (
+            len(tokens) - n_old
+        )
         assert spanning.finish_reason == "length"
         # Each token's logprob is that of the weights its version names: the frozen request's KV was
         # recomputed under the new weights (a stale KV would put the new-version tokens nats off).

@@ -16,22 +16,35 @@ def main(model_path: str) -> None:
     import ray
     from safetensors.torch import load
 
-    from roll_async.config import ConfigError, TrainerConfig
-    from roll_async.trainer.placement import TrainerActorClient, release_trainer
+    from roll_async.config.schema import TrainerConfig
+    from roll_async.errors import ConfigError
+    from roll_async.trainer.trainer_actor import TrainerActorClient, release_trainer
 
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False)
     try:
         try:
-            TrainerActorClient.start(TrainerConfig(placement="ray_actor", num_gpus=2), model_path)
+            TrainerActorClient.start(
+                TrainerConfig(placement="ray_actor", num_gpus=2), model_path
+            )
             too_many = ""
         except ConfigError as exc:
             too_many = str(exc)
-        client = TrainerActorClient.start(TrainerConfig(placement="ray_actor", num_gpus=1), model_path)
+        client = TrainerActorClient.start(
+            TrainerConfig(placement="ray_actor", num_gpus=1), model_path
+        )
         names: list[str] = []
         for ref in client.engine_weight_refs():
             names.extend(load(ray.get(ref)).keys())
         release_trainer(client)
-        print(json.dumps({"placement": client.placement, "bucket_tensors": sorted(names), "too_many_gpus": too_many}))
+        print(
+            json.dumps(
+                {
+                    "placement": client.placement,
+                    "bucket_tensors": sorted(names),
+                    "too_many_gpus": too_many,
+                }
+            )
+        )
     finally:
         ray.shutdown()
 

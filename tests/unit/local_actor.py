@@ -1,4 +1,4 @@
-"""A Ray actor handle, in process, for tests of roll_async/zmq_rpc.py without Ray.
+"""A Ray actor handle, in process, for tests of roll_async/runtime/zmq_calls.py without Ray.
 
 ``handle.method.remote(*args)`` calls the object's method; the object's ``call_endpoint`` opens a
 local CallServer for ``methods`` (what ServesCallsOverZmq does inside a Ray actor). ``kill()`` is a
@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
-from roll_async.zmq_rpc import CallEndpoint, CallServer
+from roll_async.runtime.zmq_calls import CallEndpoint, CallServer
 
 
 class _Method:
@@ -28,7 +28,14 @@ class _Method:
 
 
 class LocalActor:
-    def __init__(self, target: Any, methods: Collection[str], *, node_id: str = "node-a", cancellable: bool = True) -> None:
+    def __init__(
+        self,
+        target: Any,
+        methods: Collection[str],
+        *,
+        node_id: str = "node-a",
+        cancellable: bool = True,
+    ) -> None:
         self.target, self.node_id, self.dead = target, node_id, False
         self._methods, self._cancellable = methods, cancellable
         self.server: CallServer | None = None
@@ -36,8 +43,14 @@ class LocalActor:
 
     async def _call_endpoint(self) -> CallEndpoint:
         if self.server is None:
-            self.server = CallServer(self.target, self._methods, node_id=self.node_id, tcp_host="127.0.0.1",
-                                     name="test", cancellable=self._cancellable)
+            self.server = CallServer(
+                self.target,
+                self._methods,
+                node_id=self.node_id,
+                tcp_host="127.0.0.1",
+                name="test",
+                cancellable=self._cancellable,
+            )
         return self.server.endpoint
 
     @property

@@ -6,17 +6,30 @@ import dataclasses
 
 import torch
 
-from roll_async.batch_dump import load_batch, save_batch, saved_steps
-from roll_async.batching import collate_trajectories
-from roll_async.protocol import Trajectory
+from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
+from roll_async.trainer.collate import collate_trajectories
+from roll_async.trajectory import Trajectory
 
 
 def _batch():
     trajectories = [
-        Trajectory(tag="T", group_id=g, episode_id=i, env_id=i, seed=1, traj_id=f"T-g{g}-e{i}", created_step=2,
-                   token_ids=list(range(3 + i)), response_mask=[0] * 2 + [1] * (1 + i), logprobs=[0.0] * 2 + [-0.5] * (1 + i),
-                   episode_reward=float(i), oldest_weight_version=1, newest_weight_version=2)
-        for g in range(2) for i in range(2)
+        Trajectory(
+            tag="T",
+            group_id=g,
+            episode_id=i,
+            env_id=i,
+            seed=1,
+            traj_id=f"T-g{g}-e{i}",
+            created_step=2,
+            token_ids=list(range(3 + i)),
+            response_mask=[0] * 2 + [1] * (1 + i),
+            logprobs=[0.0] * 2 + [-0.5] * (1 + i),
+            episode_reward=float(i),
+            oldest_weight_version=1,
+            newest_weight_version=2,
+        )
+        for g in range(2)
+        for i in range(2)
     ]
     return trajectories, collate_trajectories(trajectories, pad_token_id=0)
 
@@ -33,7 +46,10 @@ def test_saved_batch_loads_back_identical(tmp_path):
             assert torch.equal(original, restored), f.name
         else:
             assert original == restored, f.name
-    assert torch.load(saved_steps(tmp_path)[3], weights_only=True)["weight_versions"] == [[1, 2]] * 4
+    assert (
+        torch.load(saved_steps(tmp_path)[3], weights_only=True)["weight_versions"]
+        == [[1, 2]] * 4
+    )
 
 
 def test_fields_unknown_to_this_version_are_skipped_with_a_warning(tmp_path, caplog):

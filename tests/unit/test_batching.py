@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_async.batching import collate_trajectories
-from roll_async.protocol import Trajectory
+from roll_async.trainer.collate import collate_trajectories
+from roll_async.trajectory import Trajectory
 
 
-def trajectory(group_id: int, token_ids, response_mask, logprobs, reward: float, tag: str = "t") -> Trajectory:
+def trajectory(
+    group_id: int, token_ids, response_mask, logprobs, reward: float, tag: str = "t"
+) -> Trajectory:
     return Trajectory(
         tag=tag,
         group_id=group_id,
@@ -31,22 +33,47 @@ def test_right_padded_tensors_and_masks():
     b = trajectory(0, [21, 22], [0, 1], [0.0, -0.3], 0.0)
     c = trajectory(1, [31, 32, 33], [0, 1, 0], [0.0, -0.4, 0.0], 0.5, tag="u")
     batch = collate_trajectories([a, b, c], pad_token_id=0)
-    assert batch.input_ids.tolist() == [[11, 12, 13, 14], [21, 22, 0, 0], [31, 32, 33, 0]]
+    assert batch.input_ids.tolist() == [
+        [11, 12, 13, 14],
+        [21, 22, 0, 0],
+        [31, 32, 33, 0],
+    ]
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 0], [0, 1, 2, 0]]
     assert batch.response_mask.tolist() == [[0, 0, 1, 1], [0, 1, 0, 0], [0, 1, 0, 0]]
-    assert torch.allclose(batch.old_logprobs, torch.tensor([[0, 0, -0.1, -0.2], [0, -0.3, 0, 0], [0, -0.4, 0, 0]]))
+    assert torch.allclose(
+        batch.old_logprobs,
+        torch.tensor([[0, 0, -0.1, -0.2], [0, -0.3, 0, 0], [0, -0.4, 0, 0]]),
+    )
     assert batch.rewards.tolist() == [1.0, 0.0, 0.5]
     assert batch.group_index.tolist() == [0, 0, 1]
-    assert batch.tags == ["t", "t", "u"] and batch.seeds == [100, 100, 101] and batch.created_steps == [3, 3, 3]
-    assert batch.input_ids.dtype == torch.long and batch.old_logprobs.dtype == torch.float32
-    assert len(batch) == 3 and set(batch.tensors()) >= {"input_ids", "attention_mask", "position_ids", "response_mask", "old_logprobs", "rewards"}
+    assert (
+        batch.tags == ["t", "t", "u"]
+        and batch.seeds == [100, 100, 101]
+        and batch.created_steps == [3, 3, 3]
+    )
+    assert (
+        batch.input_ids.dtype == torch.long
+        and batch.old_logprobs.dtype == torch.float32
+    )
+    assert len(batch) == 3 and set(batch.tensors()) >= {
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "old_logprobs",
+        "rewards",
+    }
 
 
 def test_fixed_width_and_multiple_of():
     a = trajectory(0, [1, 2, 3], [0, 1, 1], [0, -1, -1], 0.0)
-    assert collate_trajectories([a], pad_token_id=9, pad_to=8).input_ids.tolist() == [[1, 2, 3, 9, 9, 9, 9, 9]]
-    assert collate_trajectories([a], pad_token_id=9, pad_to_multiple_of=4).input_ids.shape == (1, 4)
+    assert collate_trajectories([a], pad_token_id=9, pad_to=8).input_ids.tolist() == [
+        [1, 2, 3, 9, 9, 9, 9, 9]
+    ]
+    assert collate_trajectories(
+        [a], pad_token_id=9, pad_to_multiple_of=4
+    ).input_ids.shape == (1, 4)
     with pytest.raises(ValueError, match="shorter than the longest"):
         collate_trajectories([a], pad_token_id=9, pad_to=2)
 
@@ -76,12 +103,20 @@ def test_token_versions_policy_version_and_sampling_travel_with_the_batch():
 
     a = trajectory(0, [11, 12, 13, 14], [0, 0, 1, 1], [0.0, 0.0, -0.1, -0.2], 1.0)
     a.token_versions = [-1, -1, 3, 4]
-    b = trajectory(0, [21, 22], [0, 1], [0.0, -0.3], 0.0)  # recorded no versions: unknown (-1)
+    b = trajectory(
+        0, [21, 22], [0, 1], [0.0, -0.3], 0.0
+    )  # recorded no versions: unknown (-1)
     settings = SamplingSettings(0.7, 0.9, -1)
-    batch = collate_trajectories([a, b], pad_token_id=0, sampling=settings, policy_version=5)
+    batch = collate_trajectories(
+        [a, b], pad_token_id=0, sampling=settings, policy_version=5
+    )
     assert batch.token_versions.tolist() == [[-1, -1, 3, 4], [-1, -1, -1, -1]]
     moved = batch.to("cpu")
-    assert moved.policy_version == 5 and moved.sampling == settings and moved.token_versions is not None
+    assert (
+        moved.policy_version == 5
+        and moved.sampling == settings
+        and moved.token_versions is not None
+    )
     a.token_versions = [3]
     with pytest.raises(ValueError, match="token_versions"):
         collate_trajectories([a], pad_token_id=0)

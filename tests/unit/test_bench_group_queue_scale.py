@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 
-from roll_async.protocol import Trajectory
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.trajectory import Trajectory
 
 
-def queue(num_envs: int, *, group_size: int = 2, groups_per_batch: int = 1, staleness: int = 1) -> GroupQueueManager:
+def queue(
+    num_envs: int, *, group_size: int = 2, groups_per_batch: int = 1, staleness: int = 1
+) -> GroupQueueManager:
     return GroupQueueManager(
         env_tags={i: "t" for i in range(num_envs)},
         tags=["t"],
@@ -28,23 +30,38 @@ def queue(num_envs: int, *, group_size: int = 2, groups_per_batch: int = 1, stal
 
 
 def done(spec, env_id: int, stop_reason: str = "terminated") -> Trajectory:
-    return Trajectory(tag=spec.tag, group_id=spec.group_id, episode_id=spec.episode_id, env_id=env_id, seed=spec.seed,
-                      traj_id="x", created_step=spec.created_step, stop_reason=stop_reason)
+    return Trajectory(
+        tag=spec.tag,
+        group_id=spec.group_id,
+        episode_id=spec.episode_id,
+        env_id=env_id,
+        seed=spec.seed,
+        traj_id="x",
+        created_step=spec.created_step,
+        stop_reason=stop_reason,
+    )
 
 
 async def test_a_finished_trajectory_does_not_wake_envs_waiting_for_a_seat():
     q = queue(50, group_size=2, groups_per_batch=1, staleness=1)
-    specs = [await q.next_episode(0), await q.next_episode(1)]  # the only group allowed (quota 1)
+    specs = [
+        await q.next_episode(0),
+        await q.next_episode(1),
+    ]  # the only group allowed (quota 1)
     waiters = [asyncio.ensure_future(q.next_episode(i)) for i in range(2, 50)]
     await asyncio.sleep(0)
     await q.put_trajectory(done(specs[0], 0))
     await q.put_trajectory(done(specs[1], 1))
     assert q.wakeups.seat == 0 and not any(w.done() for w in waiters)
-    served = await asyncio.wait_for(q.get_batch(2, step=0), 1)  # serving frees quota: now they wake
+    served = await asyncio.wait_for(
+        q.get_batch(2, step=0), 1
+    )  # serving frees quota: now they wake
     assert len(served.trajectories) == 2
     await asyncio.sleep(0.01)
     assert sum(w.done() for w in waiters) == 2  # one new group of 2 seats
-    assert q.wakeups.seat == 2  # exactly the two that got seats: one woken by the event, one by the relay
+    assert (
+        q.wakeups.seat == 2
+    )  # exactly the two that got seats: one woken by the event, one by the relay
     q.shutdown()
     await asyncio.gather(*waiters)
 
@@ -76,7 +93,9 @@ async def test_seats_go_to_the_oldest_group_and_a_reopened_seat_is_found_again()
     assert a0.group_id == a1.group_id != b0.group_id
     await q.put_trajectory(done(a1, 1, stop_reason="env_error"))  # A's seat re-opens
     again = await q.next_episode(3)
-    assert again.group_id == a0.group_id  # the oldest group first, although it had been full
+    assert (
+        again.group_id == a0.group_id
+    )  # the oldest group first, although it had been full
     b1 = await q.next_episode(4)
     assert b1.group_id == b0.group_id
     c = await q.next_episode(5)

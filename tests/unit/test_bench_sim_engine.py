@@ -8,14 +8,16 @@ import json
 import pytest
 
 from benchmarks.sim_engine import DecodeLatencyModel, SimEngine, output_length
-from roll_async.protocol import GenerationRequest
+from roll_async.trajectory import GenerationRequest
 
-CEILING = {"rows": [
-    {"concurrency": 1, "decode_step_s": 0.004},
-    {"concurrency": 4, "decode_step_s": 0.005},
-    {"concurrency": 16, "decode_step_s": 0.008},
-    {"concurrency": 64, "decode_step_s": 0.020},
-]}
+CEILING = {
+    "rows": [
+        {"concurrency": 1, "decode_step_s": 0.004},
+        {"concurrency": 4, "decode_step_s": 0.005},
+        {"concurrency": 16, "decode_step_s": 0.008},
+        {"concurrency": 64, "decode_step_s": 0.020},
+    ]
+}
 
 
 def test_step_time_interpolates_between_measured_concurrencies():
@@ -53,18 +55,26 @@ def test_output_lengths_are_repeatable_capped_and_have_the_requested_mean():
     lengths = [output_length(f"req-{i}", 8.0, 10_000) for i in range(4000)]
     assert lengths == [output_length(f"req-{i}", 8.0, 10_000) for i in range(4000)]
     assert 7.0 < sum(lengths) / len(lengths) < 9.0
-    assert max(output_length(f"req-{i}", 8.0, 5) for i in range(500)) == 6  # cap + 1 means "hit max_tokens"
+    assert (
+        max(output_length(f"req-{i}", 8.0, 5) for i in range(500)) == 6
+    )  # cap + 1 means "hit max_tokens"
 
 
 def request(i: int, max_tokens: int = 8) -> GenerationRequest:
-    return GenerationRequest(request_id=f"r{i}", prompt_token_ids=[1, 2, 3], max_tokens=max_tokens)
+    return GenerationRequest(
+        request_id=f"r{i}", prompt_token_ids=[1, 2, 3], max_tokens=max_tokens
+    )
 
 
 async def test_sim_engine_batches_at_most_max_num_seqs_and_takes_the_modelled_time():
     model = DecodeLatencyModel([1, 4], [0.002, 0.004])
     engine = SimEngine(model, max_num_seqs=4, output_len_mean=1000, token_ids=[7, 8, 9])
-    results = await asyncio.gather(*(engine.generate(request(i, max_tokens=5)) for i in range(8)))
-    assert all(r.finish_reason == "length" and len(r.output_token_ids) == 5 for r in results)
+    results = await asyncio.gather(
+        *(engine.generate(request(i, max_tokens=5)) for i in range(8))
+    )
+    assert all(
+        r.finish_reason == "length" and len(r.output_token_ids) == 5 for r in results
+    )
     assert set(results[0].output_token_ids) <= {7, 8, 9}
     stats = await engine.stats()
     # Two waves of 4 requests x 5 tokens, each step taking step_time(4).

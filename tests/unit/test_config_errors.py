@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from roll_async.config import ConfigError, load_config
+from roll_async.config.schema import load_config
+from roll_async.errors import ConfigError
 
 
 def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
@@ -13,21 +14,35 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     message = str(info.value)
-    assert message.startswith(f"{path}:4:")  # the parser notices the unclosed list on line 4
+    assert message.startswith(
+        f"{path}:4:"
+    )  # the parser notices the unclosed list on line 4
     assert "YAML syntax error" in message and "\n" not in message
 
 
 @pytest.mark.parametrize(
     "override, expected",
     [
-        ("env_step_timeout_s=5", "train_env_manager.env_step_timeout_s or val_env_manager.env_step_timeout_s"),
-        ("trainer.group_size=2", "train_env_manager.group_size or val_env_manager.group_size"),
+        (
+            "env_step_timeout_s=5",
+            "train_env_manager.env_step_timeout_s or val_env_manager.env_step_timeout_s",
+        ),
+        (
+            "trainer.group_size=2",
+            "train_env_manager.group_size or val_env_manager.group_size",
+        ),
         ("max_tokens_per_step=8", "custom_envs.<Tag>.max_tokens_per_step"),
         ("engine.lr=0.1", "trainer.lr"),
     ],
 )
-def test_key_in_the_wrong_section_names_the_sections_where_it_exists(override, expected):
-    with pytest.raises(ConfigError, match="it belongs in " + expected.replace(".", r"\.").replace("<", ".").replace(">", ".")):
+def test_key_in_the_wrong_section_names_the_sections_where_it_exists(
+    override, expected
+):
+    with pytest.raises(
+        ConfigError,
+        match="it belongs in "
+        + expected.replace(".", r"\.").replace("<", ".").replace(">", "."),
+    ):
         load_config("configs/frozen_lake.yaml", [override])
 
 
@@ -45,7 +60,15 @@ def test_replay_from_is_the_user_facing_key(tmp_path):
 
 
 def test_unknown_request_transport_names_the_key_and_the_choices():
-    with pytest.raises(ConfigError, match=r"engine\.request_transport='zeromq' is unknown.*Choose one of: zmq, ray"):
+    with pytest.raises(
+        ConfigError,
+        match=r"engine\.request_transport='zeromq' is unknown.*Choose one of: zmq, ray",
+    ):
         load_config("configs/frozen_lake.yaml", ["engine.request_transport=zeromq"])
-    assert load_config("configs/frozen_lake.yaml", ["engine.request_transport=ray"]).engine.request_transport == "ray"
+    assert (
+        load_config(
+            "configs/frozen_lake.yaml", ["engine.request_transport=ray"]
+        ).engine.request_transport
+        == "ray"
+    )
     assert load_config("configs/frozen_lake.yaml").engine.request_transport == "zmq"

@@ -8,14 +8,21 @@ import time
 
 import pytest
 
-from env_managers.testing import FailurePlan, build_chatml_test_tokenizer, scripted_env_factory
-from env_managers.worker import EnvManagerHost
-from roll_async.config import CustomEnvConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
-from roll_async.engine.fake_engine import FakeEngine
-from roll_async.protocol import Trajectory
-from roll_async.scheduler.group_queue import RolloutFatalError
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    GenerationConfig,
+    PipelineConfig,
+    validate_config,
+)
+from roll_async.env_managers.worker import EnvManagerHost
+from roll_async.errors import RolloutFatalError
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.scheduler.local import LocalRolloutScheduler
-from roll_async.tokenization import ChatPromptBuilder
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+from roll_async.testing.fake_engine import FakeEngine
+from roll_async.testing.scripted_envs import FailurePlan, scripted_env_factory
+from roll_async.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +33,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def answer_ids(tokenizer) -> list[int]:
     """A reply ending in EOS, as a model would emit it."""
-    return tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
 
 
 def make_config(
@@ -56,7 +65,10 @@ def make_config(
         generation=generation or GenerationConfig(retry_backoff_s=0.001),
         custom_envs={
             tag: CustomEnvConfig(
-                env_type="scripted", env_config=cfg, max_steps=max_steps, max_tokens_per_step=max_tokens_per_step
+                env_type="scripted",
+                env_config=cfg,
+                max_steps=max_steps,
+                max_tokens_per_step=max_tokens_per_step,
             )
             for tag, cfg in tags.items()
         },
@@ -75,12 +87,23 @@ def make_config(
 
 
 def local(config, engine, tokenizer, **kwargs) -> LocalRolloutScheduler:
-    return LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer, env_factory=scripted_env_factory, **kwargs)
+    return LocalRolloutScheduler(
+        config,
+        engines=engine,
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+        **kwargs,
+    )
 
 
-async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_is_mid_episode(tokenizer, answer_ids):
+async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_is_mid_episode(
+    tokenizer, answer_ids
+):
     config = make_config(
-        tags={"fast": {"episode_length": 3, "step_latency_s": 0.01}, "slow": {"episode_length": 3, "step_latency_s": 0.1}},
+        tags={
+            "fast": {"episode_length": 3, "step_latency_s": 0.01},
+            "slow": {"episode_length": 3, "step_latency_s": 0.1},
+        },
         partition=[1, 1],
         num_env_groups=2,
         batch_size=8,
@@ -101,16 +124,25 @@ async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_is_
         while not any(tag == "slow" for tag, _ in finished_at):
             await asyncio.sleep(0.01)
         first_slow = next(t for tag, t in finished_at if tag == "slow")
-        fast_before = sum(1 for tag, t in finished_at if tag == "fast" and t < first_slow)
-        assert fast_before >= 4, f"fast env finished only {fast_before} episodes during the slow env's first one"
+        fast_before = sum(
+            1 for tag, t in finished_at if tag == "fast" and t < first_slow
+        )
+        assert fast_before >= 4, (
+            f"fast env finished only {fast_before} episodes during the slow env's first one"
+        )
     finally:
         await scheduler.shutdown()
 
 
 async def test_token_in_token_out_is_exact(tokenizer):
     # Single-byte tokens that re-tokenization would merge differently: any re-encoding shows up.
-    reply = [tokenizer.convert_tokens_to_ids(c) for c in "<answer>Up</answer>"] + [tokenizer.eos_token_id]
-    assert reply[:-1] != tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
+    reply = [tokenizer.convert_tokens_to_ids(c) for c in "<answer>Up</answer>"] + [
+        tokenizer.eos_token_id
+    ]
+    assert (
+        reply[:-1]
+        != tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
+    )
     engine = FakeEngine(lambda r: reply, logprob=-0.25)
     config = make_config(env_config={"episode_length": 3}, max_tokens_per_step=32)
     scheduler = local(config, engine, tokenizer)
@@ -121,11 +153,20 @@ async def test_token_in_token_out_is_exact(tokenizer):
     builder = ChatPromptBuilder(tokenizer, config.custom_envs["count"].system_prompt)
     prompts = [r.prompt_token_ids for r in engine.requests]
     assert len(prompts) == 3
-    assert prompts[0] == builder.first_turn_ids(f"Count up.\n{trajectory.turns[0].observation.replace('t1', 't0')}")
+    assert prompts[0] == builder.first_turn_ids(
+        f"Count up.\n{trajectory.turns[0].observation.replace('t1', 't0')}"
+    )
     for k in range(1, 3):
-        delta = builder.closure_ids_after(reply) + builder.user_delta_ids(trajectory.turns[k - 1].observation)
-        assert prompts[k] == prompts[k - 1] + reply + delta, f"turn {k} prompt is not prompt + output + delta"
-    assert builder.closure_ids_after(reply) == tokenizer("\n", add_special_tokens=False)["input_ids"]
+        delta = builder.closure_ids_after(reply) + builder.user_delta_ids(
+            trajectory.turns[k - 1].observation
+        )
+        assert prompts[k] == prompts[k - 1] + reply + delta, (
+            f"turn {k} prompt is not prompt + output + delta"
+        )
+    assert (
+        builder.closure_ids_after(reply)
+        == tokenizer("\n", add_special_tokens=False)["input_ids"]
+    )
     assert trajectory.token_ids == prompts[-1] + reply
     generated = [i for i, m in enumerate(trajectory.response_mask) if m]
     assert [trajectory.token_ids[i] for i in generated] == reply * 3
@@ -136,7 +177,9 @@ async def test_token_in_token_out_is_exact(tokenizer):
 
 
 async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
-    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]  # stopped on a stop string
+    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)[
+        "input_ids"
+    ]  # stopped on a stop string
     engine = FakeEngine(lambda r: reply)
     scheduler = local(make_config(env_config={"episode_length": 2}), engine, tokenizer)
     try:
@@ -145,15 +188,26 @@ async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
         await scheduler.shutdown()
     first, second = (r.prompt_token_ids for r in engine.requests)
     closure = tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"]
-    assert second[len(first) : len(first) + len(reply) + len(closure)] == reply + closure
+    assert (
+        second[len(first) : len(first) + len(reply) + len(closure)] == reply + closure
+    )
 
 
-async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_length(tokenizer):
-    engine = FakeEngine(lambda r: [7] * 100)  # never stops by itself: every turn ends by "length"
+async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_length(
+    tokenizer,
+):
+    engine = FakeEngine(
+        lambda r: [7] * 100
+    )  # never stops by itself: every turn ends by "length"
     probe = ChatPromptBuilder(tokenizer, CustomEnvConfig(env_type="x").system_prompt)
     first_prompt = len(probe.first_turn_ids("Count up.\ns0t0 s0t0"))
     sequence_length = first_prompt + 40
-    config = make_config(env_config={"episode_length": 50}, sequence_length=sequence_length, max_steps=50, max_tokens_per_step=16)
+    config = make_config(
+        env_config={"episode_length": 50},
+        sequence_length=sequence_length,
+        max_steps=50,
+        max_tokens_per_step=16,
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
@@ -167,12 +221,20 @@ async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_
     assert len(trajectory.response_mask) == len(trajectory.logprobs) == sequence_length
 
 
-async def test_env_reset_and_step_exceptions_are_contained_and_the_group_refilled(tokenizer, answer_ids):
+async def test_env_reset_and_step_exceptions_are_contained_and_the_group_refilled(
+    tokenizer, answer_ids
+):
     plan = FailurePlan(reset_failures=2, step_failures=1)
-    config = make_config(env_config={"episode_length": 2, "failure_plan": plan}, num_env_groups=2, group_size=2)
+    config = make_config(
+        env_config={"episode_length": 2, "failure_plan": plan},
+        num_env_groups=2,
+        group_size=2,
+    )
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
-        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(4, step=0), 5)
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(4, step=0), 5
+        )
     finally:
         await scheduler.shutdown()
     assert len(batch) == 4
@@ -188,16 +250,25 @@ async def test_env_reset_and_step_exceptions_are_contained_and_the_group_refille
 
 
 @pytest.mark.parametrize("use_async_env", [False, True])
-async def test_a_hung_env_step_times_out_and_the_run_continues(tokenizer, answer_ids, use_async_env):
+async def test_a_hung_env_step_times_out_and_the_run_continues(
+    tokenizer, answer_ids, use_async_env
+):
     plan = FailurePlan(step_hangs=1)
     config = make_config(
-        env_config={"episode_length": 2, "failure_plan": plan, "hang_s": 0.5, "async": use_async_env},
+        env_config={
+            "episode_length": 2,
+            "failure_plan": plan,
+            "hang_s": 0.5,
+            "async": use_async_env,
+        },
         num_env_groups=2,
         env_step_timeout_s=0.1,
     )
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
-        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(2, step=0), 5)
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(2, step=0), 5
+        )
     finally:
         await scheduler.shutdown()
     assert [t.stop_reason for t in batch] == ["terminated", "terminated"]
@@ -205,11 +276,13 @@ async def test_a_hung_env_step_times_out_and_the_run_continues(tokenizer, answer
     assert sum(m.stats.env_timeouts for m in scheduler.managers) == 1
 
 
-async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts_an_overrun(tokenizer, answer_ids):
+async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts_an_overrun(
+    tokenizer, answer_ids
+):
     """isolation: inline: no thread hop; a step that ran past the timeout fails its episode once it returns."""
     import threading
 
-    from env_managers.testing import ScriptedEnv
+    from roll_async.testing.scripted_envs import ScriptedEnv
 
     threads: set[int] = set()
 
@@ -222,26 +295,41 @@ async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts
         return RecordingEnv(**env_config)
 
     config = make_config(
-        env_config={"episode_length": 2, "failure_plan": FailurePlan(step_hangs=1), "hang_s": 0.3},
+        env_config={
+            "episode_length": 2,
+            "failure_plan": FailurePlan(step_hangs=1),
+            "hang_s": 0.3,
+        },
         num_env_groups=2,
         env_step_timeout_s=0.1,
     )
     for spec in config.custom_envs.values():
         spec.isolation = "inline"
     validate_config(config)
-    scheduler = LocalRolloutScheduler(config, engines=FakeEngine(lambda r: answer_ids), tokenizer=tokenizer, env_factory=factory)
+    scheduler = LocalRolloutScheduler(
+        config,
+        engines=FakeEngine(lambda r: answer_ids),
+        tokenizer=tokenizer,
+        env_factory=factory,
+    )
     try:
-        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(2, step=0), 10)
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(2, step=0), 10
+        )
     finally:
         await scheduler.shutdown()
-    assert threads == {threading.get_ident()}  # every step ran on this (the event loop's) thread
+    assert threads == {
+        threading.get_ident()
+    }  # every step ran on this (the event loop's) thread
     assert [t.stop_reason for t in batch] == ["terminated", "terminated"]
     assert metrics["rollout/env_errors"] == 1
     assert sum(m.stats.env_timeouts for m in scheduler.managers) == 1
 
 
 async def test_async_env_methods_are_awaited(tokenizer, answer_ids):
-    config = make_config(env_config={"episode_length": 2, "async": True, "step_latency_s": 0.01})
+    config = make_config(
+        env_config={"episode_length": 2, "async": True, "step_latency_s": 0.01}
+    )
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
         (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
@@ -253,7 +341,9 @@ async def test_async_env_methods_are_awaited(tokenizer, answer_ids):
 
 async def test_a_failed_engine_request_is_retried(tokenizer, answer_ids):
     engine = FakeEngine(lambda r: answer_ids, fail_requests=2)
-    config = make_config(generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001))
+    config = make_config(
+        generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001)
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
@@ -265,12 +355,19 @@ async def test_a_failed_engine_request_is_retried(tokenizer, answer_ids):
 
 @pytest.mark.parametrize(
     "failure, cause",
-    [({"fail_requests": 1000}, "FakeEngineError"), ({"error_requests": 1000}, "finish reason 'error'")],
+    [
+        ({"fail_requests": 1000}, "FakeEngineError"),
+        ({"error_requests": 1000}, "finish reason 'error'"),
+    ],
     ids=["raises", "error_finish"],
 )
-async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_turn_and_request(tokenizer, failure, cause):
+async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_turn_and_request(
+    tokenizer, failure, cause
+):
     engine = FakeEngine(**failure)
-    config = make_config(generation=GenerationConfig(max_retries=1, retry_backoff_s=0.001))
+    config = make_config(
+        generation=GenerationConfig(max_retries=1, retry_backoff_s=0.001)
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         with pytest.raises(RolloutFatalError) as caught:
@@ -278,7 +375,9 @@ async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_tur
     finally:
         await scheduler.shutdown()
     message = str(caught.value)
-    assert re.search(r"engine request train-\w+-count-g0-e0-env0-t0-r\d+ failed", message)
+    assert re.search(
+        r"engine request train-\w+-count-g0-e0-env0-t0-r\d+ failed", message
+    )
     assert "env 0" in message and "turn 0" in message and "after 2 attempts" in message
     assert cause in message
 
@@ -311,8 +410,15 @@ async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
     assert second.max_tokens == 12 - len(partial)
     (turn,) = trajectory.turns
     assert turn.generated_tokens == 12 and turn.resumed_generations == 1
-    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (0, 1)
-    assert sum(trajectory.response_mask) == 12 == len([lp for lp in trajectory.logprobs if lp != 0.0])
+    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (
+        0,
+        1,
+    )
+    assert (
+        sum(trajectory.response_mask)
+        == 12
+        == len([lp for lp in trajectory.logprobs if lp != 0.0])
+    )
 
 
 class AbortRecordingEngine(FakeEngine):
@@ -327,7 +433,9 @@ class AbortRecordingEngine(FakeEngine):
         await super().abort(request_ids)
 
 
-async def test_redundant_episode_is_cancelled_and_its_request_aborted(tokenizer, answer_ids):
+async def test_redundant_episode_is_cancelled_and_its_request_aborted(
+    tokenizer, answer_ids
+):
     def latency(request):  # env 1 is slow, so env 0 completes the group first
         return 1.0 if "-env1-" in request.request_id else 0.0
 
@@ -335,7 +443,9 @@ async def test_redundant_episode_is_cancelled_and_its_request_aborted(tokenizer,
     config = make_config(env_config={"episode_length": 1}, group_size=1, redundancy=1)
     scheduler = local(config, engine, tokenizer)
     try:
-        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(1, step=0), 5)
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(1, step=0), 5
+        )
         for _ in range(100):
             if scheduler.managers[1].stats.cancelled_episodes:
                 break
@@ -351,14 +461,18 @@ async def test_redundant_episode_is_cancelled_and_its_request_aborted(tokenizer,
 
 async def test_sync_mode_stops_generation_until_resumed(tokenizer, answer_ids):
     engine = FakeEngine(lambda r: answer_ids, latency_s=0.002)
-    config = make_config(env_config={"episode_length": 2}, num_env_groups=2, batch_size=1)
+    config = make_config(
+        env_config={"episode_length": 2}, num_env_groups=2, batch_size=1
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
         seen = len(engine.requests)
         await asyncio.sleep(0.15)
         assert len(engine.requests) == seen, "env loops generated while suspended"
-        assert all(m.progress.phase == "waiting_for_episode" for m in scheduler.managers)
+        assert all(
+            m.progress.phase == "waiting_for_episode" for m in scheduler.managers
+        )
         scheduler.resume()
         await asyncio.sleep(0.05)
         assert len(engine.requests) > seen
@@ -368,9 +482,18 @@ async def test_sync_mode_stops_generation_until_resumed(tokenizer, answer_ids):
         await scheduler.shutdown()
 
 
-async def test_async_mode_keeps_generating_and_never_exceeds_max_staleness(tokenizer, answer_ids):
+async def test_async_mode_keeps_generating_and_never_exceeds_max_staleness(
+    tokenizer, answer_ids
+):
     engine = FakeEngine(lambda r: answer_ids, latency_s=0.002)
-    config = make_config(env_config={"episode_length": 2}, num_env_groups=2, group_size=2, batch_size=2, mode="async", max_staleness=2)
+    config = make_config(
+        env_config={"episode_length": 2},
+        num_env_groups=2,
+        group_size=2,
+        batch_size=2,
+        mode="async",
+        max_staleness=2,
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         for step in range(5):
@@ -380,13 +503,17 @@ async def test_async_mode_keeps_generating_and_never_exceeds_max_staleness(token
                 assert step - trajectory.oldest_weight_version <= 2
             seen = len(engine.requests)
             await asyncio.sleep(0.05)  # "training"
-            assert len(engine.requests) > seen or step == 0, "async loops must keep running during training"
+            assert len(engine.requests) > seen or step == 0, (
+                "async loops must keep running during training"
+            )
             await engine.update_weights(None, version=step + 1)
     finally:
         await scheduler.shutdown()
 
 
-async def test_episode_ends_at_max_steps_when_the_env_does_not_terminate(tokenizer, answer_ids):
+async def test_episode_ends_at_max_steps_when_the_env_does_not_terminate(
+    tokenizer, answer_ids
+):
     config = make_config(env_config={"episode_length": 100}, max_steps=3)
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
@@ -394,7 +521,10 @@ async def test_episode_ends_at_max_steps_when_the_env_does_not_terminate(tokeniz
     finally:
         await scheduler.shutdown()
     assert trajectory.stop_reason == "max_steps" and trajectory.num_turns == 3
-    assert trajectory.metrics["success"] == 0.0 and trajectory.metrics["action_is_valid"] == 1.0
+    assert (
+        trajectory.metrics["success"] == 0.0
+        and trajectory.metrics["action_is_valid"] == 1.0
+    )
 
 
 async def test_watchdog_reports_an_env_stuck_in_generation(tokenizer, answer_ids):
@@ -414,14 +544,18 @@ async def test_watchdog_reports_an_env_stuck_in_generation(tokenizer, answer_ids
 def test_host_watchdog_reports_each_stall_once_and_then_recovery():
     class Manager:
         def __init__(self, env_id, phase, since):
-            from env_managers.env_manager import EnvProgress
+            from roll_async.env_managers.env_manager import EnvProgress
 
             self.env_id = env_id
             self.progress = EnvProgress(phase=phase, last_progress_at=since)
             self.settings = type("S", (), {"tag": "t"})()
 
     now = [100.0]
-    managers = [Manager(0, "env_step", 0.0), Manager(1, "waiting_for_episode", 0.0), Manager(2, "generate", 99.0)]
+    managers = [
+        Manager(0, "env_step", 0.0),
+        Manager(1, "waiting_for_episode", 0.0),
+        Manager(2, "generate", 99.0),
+    ]
     host = EnvManagerHost(managers, watchdog_timeout_s=10, clock=lambda: now[0])  # type: ignore[arg-type]
     new, recovered = host.check_watchdog()
     assert list(new) == [0] and recovered == []
@@ -430,46 +564,69 @@ def test_host_watchdog_reports_each_stall_once_and_then_recovery():
     assert host.check_watchdog() == ({}, [0])
 
 
-async def test_a_template_with_an_unknown_field_fails_with_the_key_named(tokenizer, answer_ids):
+async def test_a_template_with_an_unknown_field_fails_with_the_key_named(
+    tokenizer, answer_ids
+):
     config = make_config()
     config.custom_envs["count"].observation_template = "{observation} after {action}"
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
-        with pytest.raises(RolloutFatalError, match=r"custom_envs.count.observation_template"):
+        with pytest.raises(
+            RolloutFatalError, match=r"custom_envs.count.observation_template"
+        ):
             await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
     finally:
         await scheduler.shutdown()
 
 
-async def test_a_keep_mode_update_mid_turn_gives_one_turn_two_versions_per_token(tokenizer):
+async def test_a_keep_mode_update_mid_turn_gives_one_turn_two_versions_per_token(
+    tokenizer,
+):
     # keep: the request freezes, keeps its tokens, and continues on the new weights
     engine, trajectory = await update_mid_turn(tokenizer, "keep")
     assert len(engine.requests) == 1, "keep mode continues the same request"
     (turn,) = trajectory.turns
     assert len(trajectory.token_versions) == len(trajectory.token_ids)
-    generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if m]
-    not_generated = [v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if not m]
+    generated = [
+        v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if m
+    ]
+    not_generated = [
+        v for v, m in zip(trajectory.token_versions, trajectory.response_mask) if not m
+    ]
     old, new = generated.count(0), generated.count(1)
     assert old > 0 and new > 0 and generated == [0] * old + [1] * new
     assert set(not_generated) == {-1}
-    assert turn.weight_versions == [0, 1] and turn.weight_version == 1 and turn.resumed_generations == 0
-    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (0, 1)
+    assert (
+        turn.weight_versions == [0, 1]
+        and turn.weight_version == 1
+        and turn.resumed_generations == 0
+    )
+    assert (trajectory.oldest_weight_version, trajectory.newest_weight_version) == (
+        0,
+        1,
+    )
 
 
-async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_on(tokenizer, answer_ids):
+async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_on(
+    tokenizer, answer_ids
+):
     engine = FakeEngine(lambda r: answer_ids, error_requests=1)
-    config = make_config(env_config={"episode_length": 1}, generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001))
+    config = make_config(
+        env_config={"episode_length": 1},
+        generation=GenerationConfig(max_retries=2, retry_backoff_s=0.001),
+    )
     scheduler = local(config, engine, tokenizer)
     try:
         (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
     finally:
         await scheduler.shutdown()
     errored, retried = engine.requests[:2]
-    assert retried.prompt_token_ids == errored.prompt_token_ids, "the errored piece must not enter the context"
+    assert retried.prompt_token_ids == errored.prompt_token_ids, (
+        "the errored piece must not enter the context"
+    )
     generated = [t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m]
     assert generated == answer_ids and trajectory.turns[0].finish_reason == "stop"
     assert scheduler.managers[0].stats.engine_retries == 1
-
 
 
 class _QueueActorInProcess:
@@ -491,12 +648,16 @@ class _QueueActorInProcess:
 
     async def put_trajectory_and_next_episode(self, trajectory):
         self._count("put_trajectory_and_next_episode")
-        return await self.actor.put_trajectory_and_next_episode(trajectory, self.incarnation)
+        return await self.actor.put_trajectory_and_next_episode(
+            trajectory, self.incarnation
+        )
 
 
-async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(tokenizer, answer_ids):
+async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(
+    tokenizer, answer_ids
+):
     """Over Ray each scheduler call is a round trip: after its first episode an env makes one call per episode."""
-    from env_managers.worker import build_env_managers
+    from roll_async.env_managers.worker import build_env_managers
     from roll_async.scheduler.group_queue import env_layout
     from roll_async.scheduler.rollout_scheduler import GroupQueueActor
 
@@ -505,8 +666,18 @@ async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(toke
     client = _QueueActorInProcess(actor)
     em = config.train_env_manager
     managers = build_env_managers(
-        config, "train", env_layout(em.tags, em.num_env_groups, em.num_groups_partition, em.group_size, em.group_size_redundancy),
-        scheduler=client, engine_for=lambda env_id: FakeEngine(lambda r: answer_ids), tokenizer=tokenizer,
+        config,
+        "train",
+        env_layout(
+            em.tags,
+            em.num_env_groups,
+            em.num_groups_partition,
+            em.group_size,
+            em.group_size_redundancy,
+        ),
+        scheduler=client,
+        engine_for=lambda env_id: FakeEngine(lambda r: answer_ids),
+        tokenizer=tokenizer,
         env_factory=scripted_env_factory,
     )
     host = EnvManagerHost(managers)
@@ -514,29 +685,49 @@ async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(toke
     try:
         served = [await actor.get_batch(4, step) for step in range(3)]
         assert [len(batch.trajectories) for batch in served] == [4, 4, 4]
-        assert all(t.stop_reason == "terminated" for batch in served for t in batch.trajectories)
+        assert all(
+            t.stop_reason == "terminated"
+            for batch in served
+            for t in batch.trajectories
+        )
     finally:
         await actor.shutdown()
         await asyncio.wait_for(running, timeout=10)
     handed_over = client.calls["put_trajectory_and_next_episode"]
-    assert handed_over >= 12  # every served trajectory came back through the combined call
-    assert client.calls["next_episode"] == len(managers)  # the first seat of each env only
+    assert (
+        handed_over >= 12
+    )  # every served trajectory came back through the combined call
+    assert client.calls["next_episode"] == len(
+        managers
+    )  # the first seat of each env only
     assert "put_trajectory" not in client.calls
 
 
-async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_back(tokenizer, answer_ids):
+async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_back(
+    tokenizer, answer_ids
+):
     """The seat handed to a replaced worker's late call goes back to the queue (as next_episode does)."""
     from roll_async.scheduler.rollout_scheduler import GroupQueueActor
 
     config = make_config(num_env_groups=1, group_size=1, mode="async", max_staleness=1)
     actor = GroupQueueActor(config, "train", start_step=0)
     spec = await actor.next_episode(0, 0)
-    await actor.restart_envs([0], "worker died", incarnation=1)  # the episode of spec fails as env_error
+    await actor.restart_envs(
+        [0], "worker died", incarnation=1
+    )  # the episode of spec fails as env_error
     finished = Trajectory(
-        tag=spec.tag, group_id=spec.group_id, episode_id=spec.episode_id, env_id=0, seed=spec.seed,
-        traj_id="late", created_step=spec.created_step, stop_reason="terminated",
+        tag=spec.tag,
+        group_id=spec.group_id,
+        episode_id=spec.episode_id,
+        env_id=0,
+        seed=spec.seed,
+        traj_id="late",
+        created_step=spec.created_step,
+        stop_reason="terminated",
     )
     assert await actor.put_trajectory_and_next_episode(finished, 0) is None
     fresh = await asyncio.wait_for(actor.next_episode(0, 1), timeout=5)
-    assert fresh is not None  # the seat the old incarnation was given is playable by the new one
+    assert (
+        fresh is not None
+    )  # the seat the old incarnation was given is playable by the new one
     await actor.shutdown()

@@ -12,13 +12,13 @@ import psutil
 import pytest
 from aiohttp import web
 
-from roll_async.config import ConfigError, load_config
+from roll_async.config.schema import load_config
 from roll_async.env_service.client import EnvServiceClient, RemoteEnv
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-from roll_async.env_service.protocol import EnvServiceError, EnvServiceUnavailable
 from roll_async.env_service.server import EnvServer
 from roll_async.envs import make_env
-from roll_async.preflight import check_envs
+from roll_async.errors import ConfigError, EnvServiceError, EnvServiceUnavailable
+from roll_async.pipelines.preflight import check_envs
 
 HANG = {"inner_env_type": "countdown", "fault": "hang", "fault_probability": 1.0}
 
@@ -64,11 +64,16 @@ async def test_process_env_hang_is_killed_and_a_crash_is_reported():
     pid = hung.pid
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(hung.step("<answer>1</answer>"), 0.5)
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(pid)
+        or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    )
     with pytest.raises(EnvProcessError, match="gone"):
         await hung.step("x")
 
-    crashing = ProcessEnv(functools.partial(make_env, "faulty", {**HANG, "fault": "segfault"}))
+    crashing = ProcessEnv(
+        functools.partial(make_env, "faulty", {**HANG, "fault": "segfault"})
+    )
     await crashing.reset(1)
     with pytest.raises(EnvProcessError, match="SIGSEGV") as info:
         await crashing.step("x")
@@ -80,11 +85,13 @@ async def test_process_counts_stay_bounded_over_many_episodes():
     """Every episode a fresh env process; hung ones killed; at most one per proxy alive, none left after."""
     most = 0
     for episode in range(16):
-        env = ProcessEnv(functools.partial(make_env, "faulty", {**HANG, "fault_probability": 0.5}))
+        env = ProcessEnv(
+            functools.partial(make_env, "faulty", {**HANG, "fault_probability": 0.5})
+        )
         await env.reset(episode)
         try:
             await asyncio.wait_for(env.step("<answer>1 + 2</answer>"), 1.0)
-        except (asyncio.TimeoutError, EnvProcessError):
+        except (TimeoutError, EnvProcessError):
             pass
         most = max(most, len(env_processes()))
         await env.close()
@@ -101,7 +108,9 @@ async def test_remote_env_plays_an_episode(server_url):
     assert "Target" in observation and "instruction" in info
     expert = make_env("countdown", {})
     expert.reset(3)
-    observation, reward, terminated, truncated, info = await env.step(expert.expert_responses()[0])
+    observation, reward, terminated, truncated, info = await env.step(
+        expert.expert_responses()[0]
+    )
     assert (reward, terminated) == (1.0, True) and info["metrics"]["success"] is True
     await env.close()
     async with aiohttp.ClientSession() as session:
@@ -129,15 +138,29 @@ async def test_a_hung_env_on_the_server_is_killed_and_the_server_goes_on(server_
         ("POST", "/v1/envs", "not json", 400, "not valid JSON"),
         ("POST", "/v1/envs", {"env_config": {}}, 400, "missing field 'env_type'"),
         ("POST", "/v1/envs", {"env_type": 3}, 400, "'env_type' must be str"),
-        ("POST", "/v1/envs", {"env_type": "countdown", "env_config": [1]}, 400, "'env_config' must be an object"),
+        (
+            "POST",
+            "/v1/envs",
+            {"env_type": "countdown", "env_config": [1]},
+            400,
+            "'env_config' must be an object",
+        ),
         ("POST", "/v1/envs", {"env_type": "no_such_env"}, 404, "unknown env_type"),
-        ("POST", "/v1/envs", {"env_type": "countdown", "timeout_s": -1}, 400, "timeout_s"),
+        (
+            "POST",
+            "/v1/envs",
+            {"env_type": "countdown", "timeout_s": -1},
+            400,
+            "timeout_s",
+        ),
         ("POST", "/v1/envs/e999/step", {"action": "x"}, 404, "no env with id"),
         ("POST", "/v1/envs/e999/reset", {"seed": "one"}, 400, "'seed' must be int"),
         ("POST", "/v1/batch", {"calls": 5}, 400, "'calls' must be list"),
     ],
 )
-async def test_malformed_requests_get_a_4xx_with_the_reason(server_url, method, path, body, status, reason):
+async def test_malformed_requests_get_a_4xx_with_the_reason(
+    server_url, method, path, body, status, reason
+):
     async with aiohttp.ClientSession() as session:
         kwargs = {"data": body} if isinstance(body, str) else {"json": body}
         response = await session.request(method, server_url + path, **kwargs)
@@ -147,13 +170,23 @@ async def test_malformed_requests_get_a_4xx_with_the_reason(server_url, method, 
 
 
 async def test_batch_endpoint_runs_many_calls_in_one_round_trip(server_url):
-    calls = [{"op": "create", "env_type": "countdown", "seed": s} for s in range(3)] + [{"op": "bogus"}]
+    calls = [{"op": "create", "env_type": "countdown", "seed": s} for s in range(3)] + [
+        {"op": "bogus"}
+    ]
     async with aiohttp.ClientSession() as session:
-        results = (await (await session.post(server_url + "/v1/batch", json={"calls": calls})).json())["results"]
+        results = (
+            await (
+                await session.post(server_url + "/v1/batch", json={"calls": calls})
+            ).json()
+        )["results"]
         assert [r["status"] for r in results] == [200, 200, 200, 400]
         ids = [r["body"]["env_id"] for r in results[:3]]
         closes = [{"op": "close", "env_id": i} for i in ids]
-        results = (await (await session.post(server_url + "/v1/batch", json={"calls": closes})).json())["results"]
+        results = (
+            await (
+                await session.post(server_url + "/v1/batch", json={"calls": closes})
+            ).json()
+        )["results"]
         assert all(r["ok"] for r in results)
 
 
@@ -163,15 +196,22 @@ async def test_unreachable_servers_are_retried_then_reported_naming_the_url(serv
     with pytest.raises(EnvServiceUnavailable, match="127.0.0.1:9"):
         await alone.reset(1)
     client = EnvServiceClient([dead, server_url], max_retries=1, retry_backoff_s=0.01)
-    client.envs_on[server_url] = 5  # the live one looks busier, so the dead one is tried first
+    client.envs_on[server_url] = (
+        5  # the live one looks busier, so the dead one is tried first
+    )
     with pytest.raises(EnvServiceError, match="other servers of the tag"):
         await client.request(client.pick_url(), "GET", "/health", timeout_s=5)
     assert client.pick_url() == server_url  # the dead URL is avoided for a while
 
 
 def test_preflight_names_an_unreachable_service_url():
-    config = load_config("configs/countdown.yaml", ["custom_envs.Countdown.service_url=http://127.0.0.1:9"])
-    with pytest.raises(ConfigError, match=r"custom_envs.Countdown.service_url: .*http://127.0.0.1:9"):
+    config = load_config(
+        "configs/countdown.yaml",
+        ["custom_envs.Countdown.service_url=http://127.0.0.1:9"],
+    )
+    with pytest.raises(
+        ConfigError, match=r"custom_envs.Countdown.service_url: .*http://127.0.0.1:9"
+    ):
         check_envs(config)
 
 
@@ -179,7 +219,10 @@ def test_preflight_names_an_unreachable_service_url():
     "override, message",
     [
         ("custom_envs.Countdown.isolation=thread", "isolation='thread' is unknown"),
-        ("custom_envs.Countdown.service_url=localhost:8000", "write each as http://host:port"),
+        (
+            "custom_envs.Countdown.service_url=localhost:8000",
+            "write each as http://host:port",
+        ),
         ("train_env_manager.max_worker_restarts=-1", "max_worker_restarts=-1"),
     ],
 )
@@ -192,15 +235,30 @@ def test_isolation_with_a_service_url_is_rejected():
     with pytest.raises(ConfigError, match="remove isolation"):
         load_config(
             "configs/countdown.yaml",
-            ["custom_envs.Countdown.isolation=process", "custom_envs.Countdown.service_url=http://127.0.0.1:1"],
+            [
+                "custom_envs.Countdown.isolation=process",
+                "custom_envs.Countdown.service_url=http://127.0.0.1:1",
+            ],
         )
 
 
 # -- through the rollout loop (LocalRolloutScheduler, FakeEngine: the fake engine is only for speed) --------
 
 
-def faulty_config(placement: dict, *, fault_probability: float, batches_of: int = 4, timeout_s: float = 1.0):
-    from roll_async.config import CustomEnvConfig, EnvManagerConfig, GenerationConfig, PipelineConfig, validate_config
+def faulty_config(
+    placement: dict,
+    *,
+    fault_probability: float,
+    batches_of: int = 4,
+    timeout_s: float = 1.0,
+):
+    from roll_async.config.schema import (
+        CustomEnvConfig,
+        EnvManagerConfig,
+        GenerationConfig,
+        PipelineConfig,
+        validate_config,
+    )
 
     config = PipelineConfig(
         rollout_batch_size=batches_of,
@@ -209,14 +267,22 @@ def faulty_config(placement: dict, *, fault_probability: float, batches_of: int 
         custom_envs={
             "Flaky": CustomEnvConfig(
                 env_type="faulty",
-                env_config={"inner_env_type": "countdown", "fault": "hang", "fault_probability": fault_probability},
+                env_config={
+                    "inner_env_type": "countdown",
+                    "fault": "hang",
+                    "fault_probability": fault_probability,
+                },
                 max_steps=2,
                 max_tokens_per_step=16,
                 **placement,
             )
         },
         train_env_manager=EnvManagerConfig(
-            num_env_groups=2, group_size=2, tags=["Flaky"], env_step_timeout_s=timeout_s, max_env_num_per_worker=8
+            num_env_groups=2,
+            group_size=2,
+            tags=["Flaky"],
+            env_step_timeout_s=timeout_s,
+            max_env_num_per_worker=8,
         ),
     )
     validate_config(config)
@@ -225,21 +291,27 @@ def faulty_config(placement: dict, *, fault_probability: float, batches_of: int 
 
 @pytest.fixture(scope="module")
 def chatml_tokenizer():
-    from env_managers.testing import build_chatml_test_tokenizer
+    from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 
     return build_chatml_test_tokenizer()
 
 
 def local_scheduler(config, tokenizer):
-    from roll_async.engine.fake_engine import FakeEngine
     from roll_async.scheduler.local import LocalRolloutScheduler
+    from roll_async.testing.fake_engine import FakeEngine
 
-    reply = tokenizer("<answer>1 + 2</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return LocalRolloutScheduler(config, engines=FakeEngine(lambda r: reply), tokenizer=tokenizer)
+    reply = tokenizer("<answer>1 + 2</answer>", add_special_tokens=False)[
+        "input_ids"
+    ] + [tokenizer.eos_token_id]
+    return LocalRolloutScheduler(
+        config, engines=FakeEngine(lambda r: reply), tokenizer=tokenizer
+    )
 
 
 @pytest.mark.slow
-async def test_isolated_hung_envs_are_killed_counted_and_replaced_while_the_run_completes(chatml_tokenizer):
+async def test_isolated_hung_envs_are_killed_counted_and_replaced_while_the_run_completes(
+    chatml_tokenizer,
+):
     config = faulty_config({"isolation": "process"}, fault_probability=0.25)
     scheduler = local_scheduler(config, chatml_tokenizer)
     errors, most_processes = 0, 0
@@ -262,13 +334,19 @@ async def test_isolated_hung_envs_are_killed_counted_and_replaced_while_the_run_
 
 
 @pytest.mark.slow
-async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(chatml_tokenizer):
+async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(
+    chatml_tokenizer,
+):
     from roll_async.env_service.server import launch_server_process
-    from roll_async.scheduler.group_queue import RolloutFatalError
+    from roll_async.errors import RolloutFatalError
 
     process, url = launch_server_process("--env-timeout-s", "30")
     try:
-        config = faulty_config({"service_url": url, "service_max_retries": 2}, fault_probability=0.0, timeout_s=10.0)
+        config = faulty_config(
+            {"service_url": url, "service_max_retries": 2},
+            fault_probability=0.0,
+            timeout_s=10.0,
+        )
         scheduler = local_scheduler(config, chatml_tokenizer)
         try:
             batch = await scheduler.get_batch(4, 0)
@@ -276,7 +354,10 @@ async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(chatml_
             process.kill()
             process.wait()
             scheduler.resume()
-            with pytest.raises(RolloutFatalError, match=rf"EnvServiceUnavailable: env server {url} unreachable"):
+            with pytest.raises(
+                RolloutFatalError,
+                match=rf"EnvServiceUnavailable: env server {url} unreachable",
+            ):
                 await asyncio.wait_for(scheduler.get_batch(4, 1), 120)
         finally:
             await scheduler.shutdown()
@@ -288,14 +369,18 @@ async def test_env_timeout_counts_the_call_not_the_wait_for_a_thread():
     """A 0.3 s call that waited 1 s for the only thread still fits a 0.8 s timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from env_managers.env_manager import _ThreadCall
+    from roll_async.env_managers.env_manager import _ThreadCall
 
     pool = ThreadPoolExecutor(max_workers=1)
     blocker = asyncio.get_running_loop().run_in_executor(pool, time.sleep, 1.0)
-    result = await _ThreadCall(lambda: (time.sleep(0.3), "done")[1], (), None).run(pool, 0.8)
+    result = await _ThreadCall(lambda: (time.sleep(0.3), "done")[1], (), None).run(
+        pool, 0.8
+    )
     assert result == "done"
     await blocker
-    with pytest.raises(asyncio.TimeoutError):  # the call itself running past the timeout still times out
+    with pytest.raises(
+        asyncio.TimeoutError
+    ):  # the call itself running past the timeout still times out
         await _ThreadCall(time.sleep, (2.0,), None).run(pool, 0.3)
     pool.shutdown(wait=True)
 
@@ -303,7 +388,7 @@ async def test_env_timeout_counts_the_call_not_the_wait_for_a_thread():
 async def test_an_env_interrupted_mid_call_is_closed_once_the_call_returns():
     from concurrent.futures import ThreadPoolExecutor
 
-    from env_managers.env_manager import _ThreadCall
+    from roll_async.env_managers.env_manager import _ThreadCall
 
     class SlowEnv:
         closed_after_step = None
@@ -324,14 +409,21 @@ async def test_an_env_interrupted_mid_call_is_closed_once_the_call_returns():
     call = _ThreadCall(env.step, (1.0,), env)
     with pytest.raises(asyncio.TimeoutError):
         await call.run(pool, 0.2)
-    assert call.abandon()  # still running: its thread closes the env when the step returns
+    assert (
+        call.abandon()
+    )  # still running: its thread closes the env when the step returns
     assert SlowEnv.closed_after_step is None
     pool.shutdown(wait=True)
     assert SlowEnv.closed_after_step is True
 
 
 async def test_the_server_builds_dotted_path_envs_importable_there(server_url):
-    env = RemoteEnv(server_url, "env_managers.testing:ScriptedEnv", {"episode_length": 2}, call_timeout_s=30)
+    env = RemoteEnv(
+        server_url,
+        "roll_async.testing.scripted_envs:ScriptedEnv",
+        {"episode_length": 2},
+        call_timeout_s=30,
+    )
     observation, _ = await env.reset(1)
     assert isinstance(observation, str)
     reward = (await env.step("<answer>Up</answer>"))[1]

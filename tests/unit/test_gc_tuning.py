@@ -7,16 +7,19 @@ import sys
 
 import pytest
 
-from roll_async.config import ConfigError, PipelineConfig, validate_config
+from roll_async.config.schema import PipelineConfig, validate_config
+from roll_async.errors import ConfigError
 
 
 def _thresholds_after(threshold0: int) -> tuple[tuple[int, ...], int]:
     """Run the tuning in a fresh interpreter (it changes process-wide state): (thresholds, frozen objects)."""
     code = (
-        "import gc\nfrom roll_async.gc_tuning import tune_gc_for_env_loops\n"
+        "import gc\nfrom roll_async.runtime.gc_tuning import tune_gc_for_env_loops\n"
         f"t = tune_gc_for_env_loops({threshold0})\nprint(tuple(t), gc.get_freeze_count())"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split(" ", 3)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split(" ", 3)
     thresholds = tuple(int(x) for x in " ".join(out[:3]).strip("() \n").split(","))
     return thresholds, int(out[3])
 
@@ -24,7 +27,9 @@ def _thresholds_after(threshold0: int) -> tuple[tuple[int, ...], int]:
 def test_a_worker_freezes_what_it_built_and_collects_young_objects_less_often():
     thresholds, frozen = _thresholds_after(50_000)
     assert thresholds[0] == 50_000 and thresholds[1] >= 50 and thresholds[2] >= 100
-    assert frozen > 1000  # the modules and objects built so far are out of the collector's walks
+    assert (
+        frozen > 1000
+    )  # the modules and objects built so far are out of the collector's walks
 
 
 def test_zero_leaves_python_defaults():

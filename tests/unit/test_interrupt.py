@@ -11,7 +11,12 @@ import textwrap
 
 import pytest
 
-from pipelines.interrupt import EXIT_INTERRUPTED, InterruptFlag, RunInterrupted, SignalReceived
+from roll_async.pipelines.interrupt import (
+    EXIT_INTERRUPTED,
+    InterruptFlag,
+    RunInterrupted,
+    SignalReceived,
+)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -32,7 +37,11 @@ async def test_first_signal_cancels_the_wait_in_progress(signum):
             await flag.race(long_wait())
     finally:
         flag.uninstall()
-    assert cancelled.is_set() and flag.is_set and flag.signal_name == signal.Signals(signum).name
+    assert (
+        cancelled.is_set()
+        and flag.is_set
+        and flag.signal_name == signal.Signals(signum).name
+    )
 
 
 async def test_work_that_finishes_first_returns_its_result():
@@ -43,7 +52,7 @@ async def test_work_that_finishes_first_returns_its_result():
 def test_second_signal_exits_at_once_with_130():
     script = textwrap.dedent("""
         import asyncio, os, signal, time
-        from pipelines.interrupt import InterruptFlag
+        from roll_async.pipelines.interrupt import InterruptFlag
         async def main():
             InterruptFlag().install()
             os.kill(os.getpid(), signal.SIGINT)
@@ -53,8 +62,15 @@ def test_second_signal_exits_at_once_with_130():
             print("still running")
         asyncio.run(main())
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        ),
+    )
     assert done.returncode == EXIT_INTERRUPTED and "still running" not in done.stdout
 
 

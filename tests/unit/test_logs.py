@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from roll_async.config import ConfigError
 from roll_async.engine.worker_extension import install_reload_warning_filter
-from roll_async.logs import attach_run_logs
+from roll_async.errors import ConfigError
+from roll_async.run_output.logs import attach_run_logs
 
 
 @pytest.fixture
@@ -31,12 +31,23 @@ def test_console_keeps_own_messages_and_library_errors_file_keeps_all(run_logs, 
     logging.getLogger("transformers.modeling_utils").error("transformers error line")
     console = capsys.readouterr().err
     assert "own info line" in console and "transformers error line" in console
-    assert "vllm warning line" not in console and "Started a local Ray instance" not in console
+    assert (
+        "vllm warning line" not in console
+        and "Started a local Ray instance" not in console
+    )
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.flush()
     saved = (run_logs / "driver.log").read_text()
-    assert all(text in saved for text in ("own info line", "vllm warning line", "Started a local Ray", "transformers error line"))
+    assert all(
+        text in saved
+        for text in (
+            "own info line",
+            "vllm warning line",
+            "Started a local Ray",
+            "transformers error line",
+        )
+    )
 
 
 def test_a_bad_level_is_a_config_error(tmp_path):
@@ -45,8 +56,15 @@ def test_a_bad_level_is_a_config_error(tmp_path):
 
 
 def _reload_warning(layer: str) -> logging.LogRecord:
-    return logging.LogRecord("vllm.model_executor.model_loader.reload.layerwise", logging.WARNING, __file__, 266,
-                             "%s: Failed to load weights", (layer,), None)
+    return logging.LogRecord(
+        "vllm.model_executor.model_loader.reload.layerwise",
+        logging.WARNING,
+        __file__,
+        266,
+        "%s: Failed to load weights",
+        (layer,),
+        None,
+    )
 
 
 def test_only_expected_reload_warnings_are_demoted():
@@ -54,7 +72,11 @@ def test_only_expected_reload_warnings_are_demoted():
     assert not tied.filter(_reload_warning("RotaryEmbedding"))
     assert not tied.filter(_reload_warning("Llama3RotaryEmbedding"))
     assert not tied.filter(_reload_warning("ParallelLMHead"))
-    assert tied.filter(_reload_warning("QKVParallelLinear"))  # a weight we failed to send: stays a warning
+    assert tied.filter(
+        _reload_warning("QKVParallelLinear")
+    )  # a weight we failed to send: stays a warning
     untied = install_reload_warning_filter(tied_lm_head=False)
     assert untied is tied  # installed once
-    assert untied.filter(_reload_warning("ParallelLMHead"))  # an untied head must receive its weight
+    assert untied.filter(
+        _reload_warning("ParallelLMHead")
+    )  # an untied head must receive its weight

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from roll_async.config import ConfigError, CustomEnvConfig, EnvManagerConfig, PipelineConfig, validate_config
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    PipelineConfig,
+    validate_config,
+)
+from roll_async.errors import ConfigError
 from roll_async.model.families import FAMILIES, QWEN3_TEMPLATE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +29,13 @@ DROPS_ASSISTANT = (
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "roll_async.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "roll_async.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_unknown_family_is_a_one_line_error_listing_the_families():
@@ -34,12 +46,19 @@ def test_unknown_family_is_a_one_line_error_listing_the_families():
     assert all(name in lines[0] for name in FAMILIES)
 
 
-def test_check_model_fails_clearly_on_a_template_that_drops_assistant_content(tiny_model_path, tmp_path):
+def test_check_model_fails_clearly_on_a_template_that_drops_assistant_content(
+    tiny_model_path, tmp_path
+):
     template = tmp_path / "drops.jinja"
     template.write_text(DROPS_ASSISTANT)
-    result = run_cli("check-model", str(tiny_model_path), "--chat-template", str(template))
+    result = run_cli(
+        "check-model", str(tiny_model_path), "--chat-template", str(template)
+    )
     assert result.returncode == 1
-    assert "drops assistant content" in result.stdout and "fix: set model.chat_template" in result.stdout
+    assert (
+        "drops assistant content" in result.stdout
+        and "fix: set model.chat_template" in result.stdout
+    )
     assert "vLLM load" not in result.stdout  # failed before any engine started
 
 
@@ -50,8 +69,14 @@ def test_check_model_needs_a_model_directory(tmp_path):
 
 def _config(model_path: str, **model) -> PipelineConfig:
     config = PipelineConfig(
-        custom_envs={"Sokoban": CustomEnvConfig(env_type="sokoban", env_config={"dim_room": [6, 6], "num_boxes": 1})},
-        train_env_manager=EnvManagerConfig(num_env_groups=1, group_size=2, tags=["Sokoban"]),
+        custom_envs={
+            "Sokoban": CustomEnvConfig(
+                env_type="sokoban", env_config={"dim_room": [6, 6], "num_boxes": 1}
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=2, tags=["Sokoban"]
+        ),
         rollout_batch_size=2,
     )
     config.model.path = model_path
@@ -72,17 +97,23 @@ def model_copy(tiny_model_path, tmp_path) -> Path:
     return out
 
 
-def test_preflight_refuses_a_template_that_drops_assistant_content(model_copy, tmp_path):
-    from roll_async.preflight import preflight
+def test_preflight_refuses_a_template_that_drops_assistant_content(
+    model_copy, tmp_path
+):
+    from roll_async.pipelines.preflight import preflight
 
     template = tmp_path / "drops.jinja"
     template.write_text(DROPS_ASSISTANT)
-    with pytest.raises(ConfigError, match="drops assistant content.*model.chat_template"):
+    with pytest.raises(
+        ConfigError, match="drops assistant content.*model.chat_template"
+    ):
         preflight(_config(str(model_copy), chat_template=str(template)))
 
 
-def test_preflight_refuses_a_tokenizer_without_template_and_accepts_model_chat_template(model_copy, tmp_path):
-    from roll_async.preflight import preflight
+def test_preflight_refuses_a_tokenizer_without_template_and_accepts_model_chat_template(
+    model_copy, tmp_path
+):
+    from roll_async.pipelines.preflight import preflight
 
     tokenizer_config = model_copy / "tokenizer_config.json"
     data = json.loads(tokenizer_config.read_text())
@@ -98,38 +129,58 @@ def test_preflight_refuses_a_tokenizer_without_template_and_accepts_model_chat_t
 
 
 def test_preflight_refuses_an_architecture_nobody_can_load(model_copy):
-    from roll_async.preflight import preflight
+    from roll_async.pipelines.preflight import preflight
 
     config_file = model_copy / "config.json"
     data = json.loads(config_file.read_text())
     data["architectures"] = ["NoSuchModelForCausalLM"]
     config_file.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="transformers .*architecture NoSuchModelForCausalLM"):
+    with pytest.raises(
+        ConfigError, match="transformers .*architecture NoSuchModelForCausalLM"
+    ):
         preflight(_config(str(model_copy)))
 
 
 @pytest.mark.parametrize("template, expected", [(None, 0.0), (QWEN3_TEMPLATE, 1.0)])
-async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_stripping(template, expected, tmp_path):
+async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_stripping(
+    template, expected, tmp_path
+):
     """The Qwen3 template comes in through model.chat_template (a file), as a user would override one."""
-    from env_managers.testing import build_chatml_test_tokenizer, scripted_env_factory
-    from roll_async.engine.fake_engine import FakeEngine
     from roll_async.metrics import PREFIX_MISMATCH_RATE
     from roll_async.scheduler.local import LocalRolloutScheduler
+    from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+    from roll_async.testing.fake_engine import FakeEngine
+    from roll_async.testing.scripted_envs import scripted_env_factory
 
     tokenizer = build_chatml_test_tokenizer()
-    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
     config = PipelineConfig(
-        custom_envs={"count": CustomEnvConfig(env_type="scripted", env_config={"episode_length": 3}, max_steps=5)},
-        train_env_manager=EnvManagerConfig(num_env_groups=2, group_size=1, tags=["count"]),
+        custom_envs={
+            "count": CustomEnvConfig(
+                env_type="scripted", env_config={"episode_length": 3}, max_steps=5
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=2, group_size=1, tags=["count"]
+        ),
         rollout_batch_size=2,
     )
     if template is not None:
         (tmp_path / "qwen3.jinja").write_text(template)
         config.model.chat_template = str(tmp_path / "qwen3.jinja")
     validate_config(config)
-    scheduler = LocalRolloutScheduler(config, engines=FakeEngine(lambda r: reply), tokenizer=tokenizer, env_factory=scripted_env_factory)
+    scheduler = LocalRolloutScheduler(
+        config,
+        engines=FakeEngine(lambda r: reply),
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
     try:
-        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(2, 0), 30)
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(2, 0), 30
+        )
     finally:
         await scheduler.shutdown()
     assert all(t.num_turns == 3 for t in batch)

@@ -7,16 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from env_managers.testing import build_chatml_test_tokenizer
-from roll_async.engine.vllm_engine import EngineStartupError, VLLMEngine
-from roll_async.node_files import local_dir, model_files, tokenizer_files
-from roll_async.tokenization import load_tokenizer
+from roll_async.engine.vllm_engine import VLLMEngine
+from roll_async.errors import EngineStartupError
+from roll_async.prompts.prompt_builder import load_tokenizer
+from roll_async.runtime.node_files import local_dir, model_files, tokenizer_files
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 
 
-def test_a_node_without_the_path_loads_the_same_tokenizer_from_the_shipped_files(tmp_path):
+def test_a_node_without_the_path_loads_the_same_tokenizer_from_the_shipped_files(
+    tmp_path,
+):
     source = tmp_path / "driver_model"
     build_chatml_test_tokenizer(save_dir=source)
-    (source / "model.safetensors").write_bytes(b"\0" * 1024)  # weights are never shipped
+    (source / "model.safetensors").write_bytes(
+        b"\0" * 1024
+    )  # weights are never shipped
     files = tokenizer_files(str(source))
     assert "tokenizer.json" in files and "model.safetensors" not in files
     missing = str(tmp_path / "not_on_this_node")
@@ -41,20 +46,36 @@ def test_an_engine_on_a_node_without_model_path_loads_the_shipped_model_files(tm
     (source / "sub").mkdir()
     (source / "sub" / "extra.bin").write_bytes(b"nested")
     files = model_files(str(source))
-    assert {"model.safetensors", "config.json", "tokenizer.json", "sub/extra.bin"} <= set(files)
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "sub/extra.bin",
+    } <= set(files)
 
     here = VLLMEngine(str(source))
-    assert here.model_dir_on_node() and here.use_model_dir_on_node(None) == str(source)  # present: used as is
+    assert here.model_dir_on_node() and here.use_model_dir_on_node(None) == str(
+        source
+    )  # present: used as is
 
     elsewhere = VLLMEngine(str(tmp_path / "only_on_the_driver"))
     assert not elsewhere.model_dir_on_node()
     loaded = Path(elsewhere.use_model_dir_on_node(files))
     assert elsewhere.model_path == str(loaded) and elsewhere.model_dir_on_node()
-    assert (loaded / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    assert (loaded / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
     assert (loaded / "sub" / "extra.bin").read_bytes() == b"nested"
-    assert load_tokenizer(str(loaded)).encode("Up") == load_tokenizer(str(source)).encode("Up")
+    assert load_tokenizer(str(loaded)).encode("Up") == load_tokenizer(
+        str(source)
+    ).encode("Up")
 
     nowhere = VLLMEngine(str(tmp_path / "on_no_node"))
-    with pytest.raises(EngineStartupError, match=r"model.path '.*on_no_node' does not exist on node .*shares"):
+    with pytest.raises(
+        EngineStartupError,
+        match=r"model.path '.*on_no_node' does not exist on node .*shares",
+    ):
         nowhere.use_model_dir_on_node(None)
-    assert VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct").model_dir_on_node()  # a hub id: nothing to ship
+    assert VLLMEngine(
+        "Qwen/Qwen2.5-0.5B-Instruct"
+    ).model_dir_on_node()  # a hub id: nothing to ship

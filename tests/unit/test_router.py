@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from roll_async.engine.fake_engine import FakeEngine
 from roll_async.engine.router import Router
-from roll_async.protocol import GenerationRequest
+from roll_async.testing.fake_engine import FakeEngine
+from roll_async.trajectory import GenerationRequest
 
 
 def request(request_id: str) -> GenerationRequest:
-    return GenerationRequest(request_id=request_id, prompt_token_ids=[1, 2, 3], max_tokens=4)
+    return GenerationRequest(
+        request_id=request_id, prompt_token_ids=[1, 2, 3], max_tokens=4
+    )
 
 
 async def test_an_env_sticks_to_its_replica():
@@ -22,7 +24,11 @@ async def test_an_env_sticks_to_its_replica():
 
 
 async def test_new_envs_go_to_the_least_loaded_replica():
-    replicas = [FakeEngine(latency_s=0.2), FakeEngine(latency_s=0.2), FakeEngine(latency_s=0.2)]
+    replicas = [
+        FakeEngine(latency_s=0.2),
+        FakeEngine(latency_s=0.2),
+        FakeEngine(latency_s=0.2),
+    ]
     router = Router(replicas)
     busy = asyncio.create_task(router.generate(request("x"), env_key="env-x"))
     await asyncio.sleep(0.01)

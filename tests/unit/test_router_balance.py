@@ -10,13 +10,16 @@ import asyncio
 
 import pytest
 
-from roll_async.engine.fake_engine import FakeEngine
-from roll_async.engine.router import NoLiveReplicaError, ReplicaDeadError, Router
-from roll_async.protocol import GenerationRequest
+from roll_async.engine.router import Router
+from roll_async.errors import NoLiveReplicaError, ReplicaDeadError
+from roll_async.testing.fake_engine import FakeEngine
+from roll_async.trajectory import GenerationRequest
 
 
 def request(request_id: str) -> GenerationRequest:
-    return GenerationRequest(request_id=request_id, prompt_token_ids=[1, 2, 3], max_tokens=4)
+    return GenerationRequest(
+        request_id=request_id, prompt_token_ids=[1, 2, 3], max_tokens=4
+    )
 
 
 class LoadedReplica(FakeEngine):
@@ -72,7 +75,9 @@ async def test_new_episodes_go_to_the_replica_with_the_lowest_global_count():
 
 async def test_an_episode_on_an_overloaded_replica_is_rebalanced():
     replicas = [LoadedReplica(other_workers=0), LoadedReplica(other_workers=0)]
-    router = Router(replicas, load_poll_s=0.01, rebalance_ratio=2.0, rebalance_min_gap=4)
+    router = Router(
+        replicas, load_poll_s=0.01, rebalance_ratio=2.0, rebalance_min_gap=4
+    )
     await router.generate(request("t0"), env_key="ep")
     home = router.replica_for("ep")
     replicas[home].other_workers = 20  # other workers pile onto this replica
@@ -89,12 +94,20 @@ async def test_an_episode_on_an_overloaded_replica_is_rebalanced():
 
 async def test_no_rebalance_while_the_loads_are_close():
     replicas = [LoadedReplica(other_workers=3), LoadedReplica(other_workers=0)]
-    router = Router(replicas, load_poll_s=0.01, rebalance_ratio=2.0, rebalance_min_gap=4, rotation_offset=0)
+    router = Router(
+        replicas,
+        load_poll_s=0.01,
+        rebalance_ratio=2.0,
+        rebalance_min_gap=4,
+        rotation_offset=0,
+    )
     router._bind("ep", 0)
     await router.generate(request("warm"), env_key="x")
     await asyncio.sleep(0.05)
     await router.generate(request("t1"), env_key="ep")
-    assert router.replica_for("ep") == 0  # 3 vs 0 is below the minimum gap of 4: keep the prefix cache
+    assert (
+        router.replica_for("ep") == 0
+    )  # 3 vs 0 is below the minimum gap of 4: keep the prefix cache
 
 
 async def test_a_dead_replica_fails_over_to_the_survivor_without_an_error():
@@ -104,7 +117,9 @@ async def test_a_dead_replica_fails_over_to_the_survivor_without_an_error():
     await router.generate(request("b0"), env_key="b")
     dead = router.replica_for("a")
     replicas[dead].dead = True
-    result = await router.generate(request("a1"), env_key="a")  # re-sent to the survivor
+    result = await router.generate(
+        request("a1"), env_key="a"
+    )  # re-sent to the survivor
     assert result.finish_reason in ("length", "stop")
     assert router.replica_for("a") == 1 - dead
     stats = router.stats()["replicas"]
@@ -120,7 +135,6 @@ async def test_when_every_replica_is_dead_generate_raises():
     replicas[0].dead = replicas[1].dead = True
     with pytest.raises(NoLiveReplicaError, match="all 2 engine replicas died"):
         await router.generate(request("x"), env_key="x")
-
 
 
 class CountingReplica(FakeEngine):

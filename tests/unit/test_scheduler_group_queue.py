@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.errors import RolloutFatalError
 from roll_async.scheduler.group_queue import (
     GroupQueueManager,
-    RolloutFatalError,
     derive_seed,
     env_layout,
     split_by_weights,
 )
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
 def make_queue(num_envs: int = 4, **kwargs) -> GroupQueueManager:
@@ -29,7 +29,9 @@ def make_queue(num_envs: int = 4, **kwargs) -> GroupQueueManager:
     return GroupQueueManager(**params)
 
 
-def finished(spec: EpisodeSpec, env_id: int, reward: float = 1.0, stop_reason: str = "terminated") -> Trajectory:
+def finished(
+    spec: EpisodeSpec, env_id: int, reward: float = 1.0, stop_reason: str = "terminated"
+) -> Trajectory:
     return Trajectory(
         tag=spec.tag,
         group_id=spec.group_id,
@@ -44,11 +46,13 @@ def finished(spec: EpisodeSpec, env_id: int, reward: float = 1.0, stop_reason: s
     )
 
 
-async def take(queue: GroupQueueManager, env_id: int, timeout: float = 0.2) -> EpisodeSpec | None:
+async def take(
+    queue: GroupQueueManager, env_id: int, timeout: float = 0.2
+) -> EpisodeSpec | None:
     """next_episode, or None if it is still waiting after ``timeout``."""
     try:
         return await asyncio.wait_for(queue.next_episode(env_id), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
 
 
@@ -88,13 +92,19 @@ async def test_get_batch_returns_exactly_when_the_group_is_whole():
 
 async def test_redundant_seat_is_cancelled_and_its_late_trajectory_discarded():
     cancelled = []
-    queue = make_queue(group_size=2, group_size_redundancy=1, on_cancel=lambda *key: cancelled.append(key))
+    queue = make_queue(
+        group_size=2,
+        group_size_redundancy=1,
+        on_cancel=lambda *key: cancelled.append(key),
+    )
     seats = [await take(queue, env) for env in range(3)]
     assert {s.group_id for s in seats} == {0}
     await queue.put_trajectory(finished(seats[0], 0))
     await queue.put_trajectory(finished(seats[2], 2))
     assert cancelled == [(1, 0, seats[1].episode_id)]
-    await queue.put_trajectory(finished(seats[1], 1))  # arrives after the group completed
+    await queue.put_trajectory(
+        finished(seats[1], 1)
+    )  # arrives after the group completed
     served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
     assert sorted(t.env_id for t in served.trajectories) == [0, 2]
     assert served.counters["cancelled_episodes"] == 1
@@ -124,12 +134,19 @@ async def test_filter_is_bypassed_after_too_many_drops_so_training_cannot_stall(
         await queue.put_trajectory(finished(b, 1, reward=0.0))
     served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
     assert {t.group_id for t in served.trajectories} == {1}
-    assert served.counters["filtered_groups"] == 1 and served.counters["filter_bypassed_groups"] == 1
+    assert (
+        served.counters["filtered_groups"] == 1
+        and served.counters["filter_bypassed_groups"] == 1
+    )
 
 
 async def test_sync_mode_suspends_when_the_batch_is_served_and_resumes_for_the_next_step():
     cancelled = []
-    queue = make_queue(group_size=1, group_size_redundancy=1, on_cancel=lambda *key: cancelled.append(key))
+    queue = make_queue(
+        group_size=1,
+        group_size_redundancy=1,
+        on_cancel=lambda *key: cancelled.append(key),
+    )
     first, spare = await take(queue, 0), await take(queue, 1)
     assert first.group_id == spare.group_id == 0 and first.created_step == 0
     await queue.put_trajectory(finished(first, 0))
@@ -161,7 +178,9 @@ async def test_async_mode_keeps_handing_out_episodes_after_get_batch():
     await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
     assert not queue.suspended
     spec = await take(queue, 1)
-    assert spec is not None and spec.created_step == 0  # made with step-0 weights while step 0 trains
+    assert (
+        spec is not None and spec.created_step == 0
+    )  # made with step-0 weights while step 0 trains
     await queue.put_trajectory(finished(spec, 1))
     served = await asyncio.wait_for(queue.get_batch(1, step=1), 0.5)
     assert [1 - t.created_step for t in served.trajectories] == [1]
@@ -171,7 +190,9 @@ async def test_stale_groups_are_dropped_counted_and_replaced():
     queue = make_queue(group_size=1, mode="async", staleness_bound=1)
     old = await take(queue, 0)
     assert old.created_step == 0
-    batch = asyncio.create_task(queue.get_batch(1, step=2))  # step 2 - created 0 > 1: stale
+    batch = asyncio.create_task(
+        queue.get_batch(1, step=2)
+    )  # step 2 - created 0 > 1: stale
     fresh = await take(queue, 1)
     assert fresh.group_id != old.group_id and fresh.created_step == 2
     await queue.put_trajectory(finished(old, 0))  # too late: the group is gone
@@ -182,15 +203,21 @@ async def test_stale_groups_are_dropped_counted_and_replaced():
 
 
 async def test_oldest_group_is_served_first_even_if_younger_ones_finish_earlier():
-    queue = make_queue(group_size=1, mode="async", staleness_bound=2)  # lookahead 2: two groups pending
+    queue = make_queue(
+        group_size=1, mode="async", staleness_bound=2
+    )  # lookahead 2: two groups pending
     slow, fast = await take(queue, 0), await take(queue, 1)
     assert slow.group_id < fast.group_id
     await queue.put_trajectory(finished(fast, 1))
     batch = asyncio.create_task(queue.get_batch(1, step=0))
     await asyncio.sleep(0.05)
-    assert not batch.done(), "the younger group must wait for the older one (no starvation)"
+    assert not batch.done(), (
+        "the younger group must wait for the older one (no starvation)"
+    )
     await queue.put_trajectory(finished(slow, 0))
-    assert [t.group_id for t in (await asyncio.wait_for(batch, 0.5)).trajectories] == [slow.group_id]
+    assert [t.group_id for t in (await asyncio.wait_for(batch, 0.5)).trajectories] == [
+        slow.group_id
+    ]
     served = await asyncio.wait_for(queue.get_batch(1, step=1), 0.5)
     assert [t.group_id for t in served.trajectories] == [fast.group_id]
 
@@ -200,7 +227,10 @@ async def test_env_error_reopens_the_seat_for_the_same_group():
     spec = await take(queue, 0)
     await queue.put_trajectory(finished(spec, 0, stop_reason="env_error"))
     retry = await take(queue, 1)
-    assert (retry.group_id, retry.seed) == (spec.group_id, spec.seed) and retry.episode_id != spec.episode_id
+    assert (retry.group_id, retry.seed) == (
+        spec.group_id,
+        spec.seed,
+    ) and retry.episode_id != spec.episode_id
     await queue.put_trajectory(finished(retry, 1))
     served = await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
     assert [t.stop_reason for t in served.trajectories] == ["terminated"]
@@ -241,7 +271,13 @@ async def test_report_fatal_wakes_a_waiting_get_batch():
 
 async def test_tags_share_each_batch_by_partition():
     env_tags = {0: "a", 1: "a", 2: "a", 3: "b"}
-    queue = make_queue(env_tags=env_tags, tags=["a", "b"], num_groups_partition=[3, 1], group_size=1, groups_per_batch=4)
+    queue = make_queue(
+        env_tags=env_tags,
+        tags=["a", "b"],
+        num_groups_partition=[3, 1],
+        group_size=1,
+        groups_per_batch=4,
+    )
     assert queue.shares == {"a": 3, "b": 1}
     specs = {env: await take(queue, env) for env in env_tags}
     assert [specs[e].tag for e in env_tags] == ["a", "a", "a", "b"]
@@ -261,7 +297,10 @@ async def test_watchdog_reports_show_as_a_gauge_until_the_env_progresses():
 
 async def test_fixed_round_plays_each_episode_once_and_keeps_their_order():
     queue = make_queue(num_envs=2, group_size=1, auto_create=False)
-    episodes = [EpisodeSpec(tag="a", group_id=0, episode_id=0, seed=s, created_step=0) for s in (11, 22, 33)]
+    episodes = [
+        EpisodeSpec(tag="a", group_id=0, episode_id=0, seed=s, created_step=0)
+        for s in (11, 22, 33)
+    ]
     round_task = asyncio.create_task(queue.run_fixed_round(episodes, step=5))
     taken = [await take(queue, 0), await take(queue, 1)]
     await queue.put_trajectory(finished(taken[1], 1))

@@ -5,55 +5,126 @@ from __future__ import annotations
 import pytest
 
 from roll_async import metrics as M
-from roll_async.protocol import Trajectory, TurnRecord
+from roll_async.trajectory import Trajectory, TurnRecord
 
 
-def trajectory(tag: str, stop: str, created: int, oldest: int, reward: float, turns: int, generated: int) -> Trajectory:
+def trajectory(
+    tag: str,
+    stop: str,
+    created: int,
+    oldest: int,
+    reward: float,
+    turns: int,
+    generated: int,
+) -> Trajectory:
     records = [
-        TurnRecord(turn=i, action_text="a", observation="o", reward=0.0, generated_tokens=generated, weight_version=oldest,
-                   generate_s=0.1 * (i + 1), env_step_s=0.01, metrics={"success": float(i == turns - 1)})
+        TurnRecord(
+            turn=i,
+            action_text="a",
+            observation="o",
+            reward=0.0,
+            generated_tokens=generated,
+            weight_version=oldest,
+            generate_s=0.1 * (i + 1),
+            env_step_s=0.01,
+            metrics={"success": float(i == turns - 1)},
+        )
         for i in range(turns)
     ]
     return Trajectory(
-        tag=tag, group_id=0, episode_id=0, env_id=0, seed=0, traj_id="x", created_step=created,
-        token_ids=[1] * (5 + generated * turns), response_mask=[0] * 5 + [1] * (generated * turns),
-        logprobs=[0.0] * (5 + generated * turns), turns=records, episode_reward=reward, stop_reason=stop,
-        oldest_weight_version=oldest, newest_weight_version=oldest, metrics={"success": 1.0 if stop == "terminated" else 0.0},
+        tag=tag,
+        group_id=0,
+        episode_id=0,
+        env_id=0,
+        seed=0,
+        traj_id="x",
+        created_step=created,
+        token_ids=[1] * (5 + generated * turns),
+        response_mask=[0] * 5 + [1] * (generated * turns),
+        logprobs=[0.0] * (5 + generated * turns),
+        turns=records,
+        episode_reward=reward,
+        stop_reason=stop,
+        oldest_weight_version=oldest,
+        newest_weight_version=oldest,
+        metrics={"success": 1.0 if stop == "terminated" else 0.0},
     )
 
 
 def test_rollout_metrics_have_the_design_names_and_values():
     batch = [
-        trajectory("a", "terminated", created=3, oldest=3, reward=1.0, turns=2, generated=4),
-        trajectory("a", "max_length", created=2, oldest=2, reward=0.0, turns=1, generated=8),
-        trajectory("b", "max_steps", created=3, oldest=1, reward=0.5, turns=3, generated=2),
-        trajectory("b", "terminated", created=3, oldest=3, reward=0.5, turns=1, generated=2),
+        trajectory(
+            "a", "terminated", created=3, oldest=3, reward=1.0, turns=2, generated=4
+        ),
+        trajectory(
+            "a", "max_length", created=2, oldest=2, reward=0.0, turns=1, generated=8
+        ),
+        trajectory(
+            "b", "max_steps", created=3, oldest=1, reward=0.5, turns=3, generated=2
+        ),
+        trajectory(
+            "b", "terminated", created=3, oldest=3, reward=0.5, turns=1, generated=2
+        ),
     ]
     out = M.rollout_metrics(
-        batch, step=3, wait_s=0.5, window_s=2.0,
+        batch,
+        step=3,
+        wait_s=0.5,
+        window_s=2.0,
         counters={"dropped_stale_groups": 1, "filtered_groups": 2, "env_errors": 3},
         gauges={"stalled_envs": 1},
-        engine_stats=[{"running": 2, "waiting": 1, "kv_cache_usage": 0.5}, {"running": 1, "waiting": 0, "kv_cache_usage": 0.25}],
+        engine_stats=[
+            {"running": 2, "waiting": 1, "kv_cache_usage": 0.5},
+            {"running": 1, "waiting": 0, "kv_cache_usage": 0.25},
+        ],
     )
     design_names = [
-        "rollout/trajectories_per_s", "rollout/tokens_per_s", "rollout/get_batch_wait_s", "rollout/turns/mean",
-        "rollout/turns/max", "rollout/response_length/mean", "rollout/response_length/max",
-        "rollout/natural_termination_rate", "rollout/truncation_rate", "rollout/max_steps_rate",
-        "rollout/staleness/mean", "rollout/staleness/max", "rollout/dropped_stale_groups", "rollout/filtered_groups",
-        "rollout/env_errors", "engine/running", "engine/waiting", "engine/kv_cache_usage",
-        "time/generate/mean", "time/generate/p99", "time/env_step/mean", "time/env_step/p99",
+        "rollout/trajectories_per_s",
+        "rollout/tokens_per_s",
+        "rollout/get_batch_wait_s",
+        "rollout/turns/mean",
+        "rollout/turns/max",
+        "rollout/response_length/mean",
+        "rollout/response_length/max",
+        "rollout/natural_termination_rate",
+        "rollout/truncation_rate",
+        "rollout/max_steps_rate",
+        "rollout/staleness/mean",
+        "rollout/staleness/max",
+        "rollout/dropped_stale_groups",
+        "rollout/filtered_groups",
+        "rollout/env_errors",
+        "engine/running",
+        "engine/waiting",
+        "engine/kv_cache_usage",
+        "time/generate/mean",
+        "time/generate/p99",
+        "time/env_step/mean",
+        "time/env_step/p99",
     ]
     assert not [name for name in design_names if name not in out]
     assert out["rollout/trajectories_per_s"] == 2.0
     assert out["rollout/tokens_per_s"] == (8 + 8 + 6 + 2) / 2.0
-    assert out["rollout/turns/max"] == 3 and out["rollout/turns/mean"] == pytest.approx(7 / 4)
+    assert out["rollout/turns/max"] == 3 and out["rollout/turns/mean"] == pytest.approx(
+        7 / 4
+    )
     assert out["rollout/natural_termination_rate"] == 0.5
-    assert out["rollout/truncation_rate"] == 0.25 and out["rollout/max_steps_rate"] == 0.25
+    assert (
+        out["rollout/truncation_rate"] == 0.25 and out["rollout/max_steps_rate"] == 0.25
+    )
     assert out["rollout/staleness/max"] == 1 and out["rollout/staleness/mean"] == 0.25
     assert out["rollout/weight_version_lag/max"] == 2
-    assert (out["rollout/dropped_stale_groups"], out["rollout/filtered_groups"], out["rollout/env_errors"]) == (1, 2, 3)
+    assert (
+        out["rollout/dropped_stale_groups"],
+        out["rollout/filtered_groups"],
+        out["rollout/env_errors"],
+    ) == (1, 2, 3)
     assert out["rollout/stalled_envs"] == 1
-    assert (out["engine/running"], out["engine/waiting"], out["engine/kv_cache_usage"]) == (3, 1, 0.375)
+    assert (
+        out["engine/running"],
+        out["engine/waiting"],
+        out["engine/kv_cache_usage"],
+    ) == (3, 1, 0.375)
     assert out["time/generate/p99"] == pytest.approx(0.3)
     assert out["env/a/success"] == 0.5 and out["env/b/episode_reward"] == 0.5
 
@@ -63,7 +134,9 @@ def test_percentile_and_summarize():
     assert M.percentile([1, 2, 3, 4], 50) == 2
     assert M.percentile(list(range(1, 101)), 99) == 99
     summary = M.summarize("x", [1.0, 3.0])
-    assert summary["x/mean"] == 2.0 and summary["x/max"] == 3.0 and summary["x/std"] == 1.0
+    assert (
+        summary["x/mean"] == 2.0 and summary["x/max"] == 3.0 and summary["x/std"] == 1.0
+    )
 
 
 def test_validation_metrics_per_tag():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from roll_async.config import ConfigError, CustomEnvConfig, EnvManagerConfig, PipelineConfig
+from roll_async.config.schema import CustomEnvConfig, EnvManagerConfig, PipelineConfig
+from roll_async.errors import ConfigError
 from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
 
@@ -13,7 +14,10 @@ def config(**train) -> PipelineConfig:
     em.update(train)
     return PipelineConfig(
         rollout_batch_size=4,
-        custom_envs={"a": CustomEnvConfig(env_type="sokoban"), "b": CustomEnvConfig(env_type="sokoban")},
+        custom_envs={
+            "a": CustomEnvConfig(env_type="sokoban"),
+            "b": CustomEnvConfig(env_type="sokoban"),
+        },
         train_env_manager=EnvManagerConfig(**em),
     )
 
@@ -33,10 +37,14 @@ def test_bad_config_fails_before_any_actor_starts(bad, message):
 
     was_up = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
-        RolloutScheduler(config(**bad), engine_handles=[object()], tokenizer_path="/nonexistent")
+        RolloutScheduler(
+            config(**bad), engine_handles=[object()], tokenizer_path="/nonexistent"
+        )
     assert ray.is_initialized() == was_up
 
 
 def test_a_good_config_builds_without_starting_anything():
-    scheduler = RolloutScheduler(config(), engine_handles=[object()], tokenizer_path="/nonexistent")
+    scheduler = RolloutScheduler(
+        config(), engine_handles=[object()], tokenizer_path="/nonexistent"
+    )
     assert scheduler.num_workers == 0

@@ -6,11 +6,20 @@ import asyncio
 
 import pytest
 
-from env_managers.testing import build_chatml_test_tokenizer, scripted_env_factory
-from roll_async.config import CustomEnvConfig, EnvManagerConfig, PipelineConfig, validate_config
-from roll_async.engine.fake_engine import FakeEngine
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    PipelineConfig,
+    validate_config,
+)
 from roll_async.scheduler.local import LocalRolloutScheduler
-from roll_async.scheduler.validation import ValidationScheduler, build_validation_episodes
+from roll_async.scheduler.validation import (
+    ValidationScheduler,
+    build_validation_episodes,
+)
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+from roll_async.testing.fake_engine import FakeEngine
+from roll_async.testing.scripted_envs import scripted_env_factory
 
 
 @pytest.fixture(scope="module")
@@ -18,17 +27,27 @@ def tokenizer():
     return build_chatml_test_tokenizer()
 
 
-def val_config(num_episodes: int = 4, dataset: str | None = None, tags=("count", "other")) -> PipelineConfig:
+def val_config(
+    num_episodes: int = 4, dataset: str | None = None, tags=("count", "other")
+) -> PipelineConfig:
     config = PipelineConfig(
         seed=3,
         rollout_batch_size=1,
         sequence_length=512,
         custom_envs={
-            tag: CustomEnvConfig(env_type="scripted", env_config={"episode_length": 2, "reward": "seed_parity"}, max_tokens_per_step=16)
+            tag: CustomEnvConfig(
+                env_type="scripted",
+                env_config={"episode_length": 2, "reward": "seed_parity"},
+                max_tokens_per_step=16,
+            )
             for tag in tags
         },
-        train_env_manager=EnvManagerConfig(num_env_groups=1, group_size=1, tags=[tags[0]]),
-        val_env_manager=EnvManagerConfig(num_env_groups=num_episodes, group_size=1, tags=list(tags), dataset=dataset),
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=1, tags=[tags[0]]
+        ),
+        val_env_manager=EnvManagerConfig(
+            num_env_groups=num_episodes, group_size=1, tags=list(tags), dataset=dataset
+        ),
     )
     validate_config(config)
     return config
@@ -36,18 +55,30 @@ def val_config(num_episodes: int = 4, dataset: str | None = None, tags=("count",
 
 def prompt_dependent_engine(tokenizer) -> FakeEngine:
     """Deterministic 'model': the reply depends only on the prompt ids."""
-    up = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    down = tokenizer("<answer>Down</answer>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    up = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
+    down = tokenizer("<answer>Down</answer>", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
     return FakeEngine(lambda r: up if sum(r.prompt_token_ids) % 2 else down)
 
 
-async def test_every_val_episode_runs_once_greedily_and_evaluations_repeat_exactly(tokenizer):
+async def test_every_val_episode_runs_once_greedily_and_evaluations_repeat_exactly(
+    tokenizer,
+):
     config = val_config(num_episodes=4)
     episodes = build_validation_episodes(config)
     assert [e.tag for e in episodes] == ["count", "count", "other", "other"]
     assert len({e.seed for e in episodes}) == 4
     engine = prompt_dependent_engine(tokenizer)
-    runner = LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer, which="val", env_factory=scripted_env_factory)
+    runner = LocalRolloutScheduler(
+        config,
+        engines=engine,
+        tokenizer=tokenizer,
+        which="val",
+        env_factory=scripted_env_factory,
+    )
     validation = ValidationScheduler(runner, episodes)
     try:
         first, metrics = await asyncio.wait_for(validation.evaluate(step=0), 5)
@@ -55,10 +86,17 @@ async def test_every_val_episode_runs_once_greedily_and_evaluations_repeat_exact
     finally:
         await validation.shutdown()
     assert [t.seed for t in first] == [e.seed for e in episodes]
-    assert [(t.seed, t.token_ids, t.episode_reward) for t in first] == [(t.seed, t.token_ids, t.episode_reward) for t in second]
+    assert [(t.seed, t.token_ids, t.episode_reward) for t in first] == [
+        (t.seed, t.token_ids, t.episode_reward) for t in second
+    ]
     assert all(r.temperature == 0.0 for r in engine.requests)
-    assert len(engine.requests) == 2 * len(episodes) * 2  # two evaluations x episodes x two turns
-    expected = {tag: sum(2.0 * (e.seed % 2) for e in episodes if e.tag == tag) / 2 for tag in ("count", "other")}
+    assert (
+        len(engine.requests) == 2 * len(episodes) * 2
+    )  # two evaluations x episodes x two turns
+    expected = {
+        tag: sum(2.0 * (e.seed % 2) for e in episodes if e.tag == tag) / 2
+        for tag in ("count", "other")
+    }
     assert metrics["val/count/episode_reward"] == pytest.approx(expected["count"])
     assert metrics["val/other/episode_reward"] == pytest.approx(expected["other"])
     assert metrics["val/num_episodes"] == 4 and metrics["val/success"] == 1.0
@@ -70,7 +108,13 @@ async def test_val_episodes_from_an_env_config_parquet(tokenizer, tmp_path):
     path = write_env_dataset(
         tmp_path / "val.parquet",
         [
-            EnvDatasetRow("scripted", {"episode_length": 1}, seed=10, split="val", data_source="other"),
+            EnvDatasetRow(
+                "scripted",
+                {"episode_length": 1},
+                seed=10,
+                split="val",
+                data_source="other",
+            ),
             EnvDatasetRow("scripted", {"episode_length": 3}, seed=11, split="val"),
         ],
     )
@@ -80,7 +124,13 @@ async def test_val_episodes_from_an_env_config_parquet(tokenizer, tmp_path):
         ("other", 10, {"episode_length": 1}),
         ("count", 11, {"episode_length": 3}),
     ]
-    runner = LocalRolloutScheduler(config, engines=prompt_dependent_engine(tokenizer), tokenizer=tokenizer, which="val", env_factory=scripted_env_factory)
+    runner = LocalRolloutScheduler(
+        config,
+        engines=prompt_dependent_engine(tokenizer),
+        tokenizer=tokenizer,
+        which="val",
+        env_factory=scripted_env_factory,
+    )
     validation = ValidationScheduler(runner, episodes)
     try:
         trajectories, _ = await asyncio.wait_for(validation.evaluate(step=0), 5)
@@ -92,6 +142,8 @@ async def test_val_episodes_from_an_env_config_parquet(tokenizer, tmp_path):
 def test_a_dataset_row_without_a_matching_tag_is_a_clear_error(tmp_path):
     from roll_async.envs.dataset import EnvDatasetRow, write_env_dataset
 
-    path = write_env_dataset(tmp_path / "val.parquet", [EnvDatasetRow("sokoban", {}, seed=1)])
+    path = write_env_dataset(
+        tmp_path / "val.parquet", [EnvDatasetRow("sokoban", {}, seed=1)]
+    )
     with pytest.raises(ValueError, match="no val tag"):
         build_validation_episodes(val_config(dataset=str(path)))

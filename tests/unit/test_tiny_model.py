@@ -21,7 +21,9 @@ def test_tokenizer_round_trips_env_vocabulary(tokenizer):
 
 def test_tokenizer_was_trained_on_env_text(tokenizer):
     # A byte-level tokenizer that never saw env text would spend ~1 token per character.
-    sample = "<answer>Up</answer> <answer>Left</answer> <search>capital of France</search>"
+    sample = (
+        "<answer>Up</answer> <answer>Left</answer> <search>capital of France</search>"
+    )
     ids = tokenizer.encode(sample, add_special_tokens=False)
     assert len(sample) / len(ids) > 2.5
 
@@ -38,7 +40,9 @@ def test_chat_template_renders_multi_turn_chatml(tokenizer):
         {"role": "assistant", "content": "<answer>Up</answer>"},
         {"role": "user", "content": "obs 2"},
     ]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
     assert rendered == (
         "<|im_start|>system\nsys<|im_end|>\n"
         "<|im_start|>user\nobs 1<|im_end|>\n"
@@ -47,7 +51,9 @@ def test_chat_template_renders_multi_turn_chatml(tokenizer):
         "<|im_start|>assistant\n"
     )
     # Each turn's rendering extends the previous one: what incremental prompt building relies on.
-    shorter = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=False)
+    shorter = tokenizer.apply_chat_template(
+        messages[:2], tokenize=False, add_generation_prompt=False
+    )
     assert rendered.startswith(shorter)
 
 
@@ -65,14 +71,18 @@ def test_build_is_idempotent_and_model_loads(tiny_model_path):
     weights = next(tiny_model_path.glob("*.safetensors"))
     mtime = weights.stat().st_mtime_ns
     assert build_tiny_model(tiny_model_path) == tiny_model_path
-    assert weights.stat().st_mtime_ns == mtime, "a second build must reuse the existing directory"
+    assert weights.stat().st_mtime_ns == mtime, (
+        "a second build must reuse the existing directory"
+    )
     info = json.loads((tiny_model_path / "roll_async_build.json").read_text())
     assert info["build_id"] == BUILD_ID
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     config = model.config
     assert config.model_type == "qwen2"
-    assert config.hidden_size // config.num_attention_heads == 64  # vLLM CPU kernels need head_dim 64
+    assert (
+        config.hidden_size // config.num_attention_heads == 64
+    )  # vLLM CPU kernels need head_dim 64
     with torch.no_grad():
         logits = model(torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, config.vocab_size)

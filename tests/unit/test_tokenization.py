@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from env_managers.testing import build_chatml_test_tokenizer
-from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+from roll_async.errors import ChatTemplateError
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +19,24 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def render_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-    return encode(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+    return encode(
+        tokenizer,
+        tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        ),
+    )
 
 
 def test_first_turn_is_the_template_with_a_generation_prompt(chatml):
     builder = ChatPromptBuilder(chatml, "Be brief.")
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go left."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Go left."},
+    ]
     assert builder.first_turn_ids("Go left.") == render_ids(chatml, messages, True)
-    assert chatml.decode(builder.first_turn_ids("Go left.")).endswith("<|im_start|>assistant\n")
+    assert chatml.decode(builder.first_turn_ids("Go left.")).endswith(
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_incremental_ids_equal_the_template_of_the_whole_conversation(chatml):
@@ -34,11 +45,24 @@ def test_incremental_ids_equal_the_template_of_the_whole_conversation(chatml):
     replies = ["<answer>Up</answer>", "<answer>Left</answer>"]
     users = ["grid 1", "grid 2", "grid 3"]
     ids = builder.first_turn_ids(users[0])
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": users[0]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": users[0]},
+    ]
     for reply, user in zip(replies, users[1:]):
-        generated = encode(chatml, reply) + [chatml.eos_token_id]  # the model ends its turn with EOS
-        ids = ids + generated + builder.closure_ids_after(generated) + builder.user_delta_ids(user)
-        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": user}]
+        generated = encode(chatml, reply) + [
+            chatml.eos_token_id
+        ]  # the model ends its turn with EOS
+        ids = (
+            ids
+            + generated
+            + builder.closure_ids_after(generated)
+            + builder.user_delta_ids(user)
+        )
+        messages += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": user},
+        ]
     assert ids == render_ids(chatml, messages, True)
 
 
@@ -53,7 +77,10 @@ def test_turn_closure_depends_on_whether_the_model_emitted_eos(chatml):
 
 def test_decode_drops_special_tokens(chatml):
     builder = ChatPromptBuilder(chatml)
-    assert builder.decode(encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]) == "<answer>Up</answer>"
+    assert (
+        builder.decode(encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id])
+        == "<answer>Up</answer>"
+    )
 
 
 def test_a_template_that_rewrites_earlier_text_still_gives_the_rendered_delta(chatml):
@@ -67,7 +94,9 @@ def test_a_template_that_rewrites_earlier_text_still_gives_the_rendered_delta(ch
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     builder = ChatPromptBuilder(tokenizer)
-    assert builder.user_delta_ids("next") == encode(tokenizer, "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n")
+    assert builder.user_delta_ids("next") == encode(
+        tokenizer, "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert not builder.describe().append_only
 
 
@@ -79,13 +108,17 @@ def test_a_template_that_drops_assistant_content_is_refused(chatml):
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(ChatTemplateError, match="drops assistant content.*model.chat_template"):
+    with pytest.raises(
+        ChatTemplateError, match="drops assistant content.*model.chat_template"
+    ):
         ChatPromptBuilder(tokenizer)
 
 
 def test_user_delta_is_the_continuation_of_one_user_message(chatml):
     builder = ChatPromptBuilder(chatml, "sys")
-    assert builder.user_delta_ids("grid 2") == builder.continuation_ids([{"role": "user", "content": "grid 2"}])
+    assert builder.user_delta_ids("grid 2") == builder.continuation_ids(
+        [{"role": "user", "content": "grid 2"}]
+    )
     assert builder.render_ids([{"role": "user", "content": "u"}], True) == encode(
         chatml, "<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
     )
@@ -104,7 +137,12 @@ def test_works_with_the_project_tiny_model_tokenizer(tokenizer):
     """The lead's offline tiny model (session fixture in tests/conftest.py) uses the same ChatML shape."""
     builder = ChatPromptBuilder(tokenizer, "sys")
     generated = encode(tokenizer, "<answer>Up</answer>") + [tokenizer.eos_token_id]
-    ids = builder.first_turn_ids("u1") + generated + builder.closure_ids_after(generated) + builder.user_delta_ids("u2")
+    ids = (
+        builder.first_turn_ids("u1")
+        + generated
+        + builder.closure_ids_after(generated)
+        + builder.user_delta_ids("u2")
+    )
     messages = [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "u1"},
@@ -117,16 +155,24 @@ def test_works_with_the_project_tiny_model_tokenizer(tokenizer):
 def test_load_tokenizer_fast_path_matches_auto_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
-    from roll_async.tokenization import load_tokenizer
+    from roll_async.prompts.prompt_builder import load_tokenizer
 
     fast = load_tokenizer(str(tiny_model_path))
     auto = AutoTokenizer.from_pretrained(tiny_model_path)
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "Grid:\n#_P# <answer>Up</answer> √"}]
-    assert fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == auto.apply_chat_template(
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "Grid:\n#_P# <answer>Up</answer> √"},
+    ]
+    assert fast.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
-    )
+    ) == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     text = "Reply <answer>Left</answer><|im_end|>\n ünïcode"
     ids = auto(text, add_special_tokens=False)["input_ids"]
     assert fast(text, add_special_tokens=False)["input_ids"] == ids
-    assert fast.decode(ids, skip_special_tokens=True) == auto.decode(ids, skip_special_tokens=True)
-    assert (fast.eos_token_id, fast.pad_token_id) == (auto.eos_token_id, auto.pad_token_id)
+    assert fast.decode(ids, skip_special_tokens=True) == auto.decode(
+        ids, skip_special_tokens=True
+    )
+    assert (fast.eos_token_id, fast.pad_token_id) == (
+        auto.eos_token_id,
+        auto.pad_token_id,
+    )

@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from roll_async.trainer.advantages import compute_advantages, grpo_advantages, rloo_advantages
+from roll_async.trainer.advantages import (
+    compute_advantages,
+    grpo_advantages,
+    rloo_advantages,
+)
 
 # Rows interleave groups on purpose: group membership comes from group_index, not from order.
 REWARDS = torch.tensor([1.0, 1.0, 0.0, 2.0, 0.0, 5.0])
@@ -34,14 +38,21 @@ def test_rloo_leave_one_out_baseline():
     got = rloo_advantages(REWARDS, GROUPS)
     assert got.tolist() == pytest.approx(expected, abs=1e-6)
     # normalize_std does not apply to rloo
-    assert compute_advantages(REWARDS, GROUPS, "rloo", normalize_std=True).tolist() == pytest.approx(expected)
+    assert compute_advantages(
+        REWARDS, GROUPS, "rloo", normalize_std=True
+    ).tolist() == pytest.approx(expected)
 
 
 def test_single_member_group_and_equal_rewards_give_zero():
     rewards = torch.tensor([3.0, 7.0, 7.0, 7.0])
     groups = torch.tensor([0, 1, 1, 1])
     for estimator in ("grpo", "rloo"):
-        assert compute_advantages(rewards, groups, estimator).tolist() == [0.0, 0.0, 0.0, 0.0]
+        assert compute_advantages(rewards, groups, estimator).tolist() == [
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+        ]
 
 
 def test_eps_bounds_tiny_std_and_dtype_is_kept():

@@ -7,9 +7,7 @@ import json
 import pytest
 import torch
 
-from roll_async.batching import collate_trajectories
-from roll_async.config import TrainerConfig
-from roll_async.protocol import Trajectory
+from roll_async.config.schema import TrainerConfig
 from roll_async.trainer import GRPOTrainer
 from roll_async.trainer.checkpoint import (
     checkpoint_dir,
@@ -18,6 +16,8 @@ from roll_async.trainer.checkpoint import (
     prune_checkpoints,
     resolve_resume_dir,
 )
+from roll_async.trainer.collate import collate_trajectories
+from roll_async.trajectory import Trajectory
 
 
 def make_batch(tokenizer, seed: int):
@@ -25,15 +25,29 @@ def make_batch(tokenizer, seed: int):
     trajectories = []
     for i in range(4):
         prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Room {i // 2}: #_P_#"}], add_generation_prompt=True, tokenize=True, return_dict=False
+            [{"role": "user", "content": f"Room {i // 2}: #_P_#"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
-        reply = tokenizer(["<answer>Up</answer>", "<answer>Left</answer>"][i % 2], add_special_tokens=False)["input_ids"]
+        reply = tokenizer(
+            ["<answer>Up</answer>", "<answer>Left</answer>"][i % 2],
+            add_special_tokens=False,
+        )["input_ids"]
         ids = prompt + reply
         mask = [0] * len(prompt) + [1] * len(reply)
         trajectories.append(
             Trajectory(
-                tag="t", group_id=i // 2, episode_id=i, env_id=i, seed=0, traj_id=f"t-{seed}-{i}", created_step=0,
-                token_ids=ids, response_mask=mask, logprobs=[-7.0 * m for m in mask],
+                tag="t",
+                group_id=i // 2,
+                episode_id=i,
+                env_id=i,
+                seed=0,
+                traj_id=f"t-{seed}-{i}",
+                created_step=0,
+                token_ids=ids,
+                response_mask=mask,
+                logprobs=[-7.0 * m for m in mask],
                 episode_reward=float(torch.rand(1, generator=gen)),
             )
         )
@@ -53,29 +67,46 @@ def test_resume_continues_exactly(tiny_model_path, tokenizer, tmp_path):
     continued = original.train_step(b2, step=1)
 
     resumed = GRPOTrainer(cfg(), tiny_model_path)
-    assert resumed.load_checkpoint(tmp_path) == extra  # a run dir resolves to its newest checkpoint
+    assert (
+        resumed.load_checkpoint(tmp_path) == extra
+    )  # a run dir resolves to its newest checkpoint
     assert resumed.optimizer_steps == 1 and resumed.last_step == 0
     again = resumed.train_step(b2, step=1)
 
     assert again == continued
-    for (name, a), (_, b) in zip(original.model.named_parameters(), resumed.model.named_parameters()):
+    for (name, a), (_, b) in zip(
+        original.model.named_parameters(), resumed.model.named_parameters()
+    ):
         assert torch.equal(a, b), name
     # tied embeddings stay tied after loading
-    assert resumed.model.lm_head.weight.data_ptr() == resumed.model.model.embed_tokens.weight.data_ptr()
+    assert (
+        resumed.model.lm_head.weight.data_ptr()
+        == resumed.model.model.embed_tokens.weight.data_ptr()
+    )
 
 
-def test_checkpoint_layout_is_complete_loadable_and_atomic(tiny_model_path, tokenizer, tmp_path):
+def test_checkpoint_layout_is_complete_loadable_and_atomic(
+    tiny_model_path, tokenizer, tmp_path
+):
     from transformers import AutoModelForCausalLM
 
     trainer = GRPOTrainer(cfg(), tiny_model_path)
     target = tmp_path / "checkpoints" / "step_3"
     trainer.save_checkpoint(target, {"step": 3})
     names = {p.name for p in target.iterdir()}
-    assert {"config.json", "model.safetensors", "optimizer.pt", "extra_state.pt", "trainer_state.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "extra_state.pt",
+        "trainer_state.json",
+    } <= names
     assert "tokenizer.json" in names or "tokenizer_config.json" in names
     state = json.loads((target / "trainer_state.json").read_text())
     assert state["format"] == 1 and state["trainer_config"]["lr"] == 1e-3
-    AutoModelForCausalLM.from_pretrained(target)  # the checkpoint is itself an HF model directory
+    AutoModelForCausalLM.from_pretrained(
+        target
+    )  # the checkpoint is itself an HF model directory
     # saving again over it replaces it, and no temp directories are left behind
     trainer.train_step(make_batch(tokenizer, 0), step=3)
     trainer.save_checkpoint(target, {"step": 4})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from roll_async.config import ConfigError, TrainerConfig
+from roll_async.config.schema import TrainerConfig
+from roll_async.errors import ConfigError
 from roll_async.trainer import Trainer, build_trainer, load_trainer_class
 
-CUSTOM = '''
+CUSTOM = """
 class EchoTrainer:
     def __init__(self, config, model_path):
         self.config, self.model_path = config, model_path
@@ -25,7 +26,7 @@ class Half:
         return {}
 
 not_a_class = 3
-'''
+"""
 
 
 @pytest.fixture

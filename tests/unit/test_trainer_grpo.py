@@ -6,11 +6,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from roll_async.batching import TrajectoryBatch, collate_trajectories
-from roll_async.config import TrainerConfig
-from roll_async.protocol import Trajectory
-from roll_async.trainer import GRPOTrainer, NonFiniteLossError, Trainer, build_trainer
+from roll_async.config.schema import TrainerConfig
+from roll_async.errors import NonFiniteLossError
+from roll_async.trainer import GRPOTrainer, Trainer, build_trainer
 from roll_async.trainer.advantages import compute_advantages
+from roll_async.trainer.collate import TrajectoryBatch, collate_trajectories
+from roll_async.trajectory import Trajectory
 
 RESPONSES = [
     ("<answer>Up</answer>", 1.0),
@@ -34,15 +35,29 @@ def make_batch(tokenizer, behaviour_logprob: float = -6.9) -> TrajectoryBatch:
             return_dict=False,
         )
         reply = tokenizer(text, add_special_tokens=False)["input_ids"]
-        obs = tokenizer("<|im_end|>\n<|im_start|>user\n#_P_<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        reply2 = tokenizer("<answer>Down</answer>" if i % 2 else "<answer>Up</answer>", add_special_tokens=False)["input_ids"]
+        obs = tokenizer(
+            "<|im_end|>\n<|im_start|>user\n#_P_<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False,
+        )["input_ids"]
+        reply2 = tokenizer(
+            "<answer>Down</answer>" if i % 2 else "<answer>Up</answer>",
+            add_special_tokens=False,
+        )["input_ids"]
         ids = prompt + reply + obs + reply2
         mask = [0] * len(prompt) + [1] * len(reply) + [0] * len(obs) + [1] * len(reply2)
         trajectories.append(
             Trajectory(
-                tag="sokoban", group_id=group, episode_id=i, env_id=i, seed=group, traj_id=f"sokoban-g{group}-e{i}",
-                created_step=0, token_ids=ids, response_mask=mask,
-                logprobs=[behaviour_logprob if m else 0.0 for m in mask], episode_reward=reward,
+                tag="sokoban",
+                group_id=group,
+                episode_id=i,
+                env_id=i,
+                seed=group,
+                traj_id=f"sokoban-g{group}-e{i}",
+                created_step=0,
+                token_ids=ids,
+                response_mask=mask,
+                logprobs=[behaviour_logprob if m else 0.0 for m in mask],
+                episode_reward=reward,
             )
         )
     return collate_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
@@ -61,7 +76,11 @@ def config(**overrides) -> TrainerConfig:
 
 
 def grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return {
+        n: p.grad.detach().clone()
+        for n, p in trainer.model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
@@ -93,13 +112,23 @@ def test_train_step_learns_in_the_advantage_direction(tiny_model_path, batch):
 
     metrics = trainer.train_step(batch, step=0)
 
-    for key in ("train/loss", "train/reward/mean", "train/reward/std", "train/importance_ratio/mean",
-                "train/importance_ratio/max", "train/grad_norm", "train/clip_fraction", "train/entropy",
-                "train/advantage/mean"):
+    for key in (
+        "train/loss",
+        "train/reward/mean",
+        "train/reward/std",
+        "train/importance_ratio/mean",
+        "train/importance_ratio/max",
+        "train/grad_norm",
+        "train/clip_fraction",
+        "train/entropy",
+        "train/advantage/mean",
+    ):
         assert key in metrics and isinstance(metrics[key], float), key
     assert metrics["train/loss"] == pytest.approx(loss_before, abs=1e-5)
     assert metrics["train/importance_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
-    assert metrics["train/reward/mean"] == pytest.approx(sum(r for _, r in RESPONSES) / len(RESPONSES))
+    assert metrics["train/reward/mean"] == pytest.approx(
+        sum(r for _, r in RESPONSES) / len(RESPONSES)
+    )
     assert any(not torch.equal(before_params[n], p) for n, p in params(trainer).items())
 
     loss_after = trainer.accumulate_gradients(batch, advantages, before_logp).loss
@@ -114,7 +143,9 @@ def test_train_step_learns_in_the_advantage_direction(tiny_model_path, batch):
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
 def test_micro_batches_give_the_full_batch_gradient(tiny_model_path, batch, loss_agg):
-    full = GRPOTrainer(config(micro_batch_size=len(batch), loss_agg=loss_agg), tiny_model_path)
+    full = GRPOTrainer(
+        config(micro_batch_size=len(batch), loss_agg=loss_agg), tiny_model_path
+    )
     micro = GRPOTrainer(config(micro_batch_size=1, loss_agg=loss_agg), tiny_model_path)
     advantages = compute_advantages(batch.rewards, batch.group_index)
     a = full.accumulate_gradients(batch, advantages)
@@ -126,7 +157,9 @@ def test_micro_batches_give_the_full_batch_gradient(tiny_model_path, batch, loss
         assert torch.allclose(ga[name], gb[name], atol=1e-6, rtol=1e-4), name
 
 
-def test_truncated_importance_weight_scales_the_gradient_up_to_the_cap(tiny_model_path, batch):
+def test_truncated_importance_weight_scales_the_gradient_up_to_the_cap(
+    tiny_model_path, batch
+):
     trainer = GRPOTrainer(config(tis_cap=2.0), tiny_model_path)
     advantages = compute_advantages(batch.rewards, batch.group_index)
     logp = trainer.compute_logprobs(batch)
@@ -139,10 +172,16 @@ def test_truncated_importance_weight_scales_the_gradient_up_to_the_cap(tiny_mode
     g_stale = grads(trainer)
     trainer.model.zero_grad(set_to_none=True)
 
-    assert on_policy.tis_truncated_fraction == 0.0 and stale.tis_truncated_fraction == 1.0
-    assert stale.importance_ratio_mean == pytest.approx(float(torch.tensor(5.0).exp()), rel=1e-3)
+    assert (
+        on_policy.tis_truncated_fraction == 0.0 and stale.tis_truncated_fraction == 1.0
+    )
+    assert stale.importance_ratio_mean == pytest.approx(
+        float(torch.tensor(5.0).exp()), rel=1e-3
+    )
     for name in g_on:
-        assert torch.allclose(g_stale[name], 2.0 * g_on[name], atol=1e-6, rtol=1e-4), name
+        assert torch.allclose(g_stale[name], 2.0 * g_on[name], atol=1e-6, rtol=1e-4), (
+            name
+        )
 
     no_tis = GRPOTrainer(config(tis_cap=0.0), tiny_model_path)
     no_tis.accumulate_gradients(with_behaviour(batch, logp - 5.0), advantages)
@@ -151,13 +190,22 @@ def test_truncated_importance_weight_scales_the_gradient_up_to_the_cap(tiny_mode
 
 
 def test_ppo_epochs_step_more_than_once_and_clip_later_epochs(tiny_model_path, batch):
-    trainer = GRPOTrainer(config(ppo_epochs=3, lr=5e-3, clip_ratio_low=0.01, clip_ratio_high=0.01), tiny_model_path)
-    metrics = trainer.train_step(with_behaviour(batch, trainer.compute_logprobs(batch)), step=0)
+    trainer = GRPOTrainer(
+        config(ppo_epochs=3, lr=5e-3, clip_ratio_low=0.01, clip_ratio_high=0.01),
+        tiny_model_path,
+    )
+    metrics = trainer.train_step(
+        with_behaviour(batch, trainer.compute_logprobs(batch)), step=0
+    )
     assert trainer.optimizer_steps == 3
-    assert metrics["train/clip_fraction"] > 0  # epochs 2 and 3 move the ratio past the tight clip
+    assert (
+        metrics["train/clip_fraction"] > 0
+    )  # epochs 2 and 3 move the ratio past the tight clip
 
 
-def test_non_finite_loss_raises_names_step_and_keeps_weights(tiny_model_path, tokenizer):
+def test_non_finite_loss_raises_names_step_and_keeps_weights(
+    tiny_model_path, tokenizer
+):
     trainer = GRPOTrainer(config(), tiny_model_path)
     bad = make_batch(tokenizer)
     bad.rewards[2] = float("nan")
@@ -178,27 +226,37 @@ def test_kl_reference_is_loaded_only_with_kl_coef(tiny_model_path, batch):
     assert trainer.ref_model is not None
     assert not any(p.requires_grad for p in trainer.ref_model.parameters())
     first = trainer.train_step(batch, step=0)
-    assert first["train/kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert first["train/kl"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # the policy starts at the reference
     second = trainer.train_step(batch, step=1)
     assert second["train/kl"] > 0
     trainer.reset_reference()
     assert trainer.train_step(batch, step=2)["train/kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_state_dict_for_engine_matches_the_saved_checkpoint_names(tiny_model_path, batch):
+def test_state_dict_for_engine_matches_the_saved_checkpoint_names(
+    tiny_model_path, batch
+):
     trainer = GRPOTrainer(config(), tiny_model_path)
     with safe_open(str(tiny_model_path / "model.safetensors"), "pt") as f:
         saved = {name: f.get_tensor(name) for name in f.keys()}
     weights = trainer.state_dict_for_engine()
     assert set(weights) == set(saved)
-    assert "lm_head.weight" not in weights  # tied to model.embed_tokens.weight, as in the file
+    assert (
+        "lm_head.weight" not in weights
+    )  # tied to model.embed_tokens.weight, as in the file
     for name, tensor in weights.items():
         assert tensor.device.type == "cpu" and tensor.shape == saved[name].shape
         assert torch.equal(tensor, saved[name])
     trainer.train_step(batch, step=0)
-    assert torch.equal(weights["model.norm.weight"], saved["model.norm.weight"])  # a snapshot, not a view
+    assert torch.equal(
+        weights["model.norm.weight"], saved["model.norm.weight"]
+    )  # a snapshot, not a view
     fresh = trainer.state_dict_for_engine()
-    assert not torch.equal(fresh["model.embed_tokens.weight"], saved["model.embed_tokens.weight"])
+    assert not torch.equal(
+        fresh["model.embed_tokens.weight"], saved["model.embed_tokens.weight"]
+    )
     # what the engine would receive must be serialisable as safetensors (no shared storage)
     from safetensors.torch import save
 
@@ -206,7 +264,7 @@ def test_state_dict_for_engine_matches_the_saved_checkpoint_names(tiny_model_pat
 
 
 def test_bad_dtype_and_epochs_are_config_errors(tiny_model_path):
-    from roll_async.config import ConfigError
+    from roll_async.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.dtype"):
         GRPOTrainer(config(dtype="float8"), tiny_model_path)
@@ -227,12 +285,19 @@ def test_batch_sampling_settings_shape_the_trained_distribution(tiny_model_path,
     mask = batch.response_mask.bool()
     mask[:, 0] = False
     assert (processed - raw)[mask].abs().mean() > 0.02
-    behaviour = dataclasses.replace(sampled, old_logprobs=processed * batch.response_mask)
-    assert trainer.train_step(behaviour, step=0)["train/importance_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    behaviour = dataclasses.replace(
+        sampled, old_logprobs=processed * batch.response_mask
+    )
+    assert trainer.train_step(behaviour, step=0)[
+        "train/importance_ratio/mean"
+    ] == pytest.approx(1.0, abs=1e-4)
     # the same behaviour logprobs scored without the transformation are visibly off-policy
     mismatched = dataclasses.replace(behaviour, sampling=SamplingSettings())
     fresh = GRPOTrainer(config(), tiny_model_path)
-    assert abs(fresh.train_step(mismatched, step=0)["train/importance_ratio/mean"] - 1.0) > 0.01
+    assert (
+        abs(fresh.train_step(mismatched, step=0)["train/importance_ratio/mean"] - 1.0)
+        > 0.01
+    )
 
 
 def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
@@ -241,7 +306,9 @@ def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
 
     trainer = GRPOTrainer(config(max_token_lag=1), tiny_model_path)
     versions = torch.where(batch.response_mask.bool(), 2, -1)
-    versions[0] = torch.where(batch.response_mask[0].bool(), 0, -1)  # row 0 lags the policy (version 2) by 2
+    versions[0] = torch.where(
+        batch.response_mask[0].bool(), 0, -1
+    )  # row 0 lags the policy (version 2) by 2
     versioned = dataclasses.replace(batch, token_versions=versions, policy_version=2)
     advantages = compute_advantages(batch.rewards, batch.group_index)
     masked = trainer.accumulate_gradients(versioned, advantages)
@@ -249,16 +316,28 @@ def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
     trainer.model.zero_grad(set_to_none=True)
     without_row0 = batch.response_mask.clone()
     without_row0[0] = 0
-    reference = trainer.accumulate_gradients(dataclasses.replace(batch, response_mask=without_row0), advantages)
+    reference = trainer.accumulate_gradients(
+        dataclasses.replace(batch, response_mask=without_row0), advantages
+    )
     g_reference = grads(trainer)
     trainer.model.zero_grad(set_to_none=True)
-    assert masked.num_tokens == reference.num_tokens < int(batch.response_mask[:, 1:].sum())
+    assert (
+        masked.num_tokens
+        == reference.num_tokens
+        < int(batch.response_mask[:, 1:].sum())
+    )
     for name in g_reference:
-        assert torch.allclose(g_masked[name], g_reference[name], atol=1e-7, rtol=1e-5), name
+        assert torch.allclose(
+            g_masked[name], g_reference[name], atol=1e-7, rtol=1e-5
+        ), name
 
     metrics = trainer.train_step(versioned, step=0)
     row0 = int(batch.response_mask[0, 1:].sum())
-    assert metrics["train/token_lag/masked_fraction"] == pytest.approx(row0 / int(batch.response_mask[:, 1:].sum()))
+    assert metrics["train/token_lag/masked_fraction"] == pytest.approx(
+        row0 / int(batch.response_mask[:, 1:].sum())
+    )
     assert metrics["train/token_lag/max"] == 2.0
     off = GRPOTrainer(config(), tiny_model_path).train_step(versioned, step=0)
-    assert off["train/token_lag/masked_fraction"] == 0.0  # default: off, lag still reported
+    assert (
+        off["train/token_lag/masked_fraction"] == 0.0
+    )  # default: off, lag still reported

@@ -22,7 +22,11 @@ LOW, HIGH = 0.2, 0.28
 def _grad_of_surrogate(ratio: float, advantage: float) -> tuple[float, bool]:
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
     loss, _, clipped = clipped_surrogate(
-        logp, torch.zeros(1, 1), torch.tensor([[advantage]]), clip_ratio_low=LOW, clip_ratio_high=HIGH
+        logp,
+        torch.zeros(1, 1),
+        torch.tensor([[advantage]]),
+        clip_ratio_low=LOW,
+        clip_ratio_high=HIGH,
     )
     loss.sum().backward()
     return float(logp.grad), bool(clipped)
@@ -32,7 +36,11 @@ def _grad_of_surrogate(ratio: float, advantage: float) -> tuple[float, bool]:
     "ratio, advantage, clipped",
     [
         (1.5, +1.0, True),  # above 1 + high with A > 0: no further push up
-        (1.5, -1.0, False),  # above the range with A < 0: the pessimistic branch keeps the gradient
+        (
+            1.5,
+            -1.0,
+            False,
+        ),  # above the range with A < 0: the pessimistic branch keeps the gradient
         (0.5, -1.0, True),  # below 1 - low with A < 0: no further push down
         (0.5, +1.0, False),
         (1.1, +1.0, False),
@@ -68,8 +76,12 @@ def test_aggregations_by_hand_and_normalizer():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
     norm = LossNormalizer.for_mask(mask)
     assert (norm.num_tokens, norm.num_sequences) == (4.0, 2.0)
-    assert float(aggregate(values, mask, "token_mean", norm)) == pytest.approx((1 + 2 + 3 + 4) / 4)
-    assert float(aggregate(values, mask, "seq_mean", norm)) == pytest.approx((2.0 + 4.0) / 2)
+    assert float(aggregate(values, mask, "token_mean", norm)) == pytest.approx(
+        (1 + 2 + 3 + 4) / 4
+    )
+    assert float(aggregate(values, mask, "seq_mean", norm)) == pytest.approx(
+        (2.0 + 4.0) / 2
+    )
     with pytest.raises(ValueError, match="unknown"):
         aggregate(values, mask, "sum", norm)
 
@@ -89,9 +101,13 @@ class _LookupModel(torch.nn.Module):
 
     def __init__(self, vocab: int = 7) -> None:
         super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+        self.table = torch.nn.Parameter(
+            torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0))
+        )
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, use_cache=False
+    ):
         return type("Out", (), {"logits": self.table[input_ids]})()
 
 
@@ -108,7 +124,11 @@ def test_token_logprobs_are_shifted_and_masked():
     expected[1, 1] = table[5, 6]
     assert torch.allclose(out.logprobs.detach(), expected, atol=1e-6)
     probs = table.exp()
-    assert float(out.entropy[0, 2]) == pytest.approx(float(-(probs[2] * table[2]).sum()), rel=1e-5)
+    assert float(out.entropy[0, 2]) == pytest.approx(
+        float(-(probs[2] * table[2]).sum()), rel=1e-5
+    )
     assert out.entropy[0, 0] == 0 and out.entropy[0, 1] == 0
     out.logprobs.sum().backward()
-    assert model.table.grad is not None and model.table.grad[0].abs().sum() == 0  # padding never scored
+    assert (
+        model.table.grad is not None and model.table.grad[0].abs().sum() == 0
+    )  # padding never scored

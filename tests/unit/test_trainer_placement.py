@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_async.config import ConfigError, load_config
+from roll_async.config.schema import load_config
+from roll_async.errors import ConfigError
 from roll_async.trainer.grpo_trainer import resolve_device
 
 
@@ -15,16 +16,27 @@ def test_defaults_keep_the_trainer_in_the_driver_without_gpus():
 
 
 def test_a_ray_actor_trainer_with_gpus_is_accepted():
-    config = load_config("configs/sokoban.yaml", ["trainer.placement=ray_actor", "trainer.num_gpus=0.5"])
+    config = load_config(
+        "configs/sokoban.yaml", ["trainer.placement=ray_actor", "trainer.num_gpus=0.5"]
+    )
     assert config.trainer.placement == "ray_actor" and config.trainer.num_gpus == 0.5
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.placement=gpu_node"], r"trainer\.placement='gpu_node' is unknown; use driver or ray_actor"),
-        (["trainer.num_gpus=1"], r"trainer\.num_gpus=1\.0 needs trainer\.placement=ray_actor .*set trainer\.placement=ray_actor"),
-        (["trainer.placement=ray_actor", "trainer.num_gpus=-1"], r"trainer\.num_gpus=-1\.0: must be >= 0"),
+        (
+            ["trainer.placement=gpu_node"],
+            r"trainer\.placement='gpu_node' is unknown; use driver or ray_actor",
+        ),
+        (
+            ["trainer.num_gpus=1"],
+            r"trainer\.num_gpus=1\.0 needs trainer\.placement=ray_actor .*set trainer\.placement=ray_actor",
+        ),
+        (
+            ["trainer.placement=ray_actor", "trainer.num_gpus=-1"],
+            r"trainer\.num_gpus=-1\.0: must be >= 0",
+        ),
         (
             ["trainer.placement=ray_actor", "trainer.simulate_step_s=0.5"],
             r"simulated trainer .* runs in the driver; set trainer\.placement=driver",
@@ -43,6 +55,12 @@ def test_bad_placement_is_one_line_naming_key_and_fix(overrides, message):
 
 def test_auto_device_in_an_actor_uses_cuda_only_on_gpus_ray_assigned():
     cuda = torch.cuda.is_available()
-    assert resolve_device("auto", ray_gpu_ids=[]) == torch.device("cpu")  # no GPU given: never take a visible one
-    assert resolve_device("auto", ray_gpu_ids=[0]) == torch.device("cuda" if cuda else "cpu")
-    assert resolve_device("cpu", ray_gpu_ids=[0]) == torch.device("cpu")  # an explicit trainer.device wins
+    assert resolve_device("auto", ray_gpu_ids=[]) == torch.device(
+        "cpu"
+    )  # no GPU given: never take a visible one
+    assert resolve_device("auto", ray_gpu_ids=[0]) == torch.device(
+        "cuda" if cuda else "cpu"
+    )
+    assert resolve_device("cpu", ray_gpu_ids=[0]) == torch.device(
+        "cpu"
+    )  # an explicit trainer.device wins

@@ -5,45 +5,70 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_async.config import TrainerConfig
+from roll_async.config.schema import TrainerConfig
 from roll_async.envs import make_env
-from roll_async.tokenization import ChatPromptBuilder
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trainer import GRPOTrainer
-from roll_async.trainer.sft import build_sft_examples, collate_sft, kept_turns, run_sft, sft_loss
+from roll_async.trainer.sft import (
+    build_sft_examples,
+    collate_sft,
+    kept_turns,
+    run_sft,
+    sft_loss,
+)
 
 SYSTEM = "You are an agent solving a task step by step. Reply with your action inside <answer></answer>."
 
 
 def test_kept_turns_rule():
     assert [kept_turns(n, 0.5) for n in (1, 2, 5, 8)] == [1, 1, 2, 4]
-    assert kept_turns(5, 0.0) == 0 and kept_turns(5, 1.0) == 5 and kept_turns(0, 0.5) == 0
+    assert (
+        kept_turns(5, 0.0) == 0 and kept_turns(5, 1.0) == 5 and kept_turns(0, 0.5) == 0
+    )
 
 
 def test_demo_rendering_masks_exactly_the_assistant_turns(tokenizer):
-    examples = build_sft_examples("sokoban", {}, [0, 1, 2], tokenizer, SYSTEM, demo_fraction=0.5)
+    examples = build_sft_examples(
+        "sokoban", {}, [0, 1, 2], tokenizer, SYSTEM, demo_fraction=0.5
+    )
     assert len(examples) == 3
     env = make_env("sokoban", {})
     builder = ChatPromptBuilder(tokenizer, SYSTEM)
     for example in examples:
         observation, info = env.reset(seed=example.seed)
         responses = env.expert_responses()
-        assert example.demo_turns == len(responses) and example.num_turns == kept_turns(len(responses), 0.5)
+        assert example.demo_turns == len(responses) and example.num_turns == kept_turns(
+            len(responses), 0.5
+        )
         prompt = builder.first_turn_ids(f"{info['instruction']}\n{observation}")
-        assert example.input_ids[: len(prompt)] == prompt and not any(example.loss_mask[: len(prompt)])
-        learned = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask) if m])
-        assert learned == "".join(r + "<|im_end|>" for r in responses[: example.num_turns])
+        assert example.input_ids[: len(prompt)] == prompt and not any(
+            example.loss_mask[: len(prompt)]
+        )
+        learned = tokenizer.decode(
+            [t for t, m in zip(example.input_ids, example.loss_mask) if m]
+        )
+        assert learned == "".join(
+            r + "<|im_end|>" for r in responses[: example.num_turns]
+        )
         assert not example.success  # half a demo does not solve the room
         assert tokenizer.decode(example.input_ids).endswith("<|im_end|>\n")
 
 
 def test_full_demos_solve_their_episodes(tokenizer):
-    examples = build_sft_examples("sokoban", {}, [3, 4], tokenizer, SYSTEM, demo_fraction=1.0)
+    examples = build_sft_examples(
+        "sokoban", {}, [3, 4], tokenizer, SYSTEM, demo_fraction=1.0
+    )
     assert examples and all(e.success and e.num_turns == e.demo_turns for e in examples)
-    assert build_sft_examples("sokoban", {}, [3], tokenizer, SYSTEM, demo_fraction=0.0) == []
+    assert (
+        build_sft_examples("sokoban", {}, [3], tokenizer, SYSTEM, demo_fraction=0.0)
+        == []
+    )
 
 
 def test_sft_lowers_the_loss_substantially(tiny_model_path, tokenizer):
-    examples = build_sft_examples("sokoban", {}, range(4), tokenizer, SYSTEM, demo_fraction=0.5)
+    examples = build_sft_examples(
+        "sokoban", {}, range(4), tokenizer, SYSTEM, demo_fraction=0.5
+    )
     trainer = GRPOTrainer(TrainerConfig(kl_coef=0.1), tiny_model_path)
     batch = collate_sft(examples, tokenizer.pad_token_id)
     with torch.no_grad():
@@ -55,7 +80,9 @@ def test_sft_lowers_the_loss_substantially(tiny_model_path, tokenizer):
     assert after < 0.4 * before, (before, after)
     assert metrics["sft/examples"] == 4 and metrics["sft/demo_success_rate"] == 0.0
     # the KL reference now anchors to the warmed-up policy, not the random init
-    for (_, a), (_, b) in zip(trainer.model.named_parameters(), trainer.ref_model.named_parameters()):
+    for (_, a), (_, b) in zip(
+        trainer.model.named_parameters(), trainer.ref_model.named_parameters()
+    ):
         assert torch.equal(a, b)
 
 

@@ -1,4 +1,4 @@
-"""Actor methods over ZMQ (roll_async/zmq_rpc.py) and the queue hand-overs that use it, without Ray.
+"""Actor methods over ZMQ (roll_async/runtime/zmq_calls.py) and the queue hand-overs that use it, without Ray.
 
 The actor's handle is a local stand-in (tests/unit/local_actor.py): ``method.remote(...)`` calls the
 object, and once the test "kills" it, every Ray call raises Ray's actor-death error and its socket is gone.
@@ -11,10 +11,11 @@ import asyncio
 import pytest
 from ray.exceptions import RayActorError
 
-from env_managers.worker import QueueActorDeadError, RaySchedulerClient
-from roll_async.protocol import EpisodeSpec, Trajectory
+from roll_async.env_managers.worker import RaySchedulerClient
+from roll_async.errors import QueueActorDeadError
+from roll_async.runtime.zmq_calls import CallServer, ZmqCaller
 from roll_async.scheduler.rollout_scheduler import QUEUE_HANDOVER_METHODS
-from roll_async.zmq_rpc import CallServer, ZmqCaller
+from roll_async.trajectory import EpisodeSpec, Trajectory
 from tests.unit.local_actor import LocalActor
 
 
@@ -26,22 +27,30 @@ class SlowQueue:
         self.handed_out: list[int] = []
         self.received: list[str] = []
 
-    async def next_episode(self, env_id: int, incarnation: int = 0) -> EpisodeSpec | None:
+    async def next_episode(
+        self, env_id: int, incarnation: int = 0
+    ) -> EpisodeSpec | None:
         await self.seat_ready.wait()
         self.handed_out.append(env_id)
-        return EpisodeSpec(tag="t", group_id=0, episode_id=env_id, seed=1, created_step=0)
+        return EpisodeSpec(
+            tag="t", group_id=0, episode_id=env_id, seed=1, created_step=0
+        )
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         self.received.append(trajectory.traj_id)
 
-    async def put_trajectory_and_next_episode(self, trajectory: Trajectory, incarnation: int = 0) -> EpisodeSpec | None:
+    async def put_trajectory_and_next_episode(
+        self, trajectory: Trajectory, incarnation: int = 0
+    ) -> EpisodeSpec | None:
         await self.put_trajectory(trajectory)
         return await self.next_episode(trajectory.env_id, incarnation)
 
     async def ping(self) -> None:  # GroupQueueActor's liveness probe
         return None
 
-    async def get_batch(self, batch_size: int, step: int):  # not a hand-over: must not be served over ZMQ
+    async def get_batch(
+        self, batch_size: int, step: int
+    ):  # not a hand-over: must not be served over ZMQ
         return []
 
 
@@ -54,7 +63,15 @@ async def actors():
 
 
 def trajectory(env_id: int) -> Trajectory:
-    return Trajectory(tag="t", group_id=0, episode_id=env_id, env_id=env_id, seed=1, traj_id=f"t-{env_id}", created_step=0)
+    return Trajectory(
+        tag="t",
+        group_id=0,
+        episode_id=env_id,
+        env_id=env_id,
+        seed=1,
+        traj_id=f"t-{env_id}",
+        created_step=0,
+    )
 
 
 async def test_hand_overs_go_over_zmq_and_only_they_are_served(actors):
@@ -63,8 +80,12 @@ async def test_hand_overs_go_over_zmq_and_only_they_are_served(actors):
     client = RaySchedulerClient(actor, transport="zmq")
     actors += [actor, client]
     queue.seat_ready.set()
-    spec = await asyncio.wait_for(client.put_trajectory_and_next_episode(trajectory(3)), 10)
-    assert spec.episode_id == 3 and queue.received == ["t-3"] and actor.calls_served == 1
+    spec = await asyncio.wait_for(
+        client.put_trajectory_and_next_episode(trajectory(3)), 10
+    )
+    assert (
+        spec.episode_id == 3 and queue.received == ["t-3"] and actor.calls_served == 1
+    )
     await asyncio.wait_for(client.put_trajectory(trajectory(4)), 10)
     assert queue.received == ["t-3", "t-4"]
     with pytest.raises(AttributeError, match="get_batch is not served over ZMQ"):
@@ -131,10 +152,19 @@ async def test_a_method_the_server_does_not_list_is_an_error_not_a_hang():
     async def probe():
         return None
 
-    caller = ZmqCaller(endpoint=endpoint, probe=probe, dead_errors=(RayActorError,), dead_error=RuntimeError,
-                       what="echo", fallback="nothing", node_id="n")
+    caller = ZmqCaller(
+        endpoint=endpoint,
+        probe=probe,
+        dead_errors=(RayActorError,),
+        dead_error=RuntimeError,
+        what="echo",
+        fallback="nothing",
+        node_id="n",
+    )
     try:
-        assert await asyncio.wait_for(caller.call("echo", {"a": [1, 2]}), 10) == {"a": [1, 2]}
+        assert await asyncio.wait_for(caller.call("echo", {"a": [1, 2]}), 10) == {
+            "a": [1, 2]
+        }
         with pytest.raises(AttributeError, match="Echo.missing"):
             await asyncio.wait_for(caller.call("missing"), 10)
     finally:

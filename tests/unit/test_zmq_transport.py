@@ -1,4 +1,4 @@
-"""Engine requests over ZMQ (roll_async/engine/zmq_transport.py on roll_async/zmq_rpc.py), with a FakeEngine behind the socket.
+"""Engine requests over ZMQ (roll_async/engine/zmq_engine_client.py on roll_async/runtime/zmq_calls.py), with a FakeEngine behind the socket.
 
 No Ray here: the engine actor's handle is a local stand-in (tests/unit/local_actor.py) whose
 ``method.remote(...)`` calls the object, and whose liveness check raises Ray's actor-death error once
@@ -11,16 +11,19 @@ import asyncio
 
 import pytest
 
-from roll_async.engine.fake_engine import FakeEngine, FakeEngineError
-from roll_async.engine.router import ReplicaDeadError, Router
-from roll_async.engine.zmq_transport import ENGINE_METHODS, ZmqEngineClient
-from roll_async.protocol import GenerationRequest
-from roll_async.zmq_rpc import CallEndpoint, ZmqConnectError
+from roll_async.engine.router import Router
+from roll_async.engine.zmq_engine_client import ENGINE_METHODS, ZmqEngineClient
+from roll_async.errors import ReplicaDeadError, ZmqConnectError
+from roll_async.runtime.zmq_calls import CallEndpoint
+from roll_async.testing.fake_engine import FakeEngine, FakeEngineError
+from roll_async.trajectory import GenerationRequest
 from tests.unit.local_actor import LocalActor
 
 
 def request(i: int, max_tokens: int = 4) -> GenerationRequest:
-    return GenerationRequest(request_id=f"r{i}", prompt_token_ids=[1, 2, i], max_tokens=max_tokens)
+    return GenerationRequest(
+        request_id=f"r{i}", prompt_token_ids=[1, 2, i], max_tokens=max_tokens
+    )
 
 
 @pytest.fixture
@@ -32,9 +35,13 @@ def clients():
         item.close()
 
 
-@pytest.mark.parametrize("client_node", ["node-a", "node-b"], ids=["ipc-same-node", "tcp-other-node"])
+@pytest.mark.parametrize(
+    "client_node", ["node-a", "node-b"], ids=["ipc-same-node", "tcp-other-node"]
+)
 async def test_generate_round_trip_same_result_as_a_direct_call(clients, client_node):
-    engine = FakeEngine(output_fn=lambda r: [7, 8, r.prompt_token_ids[-1]], latency_s=0.01)
+    engine = FakeEngine(
+        output_fn=lambda r: [7, 8, r.prompt_token_ids[-1]], latency_s=0.01
+    )
     handle = LocalActor(engine, ENGINE_METHODS)
     client = ZmqEngineClient(handle, node_id=client_node)
     clients += [client, handle]
@@ -42,7 +49,9 @@ async def test_generate_round_trip_same_result_as_a_direct_call(clients, client_
     assert [r.request_id for r in results] == [f"r{i}" for i in range(50)]
     assert [r.output_token_ids for r in results] == [[7, 8, i] for i in range(50)]
     assert len(engine.requests) == 50 and handle.server.calls_served == 50
-    assert handle.server.endpoint.address_for(client_node).startswith("ipc://" if client_node == "node-a" else "tcp://")
+    assert handle.server.endpoint.address_for(client_node).startswith(
+        "ipc://" if client_node == "node-a" else "tcp://"
+    )
 
 
 async def test_engine_error_surfaces_with_its_type_and_message(clients):
@@ -51,7 +60,9 @@ async def test_engine_error_surfaces_with_its_type_and_message(clients):
     clients += [client, handle]
     with pytest.raises(FakeEngineError):
         await client.generate(request(0))
-    assert (await client.generate(request(1))).output_token_ids  # the socket is still usable
+    assert (
+        await client.generate(request(1))
+    ).output_token_ids  # the socket is still usable
 
 
 async def test_cancelled_call_cancels_the_engine_request(clients):
@@ -91,8 +102,14 @@ async def test_dead_engine_fails_requests_in_flight_and_later_ones(clients):
 
 
 async def test_router_fails_over_from_a_dead_zmq_replica(clients):
-    first, second = LocalActor(FakeEngine(latency_s=0.5), ENGINE_METHODS), LocalActor(FakeEngine(), ENGINE_METHODS)
-    replicas = [ZmqEngineClient(first, node_id="node-a"), ZmqEngineClient(second, node_id="node-a")]
+    first, second = (
+        LocalActor(FakeEngine(latency_s=0.5), ENGINE_METHODS),
+        LocalActor(FakeEngine(), ENGINE_METHODS),
+    )
+    replicas = [
+        ZmqEngineClient(first, node_id="node-a"),
+        ZmqEngineClient(second, node_id="node-a"),
+    ]
     clients += [*replicas, first, second]
     router = Router(replicas, load_poll_s=0, rotation_offset=0)
     task = asyncio.create_task(router.generate(request(0), env_key="env-0"))
@@ -112,7 +129,11 @@ async def test_unreachable_socket_is_an_error_naming_the_address_not_a_hang(clie
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     handle = LocalActor(FakeEngine(), ENGINE_METHODS, node_id="node-a")
-    dead_end = CallEndpoint(node_id="node-a", ipc="ipc:///nonexistent/roll_async.sock", tcp=f"tcp://127.0.0.1:{port}")
+    dead_end = CallEndpoint(
+        node_id="node-a",
+        ipc="ipc:///nonexistent/roll_async.sock",
+        tcp=f"tcp://127.0.0.1:{port}",
+    )
 
     async def endpoint():
         return dead_end
@@ -120,6 +141,13 @@ async def test_unreachable_socket_is_an_error_naming_the_address_not_a_hang(clie
     handle.target.call_endpoint = endpoint
     client = ZmqEngineClient(handle, node_id="node-b", connect_timeout_s=0.5)
     clients += [client, handle]
-    results = await asyncio.wait_for(asyncio.gather(*(client.generate(request(i)) for i in range(3)), return_exceptions=True), 10)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(client.generate(request(i)) for i in range(3)), return_exceptions=True
+        ),
+        10,
+    )
     assert all(isinstance(r, ZmqConnectError) for r in results)
-    assert f"tcp://127.0.0.1:{port}" in str(results[0]) and "engine.request_transport: ray" in str(results[0])
+    assert f"tcp://127.0.0.1:{port}" in str(
+        results[0]
+    ) and "engine.request_transport: ray" in str(results[0])

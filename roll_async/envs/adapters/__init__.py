@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Iterable
 from typing import Any
 
-from roll_async.dotted import resolve_dotted
+from roll_async.config.dotted_paths import resolve_dotted
 
 #: The pip extra that installs every adapter's library.
 ENVS_EXTRA = "roll-async[envs]"
@@ -33,11 +33,17 @@ def split_adapter_env_type(env_type: str) -> tuple[str, str] | None:
     if not sep or prefix not in ADAPTER_PREFIXES:
         return None
     if not name:
-        raise ValueError(f"env_type {env_type!r} names no env after '{prefix}:'; e.g. '{prefix}:{_EXAMPLES[prefix]}'")
+        raise ValueError(
+            f"env_type {env_type!r} names no env after '{prefix}:'; e.g. '{prefix}:{_EXAMPLES[prefix]}'"
+        )
     return prefix, name
 
 
-_EXAMPLES = {"gymnasium": "FrozenLake-v1", "textarena": "GuessTheNumber-v0", "reasoning_gym": "basic_arithmetic"}
+_EXAMPLES = {
+    "gymnasium": "FrozenLake-v1",
+    "textarena": "GuessTheNumber-v0",
+    "reasoning_gym": "basic_arithmetic",
+}
 
 
 def adapter_class(prefix: str) -> type:
@@ -63,13 +69,18 @@ def import_optional(module: str, pip_name: str, env_type: str) -> Any:
         ) from None
 
 
-def unknown_name_error(kind: str, env_type: str, name: str, known: Iterable[str]) -> ValueError:
+def unknown_name_error(
+    kind: str, env_type: str, name: str, known: Iterable[str]
+) -> ValueError:
     """'unknown <kind> id' with the closest registered names, so a typo is one edit away."""
     known = sorted(set(known))
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
     if not close:
         lowered = name.lower().split("-")[0]
         close = [k for k in known if lowered and lowered in k.lower()][:5]
-    hint = f"close matches: {', '.join(close)}" if close else f"{len(known)} ids are registered"
+    hint = (
+        f"close matches: {', '.join(close)}"
+        if close
+        else f"{len(known)} ids are registered"
+    )
     return ValueError(f"env_type {env_type!r}: unknown {kind} id {name!r}; {hint}")
-

@@ -23,8 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from roll_async.dotted import resolve_dotted
-
+from roll_async.config.dotted_paths import resolve_dotted
 from roll_async.envs.adapters import import_optional, unknown_name_error
 from roll_async.envs.parsing import ActionParser
 
@@ -78,14 +77,18 @@ class GymnasiumEnv:
         except gym.error.Error as exc:
             if isinstance(exc, gym.error.DeprecatedEnv):
                 raise ValueError(f"env_type 'gymnasium:{env_id}': {exc}") from None
-            raise unknown_name_error("gymnasium", f"gymnasium:{env_id}", env_id, gym.registry) from None
+            raise unknown_name_error(
+                "gymnasium", f"gymnasium:{env_id}", env_id, gym.registry
+            ) from None
         kwargs = dict(make_kwargs)
         if "render_mode" not in kwargs and "ansi" in (_render_modes(spec) or ()):
             kwargs["render_mode"] = "ansi"
         try:
             self.env = gym.make(env_id, **kwargs)
         except TypeError as exc:
-            raise ValueError(f"env_type 'gymnasium:{env_id}': gymnasium.make rejected env_config {make_kwargs}: {exc}") from None
+            raise ValueError(
+                f"env_type 'gymnasium:{env_id}': gymnasium.make rejected env_config {make_kwargs}: {exc}"
+            ) from None
         space = self.env.action_space
         if not isinstance(space, gym.spaces.Discrete):
             self.env.close()
@@ -98,7 +101,9 @@ class GymnasiumEnv:
         if names is None or len(names) != int(space.n):
             names = tuple(str(int(space.start) + i) for i in range(int(space.n)))
         self.action_names = names
-        self.parser = ActionParser(pattern=action_pattern, separator="", max_actions=1, valid_actions=names)
+        self.parser = ActionParser(
+            pattern=action_pattern, separator="", max_actions=1, valid_actions=names
+        )
         self._obs: Any = None
         self.invalid_actions = 0
 
@@ -114,16 +119,34 @@ class GymnasiumEnv:
         if not parsed.is_valid:
             self.invalid_actions += 1
             feedback = f"Invalid action: {parsed.error}. Valid actions: {', '.join(self.action_names)}."
-            metrics = {"action_is_valid": False, "success": False, "invalid_actions": float(self.invalid_actions)}
-            return f"{feedback}\n{self.render()}", self.format_penalty, False, False, {"metrics": metrics}
+            metrics = {
+                "action_is_valid": False,
+                "success": False,
+                "invalid_actions": float(self.invalid_actions),
+            }
+            return (
+                f"{feedback}\n{self.render()}",
+                self.format_penalty,
+                False,
+                False,
+                {"metrics": metrics},
+            )
         index = self.action_names.index(parsed.actions[0])
-        self._obs, reward, terminated, truncated, _ = self.env.step(int(self.env.action_space.start) + index)
+        self._obs, reward, terminated, truncated, _ = self.env.step(
+            int(self.env.action_space.start) + index
+        )
         metrics = {
             "action_is_valid": True,
             "success": bool(terminated and float(reward) > 0),
             "invalid_actions": float(self.invalid_actions),
         }
-        return self.render(), float(reward), bool(terminated), bool(truncated), {"metrics": metrics}
+        return (
+            self.render(),
+            float(reward),
+            bool(terminated),
+            bool(truncated),
+            {"metrics": metrics},
+        )
 
     def close(self) -> None:
         self.env.close()
@@ -131,7 +154,9 @@ class GymnasiumEnv:
     # -- text ---------------------------------------------------------------------------
 
     def instruction(self) -> str:
-        rules = _RULES.get(self.kind, f"You are playing the gymnasium environment {self.env_id}.")
+        rules = _RULES.get(
+            self.kind, f"You are playing the gymnasium environment {self.env_id}."
+        )
         example = self.parser.wrap(self.action_names[-1])
         return f"{rules}\nActions: {', '.join(self.action_names)}. Reply with one action inside the tags, for example {example}."
 
@@ -145,7 +170,9 @@ class GymnasiumEnv:
         if self.kind == "TaxiEnv":
             taxi_row, taxi_col, passenger, destination = env.decode(int(obs))
             stops = "RGYB"
-            where = "in the taxi" if passenger == 4 else f"waiting at {stops[passenger]}"
+            where = (
+                "in the taxi" if passenger == 4 else f"waiting at {stops[passenger]}"
+            )
             return (
                 f"{self._ansi_render()}\nThe taxi is at row {taxi_row}, column {taxi_col}. "
                 f"The passenger is {where}; the destination is {stops[destination]}."

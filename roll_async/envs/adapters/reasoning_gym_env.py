@@ -41,7 +41,9 @@ class ReasoningGymEnv:
         if task not in DATASETS:
             raise unknown_name_error("reasoning-gym task", env_type, task, DATASETS)
         if int(max_attempts) < 1:
-            raise ValueError(f"env_type {env_type!r}: max_attempts must be >= 1, got {max_attempts}")
+            raise ValueError(
+                f"env_type {env_type!r}: max_attempts must be >= 1, got {max_attempts}"
+            )
         self._rg = rg
         self.task = task
         self.max_attempts = int(max_attempts)
@@ -50,13 +52,17 @@ class ReasoningGymEnv:
         try:  # build once so a bad option fails at preflight, not in the first episode
             rg.create_dataset(task, seed=0, size=1, **self.dataset_kwargs)
         except (TypeError, ValueError, AssertionError) as exc:
-            raise ValueError(f"env_type {env_type!r}: env_config {self.dataset_kwargs} rejected: {exc}") from None
+            raise ValueError(
+                f"env_type {env_type!r}: env_config {self.dataset_kwargs} rejected: {exc}"
+            ) from None
         self._dataset: Any = None
         self._entry: dict[str, Any] | None = None
         self.attempts = 0
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
-        self._dataset = self._rg.create_dataset(self.task, seed=int(seed), size=1, **self.dataset_kwargs)
+        self._dataset = self._rg.create_dataset(
+            self.task, seed=int(seed), size=1, **self.dataset_kwargs
+        )
         self._entry = self._dataset[0]
         self.attempts = 0
         instruction = (
@@ -67,19 +73,40 @@ class ReasoningGymEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._entry is None:
-            raise RuntimeError(f"reasoning_gym:{self.task}: step() before reset() or after the episode ended")
+            raise RuntimeError(
+                f"reasoning_gym:{self.task}: step() before reset() or after the episode ended"
+            )
         parsed = self.parser.parse(action_text)
         answer = parsed.actions[0] if parsed.is_valid else None
-        score = float(self._dataset.score_answer(answer, self._entry) or 0.0) if answer is not None else 0.0
+        score = (
+            float(self._dataset.score_answer(answer, self._entry) or 0.0)
+            if answer is not None
+            else 0.0
+        )
         self.attempts += 1
         solved = score >= 1.0
         done = solved or self.attempts >= self.max_attempts
-        metrics = {"score": score, "success": solved, "attempts": float(self.attempts), "action_is_valid": parsed.is_valid}
+        metrics = {
+            "score": score,
+            "success": solved,
+            "attempts": float(self.attempts),
+            "action_is_valid": parsed.is_valid,
+        }
         if done:
             self._entry = None
-            return ("Correct." if solved else "Wrong answer."), score, True, False, {"metrics": metrics}
+            return (
+                ("Correct." if solved else "Wrong answer."),
+                score,
+                True,
+                False,
+                {"metrics": metrics},
+            )
         left = self.max_attempts - self.attempts
-        why = "No answer found in your reply." if answer is None else f"Your answer {answer!r} is wrong."
+        why = (
+            "No answer found in your reply."
+            if answer is None
+            else f"Your answer {answer!r} is wrong."
+        )
         text = f"{why} Try again ({left} attempt{'s' if left > 1 else ''} left); give the answer as {self.parser.wrap('...')}."
         return text, 0.0, False, False, {"metrics": metrics}
 

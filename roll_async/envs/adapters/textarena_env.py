@@ -48,7 +48,9 @@ NETWORKED_GAMES: dict[str, str] = {
 class TextArenaEnv:
     """A single-player TextArena game (see the module docstring)."""
 
-    def __init__(self, env_id: str, *, allow_network: bool = False, **make_kwargs: Any) -> None:
+    def __init__(
+        self, env_id: str, *, allow_network: bool = False, **make_kwargs: Any
+    ) -> None:
         env_type = f"textarena:{env_id}"
         ta = import_optional("textarena", "textarena", env_type)
         from textarena.envs.registration import ENV_REGISTRY
@@ -65,8 +67,12 @@ class TextArenaEnv:
         try:
             game = ta.make(env_id, **make_kwargs)
         except TypeError as exc:
-            raise ValueError(f"env_type {env_type!r}: textarena.make rejected env_config {make_kwargs}: {exc}") from None
-        while isinstance(game, ta.Wrapper):  # below the wrappers: the raw observation tuples
+            raise ValueError(
+                f"env_type {env_type!r}: textarena.make rejected env_config {make_kwargs}: {exc}"
+            ) from None
+        while isinstance(
+            game, ta.Wrapper
+        ):  # below the wrappers: the raw observation tuples
             game = game.env
         self.game = game
         self._prompt_type = ta.ObservationType.PROMPT
@@ -91,7 +97,9 @@ class TextArenaEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
-            raise RuntimeError(f"textarena:{self.env_id}: step() after the game ended; call reset()")
+            raise RuntimeError(
+                f"textarena:{self.env_id}: step() after the game ended; call reset()"
+            )
         self._invalid_this_turn = False
         done, _ = self.game.step(action_text)
         prompt, observation = self._read_observation()
@@ -110,7 +118,13 @@ class TextArenaEnv:
             "invalid_moves": float(self.invalid_moves),
             "success": bool(done and reward > 0),
         }
-        return text, reward, bool(done), False, {"metrics": metrics, "game_info": game_info}
+        return (
+            text,
+            reward,
+            bool(done),
+            False,
+            {"metrics": metrics, "game_info": game_info},
+        )
 
     def close(self) -> None:
         """Nothing held open; TextArena's own ``close()`` settles rewards and is called when the game ends."""
@@ -137,5 +151,7 @@ class TextArenaEnv:
         for sender, message, kind in messages or []:
             if kind == self._action_type and sender == 0:
                 continue
-            (prompt if kind == self._prompt_type else lines).append(str(message).strip())
+            (prompt if kind == self._prompt_type else lines).append(
+                str(message).strip()
+            )
         return "\n".join(prompt), "\n".join(lines)

@@ -11,7 +11,9 @@ from roll_async.envs import make_env
 from roll_async.envs.code import extract_code, grade, load_tasks
 from roll_async.envs.sandbox import SandboxLimits, network_isolation, run_python
 
-FAST = SandboxLimits(cpu_s=1, wall_s=20, memory_mb=128, max_output_bytes=4096, max_processes=8)
+FAST = SandboxLimits(
+    cpu_s=1, wall_s=20, memory_mb=128, max_output_bytes=4096, max_processes=8
+)
 
 
 def test_ships_at_least_50_tasks_each_solved_by_its_reference_solution():
@@ -29,25 +31,42 @@ def test_grading_runs_in_the_sandbox_and_counts_passed_tests():
     task = next(t for t in load_tasks() if t["id"] == "fizzbuzz")
     assert grade(task["solution"], task["tests"], FAST)[0] == len(task["tests"])
     wrong = "def fizzbuzz(n):\n    print('FAKE 3')\n    return []"
-    assert grade(wrong, task["tests"], FAST)[0] == 1  # only the n == 0 test; printing cannot fake a result
+    assert (
+        grade(wrong, task["tests"], FAST)[0] == 1
+    )  # only the n == 0 test; printing cannot fake a result
 
 
 def test_an_episode_runs_code_then_submits_and_is_graded():
     env = make_env("code", {"max_steps": 3})
     observation, info = env.reset(7)
     assert "Task:" in observation and "<answer>" in info["instruction"]
-    observation, reward, terminated, _, info = env.step("Try:\n```python\nprint(6 * 7)\n```")
-    assert "42" in observation and "exit code 0" in observation and not terminated and reward == 0.0
+    observation, reward, terminated, _, info = env.step(
+        "Try:\n```python\nprint(6 * 7)\n```"
+    )
+    assert (
+        "42" in observation
+        and "exit code 0" in observation
+        and not terminated
+        and reward == 0.0
+    )
     observation, reward, terminated, _, info = env.step("no code here")
     assert reward == pytest.approx(-0.1) and not info["metrics"]["action_is_valid"]
     answer = env.expert_responses()[0]
     observation, reward, terminated, _, info = env.step(answer)
-    assert terminated and reward == 1.0 and info["metrics"]["success"] and info["metrics"]["num_runs"] == 1.0
+    assert (
+        terminated
+        and reward == 1.0
+        and info["metrics"]["success"]
+        and info["metrics"]["num_runs"] == 1.0
+    )
     assert "tests passed" in observation
 
 
 def test_a_fenced_submission_inside_the_answer_tags_is_unwrapped():
-    assert extract_code("\n```python\ndef f():\n    return 1\n```\n") == "def f():\n    return 1"
+    assert (
+        extract_code("\n```python\ndef f():\n    return 1\n```\n")
+        == "def f():\n    return 1"
+    )
 
 
 def test_wall_clock_timeout_kills_code_that_sleeps():
@@ -67,7 +86,9 @@ def test_memory_limit_stops_a_large_allocation():
 
 def test_output_size_is_limited():
     result = run_python("while True:\n    print('x' * 1000)", FAST)
-    assert result.status == "output_limit" and len(result.stdout) <= FAST.max_output_bytes
+    assert (
+        result.status == "output_limit" and len(result.stdout) <= FAST.max_output_bytes
+    )
     assert "output limit" in result.report()
 
 
@@ -87,13 +108,21 @@ def test_network_is_unreachable_from_the_sandbox():
     listener.listen()
     port = listener.getsockname()[1]
     accepted = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    threading.Thread(
+        target=lambda: accepted.append(listener.accept()), daemon=True
+    ).start()
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')"
     try:
         blocked = run_python(code, FAST)
         assert "connected" not in blocked.stdout and blocked.status == "error"
-        assert ("Network is unreachable" in blocked.stderr) if network_isolation() == "netns" else ("disabled" in blocked.stderr)
-        allowed = run_python(code, SandboxLimits(cpu_s=1, wall_s=20, network=True))  # the control: same code, network on
+        assert (
+            ("Network is unreachable" in blocked.stderr)
+            if network_isolation() == "netns"
+            else ("disabled" in blocked.stderr)
+        )
+        allowed = run_python(
+            code, SandboxLimits(cpu_s=1, wall_s=20, network=True)
+        )  # the control: same code, network on
         assert "connected" in allowed.stdout
     finally:
         listener.close()

@@ -80,10 +80,16 @@ def test_invalid_action_is_penalised_and_reported(name):
         obs, reward, term, _, info = env.step(bad)
         m = info["metrics"]
         assert reward == pytest.approx(-0.25)
-        assert m["action_is_valid"] is False and m["action_is_effective"] is False and m["success"] is False
+        assert (
+            m["action_is_valid"] is False
+            and m["action_is_effective"] is False
+            and m["success"] is False
+        )
         assert info["format_error"]
         assert text(obs).startswith("Invalid action:")
-        assert text(obs).endswith(text(obs0))  # state unchanged, shown again after the feedback
+        assert text(obs).endswith(
+            text(obs0)
+        )  # state unchanged, shown again after the feedback
         assert not term
 
 
@@ -93,7 +99,9 @@ def test_metrics_have_the_documented_types(name):
     _, _, _, _, info = env.step((env.expert_responses() or ["x"])[0])
     for key in ("action_is_valid", "action_is_effective", "success"):
         assert isinstance(info["metrics"][key], bool), key
-    assert all(isinstance(v, (bool, float)) for v in info["metrics"].values()), info["metrics"]
+    assert all(isinstance(v, (bool, float)) for v in info["metrics"].values()), info[
+        "metrics"
+    ]
 
 
 def test_truncates_at_max_steps_and_then_refuses_steps(name):
@@ -130,16 +138,23 @@ def test_envs_run_concurrently_in_threads(name):
 
 @pytest.mark.parametrize("grid", ["sokoban", "frozen_lake"])
 def test_vision_render_mode(grid):
-    env = make_env(grid, {**BUILTINS[grid], "render_mode": "vision", "image_cell_size": 10})
+    env = make_env(
+        grid, {**BUILTINS[grid], "render_mode": "vision", "image_cell_size": 10}
+    )
     obs, info = env.reset(2)
     assert isinstance(obs, Observation)
     assert obs.text.count("<image>") == len(obs.images) == 1
     size = (6, 6) if grid == "sokoban" else (4, 4)
-    assert obs.images[0].size == (size[1] * 10, size[0] * 10) and obs.images[0].mode == "RGB"
+    assert (
+        obs.images[0].size == (size[1] * 10, size[0] * 10)
+        and obs.images[0].mode == "RGB"
+    )
     assert "image" in info["instruction"]
     step_obs = env.step(env.expert_responses()[0])[0]
     assert isinstance(step_obs, Observation)
-    assert step_obs.images[0].tobytes() != obs.images[0].tobytes()  # the picture follows the state
+    assert (
+        step_obs.images[0].tobytes() != obs.images[0].tobytes()
+    )  # the picture follows the state
 
 
 @pytest.mark.parametrize("name", ["sliding_puzzle", "countdown", "retrieval_qa"])

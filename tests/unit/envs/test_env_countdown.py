@@ -26,7 +26,17 @@ def test_parser_values(expr, value, used):
 
 
 @pytest.mark.parametrize(
-    "expr", ["2 ** 3", "__import__('os').system('true')", "(1 + 2", "1 +", "5 / (2 - 2)", "", "1.5 + 2", "-3 + 4"]
+    "expr",
+    [
+        "2 ** 3",
+        "__import__('os').system('true')",
+        "(1 + 2",
+        "1 +",
+        "5 / (2 - 2)",
+        "",
+        "1.5 + 2",
+        "-3 + 4",
+    ],
 )
 def test_parser_rejects_everything_else(expr):
     with pytest.raises(ValueError):
@@ -74,10 +84,16 @@ def test_whole_answer_is_one_action_even_with_commas():
     env = CountdownEnv()
     task(env, [1, 2], 3)
     _, _, _, _, info = env.step("<answer>1, 2</answer>")
-    assert info["metrics"]["action_is_valid"] is False and "invalid expression" in info["format_error"]
+    assert (
+        info["metrics"]["action_is_valid"] is False
+        and "invalid expression" in info["format_error"]
+    )
 
 
-@pytest.mark.parametrize("cfg, message", [({"num_numbers": 1}, "num_numbers"), ({"max_number": 1}, "max_number")])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [({"num_numbers": 1}, "num_numbers"), ({"max_number": 1}, "max_number")],
+)
 def test_impossible_parameters_fail_at_construction(cfg, message):
     with pytest.raises(ValueError, match=message):
         make_env("countdown", cfg)

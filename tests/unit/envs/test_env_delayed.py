@@ -23,7 +23,12 @@ def test_fixed_latency_is_added_and_transitions_are_the_inner_envs():
 
 
 def test_lognormal_latency_is_seeded_and_capped():
-    config = {**INNER, "step_latency_s": 0.001, "step_latency_sigma": 2.0, "max_step_latency_s": 0.004}
+    config = {
+        **INNER,
+        "step_latency_s": 0.001,
+        "step_latency_sigma": 2.0,
+        "max_step_latency_s": 0.004,
+    }
 
     def delays(seed: int) -> list[float]:
         env = make_env("delayed", config)
@@ -39,4 +44,7 @@ def test_bad_config_names_the_key():
     with pytest.raises(ValueError, match="step_latency_s=-1"):
         make_env("delayed", {**INNER, "step_latency_s": -1})
     with pytest.raises(ValueError, match="'dim_rom' is not accepted by sokoban"):
-        make_env("delayed", {"inner_env_type": "sokoban", "inner_env_config": {"dim_rom": [6, 6]}})
+        make_env(
+            "delayed",
+            {"inner_env_type": "sokoban", "inner_env_config": {"dim_rom": [6, 6]}},
+        )

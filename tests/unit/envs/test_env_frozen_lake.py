@@ -23,7 +23,13 @@ def test_maps_have_start_goal_and_a_path(size, p):
 
 
 def test_frozen_probability_shapes_the_map():
-    holes = lambda p: sum(r.count("H") for s in range(20) for r in generate_map(np.random.default_rng(s), 8, p))
+    def holes(p):
+        return sum(
+            r.count("H")
+            for s in range(20)
+            for r in generate_map(np.random.default_rng(s), 8, p)
+        )
+
     assert holes(1.0) == 0 and holes(0.9) < holes(0.6)
 
 
@@ -34,7 +40,9 @@ def test_hole_ends_episode_without_reward():
     env.config.size = 2
     obs, r, term, trunc, info = act(env, "Right")
     assert (r, term, trunc) == (0.0, True, False)
-    assert info["metrics"]["success"] is False and info["metrics"]["fell_in_hole"] is True
+    assert (
+        info["metrics"]["success"] is False and info["metrics"]["fell_in_hole"] is True
+    )
     assert obs.splitlines() == ["You fell into a hole.", "_X", "_G"]
 
 
@@ -44,7 +52,11 @@ def test_goal_gives_reward_and_edge_moves_are_ineffective():
     env.desc = ["SH", "FG"]
     env.config.size = 2
     _, r, _, _, info = act(env, "Up")
-    assert r == 0.0 and info["metrics"]["action_is_effective"] is False and info["metrics"]["action_is_valid"] is True
+    assert (
+        r == 0.0
+        and info["metrics"]["action_is_effective"] is False
+        and info["metrics"]["action_is_valid"] is True
+    )
     act(env, "Down")
     obs, r, term, _, info = act(env, "Right")
     assert (r, term, info["metrics"]["success"]) == (1.0, True, True)
@@ -100,7 +112,10 @@ def test_non_slippery_expert_action_follows_a_shortest_path():
         assert env.success and steps == n
 
 
-@pytest.mark.parametrize("cfg, message", [({"size": 1}, "size"), ({"p": 0}, "frozen probability"), ({"p": 1.5}, "p ")])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [({"size": 1}, "size"), ({"p": 0}, "frozen probability"), ({"p": 1.5}, "p ")],
+)
 def test_impossible_parameters_fail_at_construction(cfg, message):
     with pytest.raises(ValueError, match=message):
         make_env("frozen_lake", cfg)

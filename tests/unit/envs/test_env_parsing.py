@@ -40,12 +40,21 @@ def test_separator_limit_and_valid_prefix():
 
 
 def test_free_form_actions_keep_separators():
-    got = ActionParser(separator="", valid_actions=None).parse("<answer>Paris, France</answer>")
+    got = ActionParser(separator="", valid_actions=None).parse(
+        "<answer>Paris, France</answer>"
+    )
     assert got.actions == ["Paris, France"] and got.is_valid
 
 
 def test_custom_pattern_through_env_config():
-    env = make_env("sokoban", {"action_pattern": r"\[\[(.*?)\]\]", "action_separator": ";", "max_actions_per_turn": 2})
+    env = make_env(
+        "sokoban",
+        {
+            "action_pattern": r"\[\[(.*?)\]\]",
+            "action_separator": ";",
+            "max_actions_per_turn": 2,
+        },
+    )
     _, info = env.reset(0)
     assert "[[Up]]" in info["instruction"] and "[[Up; Left]]" in info["instruction"]
     *_, info = env.step("[[Up; Down]]")
@@ -61,7 +70,8 @@ def test_wrap_inverts_parse():
 
 
 @pytest.mark.parametrize(
-    "pattern, message", [("<answer>.*</answer>", "capture group"), ("<answer>(", "not a valid regex")]
+    "pattern, message",
+    [("<answer>.*</answer>", "capture group"), ("<answer>(", "not a valid regex")],
 )
 def test_bad_patterns_fail_at_construction(pattern, message):
     with pytest.raises(ValueError, match=message):

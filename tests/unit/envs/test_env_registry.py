@@ -7,9 +7,23 @@ import textwrap
 
 import pytest
 
-from roll_async.envs import BaseEnv, SokobanEnv, env_is_async, make_env, register_env, registered_envs, registry
+from roll_async.envs import (
+    BaseEnv,
+    SokobanEnv,
+    env_is_async,
+    make_env,
+    register_env,
+    registered_envs,
+    registry,
+)
 
-BUILTIN_NAMES = {"sokoban", "frozen_lake", "sliding_puzzle", "countdown", "retrieval_qa"}
+BUILTIN_NAMES = {
+    "sokoban",
+    "frozen_lake",
+    "sliding_puzzle",
+    "countdown",
+    "retrieval_qa",
+}
 
 
 @pytest.fixture
@@ -20,7 +34,11 @@ def clean_registry(monkeypatch):
 def test_builtins_are_registered_and_config_is_applied():
     assert BUILTIN_NAMES <= set(registered_envs())
     env = make_env("sokoban", {"dim_room": [7, 8], "num_boxes": 2})
-    assert isinstance(env, SokobanEnv) and env.config.dim_room == (7, 8) and env.config.num_boxes == 2
+    assert (
+        isinstance(env, SokobanEnv)
+        and env.config.dim_room == (7, 8)
+        and env.config.num_boxes == 2
+    )
     assert make_env("countdown", None).config.num_numbers == 4
 
 
@@ -35,7 +53,12 @@ def test_unknown_config_key_names_key_and_accepted_keys():
     with pytest.raises(ValueError) as e:
         make_env("sokoban", {"dim_rooms": [6, 6]})
     msg = str(e.value)
-    assert "'dim_rooms'" in msg and "dim_room" in msg and "num_boxes" in msg and "format_penalty" in msg
+    assert (
+        "'dim_rooms'" in msg
+        and "dim_room" in msg
+        and "num_boxes" in msg
+        and "format_penalty" in msg
+    )
 
 
 def test_custom_env_outside_the_package_by_dotted_path(tmp_path, monkeypatch):
@@ -127,7 +150,13 @@ def test_async_envs_are_detected_and_awaitable(clean_registry):
                 1.0,
                 True,
                 False,
-                {"metrics": {"action_is_valid": True, "action_is_effective": True, "success": True}},
+                {
+                    "metrics": {
+                        "action_is_valid": True,
+                        "action_is_effective": True,
+                        "success": True,
+                    }
+                },
             )
 
     register_env("async_echo", AsyncEcho)

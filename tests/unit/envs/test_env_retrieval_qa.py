@@ -11,7 +11,14 @@ from roll_async.envs.retrieval_qa import BM25, exact_match, f1_score, normalize_
 
 
 def test_bm25_prefers_rare_matching_terms_and_skips_non_matches():
-    bm = BM25(["the river flows north", "the town has a river and a bridge", "mountains are high", "river river river"])
+    bm = BM25(
+        [
+            "the river flows north",
+            "the town has a river and a bridge",
+            "mountains are high",
+            "river river river",
+        ]
+    )
     hits = bm.search("bridge over the river", 4)
     assert hits[0][0] == 1 and 2 not in [i for i, _ in hits]
     assert bm.search("nothing matches", 3) == []
@@ -21,9 +28,16 @@ def test_bm25_finds_gold_passage_for_single_hop_questions():
     env = RetrievalQAEnv()
     env.reset(0)
     single = [q for q in env.questions if len(q["passage_ids"]) == 1]
-    hits = lambda k: sum(
-        any(env.passages[i]["id"] in q["passage_ids"] for i, _ in env.bm25.search(q["question"], k)) for q in single
-    )
+
+    def hits(k):
+        return sum(
+            any(
+                env.passages[i]["id"] in q["passage_ids"]
+                for i, _ in env.bm25.search(q["question"], k)
+            )
+            for q in single
+        )
+
     assert hits(1) / len(single) > 0.8 and hits(3) / len(single) > 0.95
 
 
@@ -39,7 +53,11 @@ def test_search_shows_top_k_and_budget_is_enforced():
     env = RetrievalQAEnv(max_searches=2, top_k=2, max_steps=5)
     env.reset(4)
     obs, r, term, _, info = env.step("<search>river</search>")
-    assert obs.startswith('Search results for "river":') and obs.count("\n[") == 2 and "Searches left: 1" in obs
+    assert (
+        obs.startswith('Search results for "river":')
+        and obs.count("\n[") == 2
+        and "Searches left: 1" in obs
+    )
     assert (r, term) == (0.0, False) and info["metrics"]["num_searches"] == 1.0
     env.step("<search>bridges</search>")
     obs, r, term, _, info = env.step("<search>one more</search>")
@@ -52,7 +70,12 @@ def test_correct_and_wrong_answers():
     env.reset(7)
     gold = env.question["answers"][0]
     _, r, term, _, info = env.step(f"<answer>The {gold}.</answer>")
-    assert (r, term, info["metrics"]["success"], info["metrics"]["exact_match"]) == (1.0, True, True, 1.0)
+    assert (r, term, info["metrics"]["success"], info["metrics"]["exact_match"]) == (
+        1.0,
+        True,
+        True,
+        1.0,
+    )
     env.reset(7)
     _, r, term, _, info = env.step("<answer>Nobody knows</answer>")
     assert (r, term, info["metrics"]["success"]) == (0.0, True, False)
@@ -72,7 +95,9 @@ def test_f1_reward_metric_gives_partial_credit():
 def test_first_tag_wins():
     env = RetrievalQAEnv()
     env.reset(0)
-    _, _, term, _, info = env.step("<search>Harmere</search> then <answer>1115</answer>")
+    _, _, term, _, info = env.step(
+        "<search>Harmere</search> then <answer>1115</answer>"
+    )
     assert not term and info["actions"] == ["search: Harmere"]
     _, _, term, _, info = env.step("<answer>x</answer> <search>Harmere</search>")
     assert term and info["actions"] == ["answer: x"]
@@ -108,7 +133,12 @@ def test_custom_corpus_path(tmp_path):
                     {"id": "b", "title": "Quax", "text": "Quax is green."},
                 ],
                 "questions": [
-                    {"id": "q", "question": "What colour is Quax?", "answers": ["green"], "passage_ids": ["b"]}
+                    {
+                        "id": "q",
+                        "question": "What colour is Quax?",
+                        "answers": ["green"],
+                        "passage_ids": ["b"],
+                    }
                 ],
             }
         )

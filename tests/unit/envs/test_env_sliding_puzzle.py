@@ -17,7 +17,11 @@ def test_render_and_move_semantics():
     env.board = [1, 2, 3, 4, 5, 6, 7, 0, 8]
     assert env.render_text() == "1 2 3\n4 5 6\n7 _ 8"
     obs, r, _, _, info = act(env, "Up")  # the empty cell swaps with the 5 above it
-    assert obs == "1 2 3\n4 _ 6\n7 5 8" and r == pytest.approx(-0.1) and info["metrics"]["action_is_effective"]
+    assert (
+        obs == "1 2 3\n4 _ 6\n7 5 8"
+        and r == pytest.approx(-0.1)
+        and info["metrics"]["action_is_effective"]
+    )
     act(env, "Down")
     _, r, _, _, info = act(env, "Down")  # off the board
     assert r == pytest.approx(-0.1) and info["metrics"]["action_is_effective"] is False
@@ -32,20 +36,26 @@ def test_scrambles_are_unsolved_and_solver_is_optimal_within_scramble_length():
         env.reset(seed)
         assert tuple(env.board) != env.goal and sorted(env.board) == list(range(9))
         plan = env.solve()
-        assert 1 <= len(plan) <= 12 and len(plan) % 2 == 0  # parity: each move swaps the blank's colour
+        assert (
+            1 <= len(plan) <= 12 and len(plan) % 2 == 0
+        )  # parity: each move swaps the blank's colour
 
 
 def test_four_by_four_renders_aligned_and_solves():
     env = SlidingPuzzleEnv(size=4, num_scramble=16, max_steps=40)
     obs, info = env.reset(1)
-    assert all(len(line) == 11 for line in obs.splitlines())  # four cells of width 2 plus spaces
+    assert all(
+        len(line) == 11 for line in obs.splitlines()
+    )  # four cells of width 2 plus spaces
     assert "13 14 15  _" in info["instruction"]
     for word in env.solve():
         act(env, word)
     assert env.success
 
 
-@pytest.mark.parametrize("cfg, message", [({"size": 1}, "size"), ({"num_scramble": 0}, "num_scramble")])
+@pytest.mark.parametrize(
+    "cfg, message", [({"size": 1}, "size"), ({"num_scramble": 0}, "num_scramble")]
+)
 def test_impossible_parameters_fail_at_construction(cfg, message):
     with pytest.raises(ValueError, match=message):
         make_env("sliding_puzzle", cfg)

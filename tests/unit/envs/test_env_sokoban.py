@@ -12,7 +12,9 @@ def corridor(env: SokobanEnv, boxes, targets, player, extra_floor=()) -> None:
     """Replace the generated room by a hand-made one: floor on row 1, columns 1-4 (plus extra_floor)."""
     floor = {(1, c) for c in range(1, 5)} | set(extra_floor)
     rows, cols = env.config.dim_room
-    env.walls = frozenset((r, c) for r in range(rows) for c in range(cols) if (r, c) not in floor)
+    env.walls = frozenset(
+        (r, c) for r in range(rows) for c in range(cols) if (r, c) not in floor
+    )
     env.boxes, env.targets, env.player = set(boxes), frozenset(targets), player
 
 
@@ -25,11 +27,19 @@ def test_rewards_follow_the_docstring():
     env.reset(0)
     # The second box sits off its target in an unreachable row, so the episode cannot end early.
     corridor(
-        env, boxes=[(1, 2), (3, 2)], targets=[(1, 3), (3, 4)], player=(1, 1), extra_floor=[(3, c) for c in range(1, 5)]
+        env,
+        boxes=[(1, 2), (3, 2)],
+        targets=[(1, 3), (3, 4)],
+        player=(1, 1),
+        extra_floor=[(3, c) for c in range(1, 5)],
     )
     assert env.render_text().splitlines()[1] == "#PXO_#"
     obs, r, term, _, info = act(env, "Left")  # into the wall
-    assert r == pytest.approx(-0.1) and info["metrics"]["action_is_effective"] is False and not term
+    assert (
+        r == pytest.approx(-0.1)
+        and info["metrics"]["action_is_effective"] is False
+        and not term
+    )
     obs, r, _, _, info = act(env, "Right")  # box onto target
     assert r == pytest.approx(0.9) and info["metrics"]["boxes_on_target"] == 1.0
     assert obs.splitlines()[1] == "#_P*_#"
@@ -45,24 +55,42 @@ def test_success_reward_ends_episode():
     env.reset(0)
     corridor(env, boxes=[(1, 2)], targets=[(1, 3)], player=(1, 1))
     _, r, term, trunc, info = act(env, "Right")
-    assert r == pytest.approx(-0.1 + 1 + 10) and term and not trunc and info["metrics"]["success"] is True
+    assert (
+        r == pytest.approx(-0.1 + 1 + 10)
+        and term
+        and not trunc
+        and info["metrics"]["success"] is True
+    )
 
 
 def test_two_boxes_in_a_row_cannot_be_pushed():
     env = SokobanEnv()
     env.reset(0)
-    corridor(env, boxes=[(1, 2), (1, 3)], targets=[(1, 4), (3, 3)], player=(1, 1), extra_floor=[(3, 3)])
+    corridor(
+        env,
+        boxes=[(1, 2), (1, 3)],
+        targets=[(1, 4), (3, 3)],
+        player=(1, 1),
+        extra_floor=[(3, 3)],
+    )
     *_, info = act(env, "Right")
     assert env.player == (1, 1) and info["metrics"]["action_is_effective"] is False
 
 
-@pytest.mark.parametrize("cfg", [{}, {"dim_room": [7, 8], "num_boxes": 2, "search_depth": 40}])
+@pytest.mark.parametrize(
+    "cfg", [{}, {"dim_room": [7, 8], "num_boxes": 2, "search_depth": 40}]
+)
 def test_generated_rooms_are_walled_unsolved_and_solvable(cfg):
     env = SokobanEnv(cfg)
     rows, cols = env.config.dim_room
     for seed in range(10):
         env.reset(seed)
-        border = {(r, c) for r in range(rows) for c in range(cols) if r in (0, rows - 1) or c in (0, cols - 1)}
+        border = {
+            (r, c)
+            for r in range(rows)
+            for c in range(cols)
+            if r in (0, rows - 1) or c in (0, cols - 1)
+        }
         assert border <= env.walls
         assert len(env.boxes) == len(env.targets) == env.config.num_boxes
         assert not env.boxes <= env.targets and env.player not in env.boxes | env.walls
@@ -83,10 +111,19 @@ def test_search_depth_sets_optimal_solution_length():
 def test_several_actions_per_turn_and_dropping_extras():
     env = SokobanEnv(max_actions_per_turn=2)
     env.reset(0)
-    corridor(env, boxes=[(3, 3)], targets=[(3, 4)], player=(1, 1), extra_floor=[(3, 3), (3, 4)])
+    corridor(
+        env,
+        boxes=[(3, 3)],
+        targets=[(3, 4)],
+        player=(1, 1),
+        extra_floor=[(3, 3), (3, 4)],
+    )
     _, r, _, _, info = env.step("<answer>Right, right, Right</answer>")
     assert env.player == (1, 3) and info["actions"] == ["Right", "Right"]
-    assert info["metrics"]["num_actions_dropped"] == 1.0 and info["metrics"]["action_is_valid"] is True
+    assert (
+        info["metrics"]["num_actions_dropped"] == 1.0
+        and info["metrics"]["action_is_valid"] is True
+    )
     assert r == pytest.approx(-0.2)
     # The valid prefix still runs; the bad word costs the format penalty once.
     _, r, _, _, info = env.step("<answer>Left, Jump</answer>")
@@ -102,9 +139,13 @@ def test_instruction_documents_legend_and_multi_action_format():
 
 
 def test_solver_returns_none_for_an_impossible_room():
-    walls = frozenset({(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)})
+    walls = frozenset(
+        {(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)}
+    )
     # Box in a corner that is not a target: no push can ever move it.
-    assert solve_sokoban(walls, frozenset({(1, 2)}), frozenset({(1, 1)}), (1, 2)) is None
+    assert (
+        solve_sokoban(walls, frozenset({(1, 2)}), frozenset({(1, 1)}), (1, 2)) is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from roll_async.config import CustomEnvConfig
+from roll_async.config.schema import CustomEnvConfig
 
 EnvFactory = Callable[[str, dict[str, Any]], Any]
 
@@ -30,19 +30,29 @@ def env_builder(
     the child, so it must be picklable (the default RegisteredEnvFactory is).
     """
     if custom_env.service_url:
-        from roll_async.env_service.client import RemoteEnv  # aiohttp only where a tag uses a server
+        from roll_async.env_service.client import (
+            RemoteEnv,  # aiohttp only where a tag uses a server
+        )
 
         urls = custom_env.service_url
 
         def remote(env_config: dict[str, Any]) -> Any:
-            return RemoteEnv(urls, custom_env.env_type, env_config, call_timeout_s=call_timeout_s, max_retries=custom_env.service_max_retries)
+            return RemoteEnv(
+                urls,
+                custom_env.env_type,
+                env_config,
+                call_timeout_s=call_timeout_s,
+                max_retries=custom_env.service_max_retries,
+            )
 
         return remote
     if custom_env.isolation == "process":
         from roll_async.env_service.process_env import ProcessEnv
 
         def isolated(env_config: dict[str, Any]) -> Any:
-            return ProcessEnv(functools.partial(factory, tag, env_config), name=f"{tag}-env")  # started by prepare()
+            return ProcessEnv(
+                functools.partial(factory, tag, env_config), name=f"{tag}-env"
+            )  # started by prepare()
 
         return isolated
 

@@ -50,6 +50,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from roll_async.errors import ZmqConnectError
+
 logger = logging.getLogger(__name__)
 
 # Message kinds (first element of every pickled tuple).
@@ -62,10 +64,6 @@ LIVENESS_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 30.0
 
 
-class ZmqConnectError(RuntimeError):
-    """An actor's call socket did not answer: a port blocked between nodes, most likely."""
-
-
 def _context() -> zmq.Context:
     """The process's one ZMQ context (pyzmq's singleton), never terminated by us.
 
@@ -75,7 +73,7 @@ def _context() -> zmq.Context:
     until the process exits, where pyzmq skips the wait.
 
     Its I/O threads, started with the first socket, run under the scheduling policy of the thread
-    that asks first (``roll_async/sched_policy.py`` sets the rollout's). Left alone, libzmq re-applies
+    that asks first (``roll_async/runtime/sched_policy.py`` sets the rollout's). Left alone, libzmq re-applies
     the policy glibc cached for the creating thread, which in a Ray actor predates the change.
     """
     global _context_configured
@@ -99,7 +97,9 @@ class _LoopSocket:
     full queue (zmq.Again) is retried on the next loop iterations.
     """
 
-    def __init__(self, socket: zmq.Socket, on_message: Callable[[list[bytes]], None]) -> None:
+    def __init__(
+        self, socket: zmq.Socket, on_message: Callable[[list[bytes]], None]
+    ) -> None:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
@@ -179,7 +179,13 @@ class CallServer:
     """Serves the ``async`` methods ``methods`` of ``target`` on a ROUTER socket; runs on the actor's event loop."""
 
     def __init__(
-        self, target: Any, methods: Collection[str], *, node_id: str, tcp_host: str, name: str = "calls",
+        self,
+        target: Any,
+        methods: Collection[str],
+        *,
+        node_id: str,
+        tcp_host: str,
+        name: str = "calls",
         cancellable: bool = True,
     ) -> None:
         self._target = target
@@ -187,11 +193,15 @@ class CallServer:
         self._cancellable = cancellable
         self._tasks: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop = asyncio.get_running_loop()
-        self._socket = _LoopSocket(_context().socket(zmq.ROUTER), self._on_message)  # options set before binding
+        self._socket = _LoopSocket(
+            _context().socket(zmq.ROUTER), self._on_message
+        )  # options set before binding
         ipc = f"ipc://{os.path.join(tempfile.gettempdir(), f'roll_async_{name}_{uuid.uuid4().hex[:12]}.sock')}"
         self._socket.socket.bind(ipc)
         port = self._socket.socket.bind_to_random_port(f"tcp://{tcp_host}")
-        self.endpoint = CallEndpoint(node_id=node_id, ipc=ipc, tcp=f"tcp://{tcp_host}:{port}")
+        self.endpoint = CallEndpoint(
+            node_id=node_id, ipc=ipc, tcp=f"tcp://{tcp_host}:{port}"
+        )
         self.calls_served = 0
 
     def _on_message(self, frames: list[bytes]) -> None:
@@ -221,7 +231,9 @@ class CallServer:
         identity, call_id = key
         try:
             if method not in self._methods:
-                raise AttributeError(f"{type(self._target).__name__}.{method} is not served over ZMQ (serves {sorted(self._methods)})")
+                raise AttributeError(
+                    f"{type(self._target).__name__}.{method} is not served over ZMQ (serves {sorted(self._methods)})"
+                )
             reply = (_RESULT, call_id, await getattr(self._target, method)(*args))
         except asyncio.CancelledError:
             return  # the caller cancelled it (and no longer waits), or the server is closing
@@ -242,13 +254,19 @@ class CallServer:
             pass
 
 
-def serve_calls(target: Any, methods: Collection[str], *, name: str, cancellable: bool = True) -> CallServer:
+def serve_calls(
+    target: Any, methods: Collection[str], *, name: str, cancellable: bool = True
+) -> CallServer:
     """Open ``target``'s call socket inside its Ray actor (node id and IP from Ray's runtime context)."""
     import ray
 
     return CallServer(
-        target, methods, node_id=ray.get_runtime_context().get_node_id(), tcp_host=ray.util.get_node_ip_address(),
-        name=name, cancellable=cancellable,
+        target,
+        methods,
+        node_id=ray.get_runtime_context().get_node_id(),
+        tcp_host=ray.util.get_node_ip_address(),
+        name=name,
+        cancellable=cancellable,
     )
 
 
@@ -264,7 +282,12 @@ class ServesCallsOverZmq:
 
     async def call_endpoint(self) -> CallEndpoint:
         if self._call_server is None:
-            self._call_server = serve_calls(self, self.ZMQ_METHODS, name=self.ZMQ_NAME, cancellable=self.ZMQ_CANCELLABLE)
+            self._call_server = serve_calls(
+                self,
+                self.ZMQ_METHODS,
+                name=self.ZMQ_NAME,
+                cancellable=self.ZMQ_CANCELLABLE,
+            )
         return self._call_server.endpoint
 
     async def close_call_socket(self) -> None:
@@ -342,7 +365,7 @@ class ZmqCaller:
             socket.connect(address)
             try:
                 await asyncio.wait_for(self._send(_PING, None), self._connect_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.close()
                 self._connect_error = ZmqConnectError(
                     f"{self._what}'s call socket {address} did not answer within {self._connect_timeout_s:.0f}s "
@@ -363,20 +386,34 @@ class ZmqCaller:
             future.set_exception(payload)
 
     def _on_monitor_event(self, frames: list[bytes]) -> None:
-        if parse_monitor_message(frames)["event"] != zmq.EVENT_DISCONNECTED or self.dead is not None:
+        if (
+            parse_monitor_message(frames)["event"] != zmq.EVENT_DISCONNECTED
+            or self.dead is not None
+        ):
             return
-        if self._watch_task is None or self._watch_task.done():  # one liveness probe at a time
-            self._watch_task = asyncio.get_running_loop().create_task(self._check_liveness())
+        if (
+            self._watch_task is None or self._watch_task.done()
+        ):  # one liveness probe at a time
+            self._watch_task = asyncio.get_running_loop().create_task(
+                self._check_liveness()
+            )
 
     async def _check_liveness(self) -> None:
         """The connection dropped: ask Ray whether the actor is gone; if so, fail what is in flight."""
         try:
             await asyncio.wait_for(self._probe(), LIVENESS_TIMEOUT_S)
-            logger.warning("%s: call connection dropped but the actor answers; reconnecting", self._what)
+            logger.warning(
+                "%s: call connection dropped but the actor answers; reconnecting",
+                self._what,
+            )
         except self._dead_errors as exc:
             self._fail_all(str(exc))
-        except asyncio.TimeoutError:
-            logger.warning("%s: call connection dropped and the actor did not answer in %.0fs", self._what, LIVENESS_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning(
+                "%s: call connection dropped and the actor did not answer in %.0fs",
+                self._what,
+                LIVENESS_TIMEOUT_S,
+            )
 
     def _fail_all(self, reason: str) -> None:
         self.dead = reason
@@ -391,10 +428,14 @@ class ZmqCaller:
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            await socket.send([_dumps((kind, call_id, payload))])  # at once unless the queue is full
+            await socket.send(
+                [_dumps((kind, call_id, payload))]
+            )  # at once unless the queue is full
             return await future
         except asyncio.CancelledError:
-            answered = future.done() and not future.cancelled()  # cancelling the task cancels the future too
+            answered = (
+                future.done() and not future.cancelled()
+            )  # cancelling the task cancels the future too
             if not answered and self.dead is None and self._socket is socket:
                 try:
                     socket.send_now([_dumps((_CANCEL, call_id, None))])

@@ -23,15 +23,24 @@ from pathlib import Path
 
 #: Files a tokenizer may need (transformers' names); weights and other large files are never included.
 TOKENIZER_FILE_PATTERNS = (
-    "tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "added_tokens.json", "chat_template*",
-    "config.json", "generation_config.json", "*.model",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab*",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template*",
+    "config.json",
+    "generation_config.json",
+    "*.model",
 )
 #: A tokenizer file larger than this is not shipped (a sentencepiece model is a few MB; weights are far larger).
 MAX_FILE_BYTES = 64 << 20
 
 
 def directory_files(
-    directory: str, patterns: Iterable[str] = ("**/*",), max_file_bytes: int | None = None
+    directory: str,
+    patterns: Iterable[str] = ("**/*",),
+    max_file_bytes: int | None = None,
 ) -> dict[str, bytes]:
     """Files of a local directory matching ``patterns`` (relative path -> bytes); {} if it is not a local directory."""
     root = Path(directory).expanduser()
@@ -40,7 +49,9 @@ def directory_files(
     files: dict[str, bytes] = {}
     for pattern in patterns:
         for path in root.glob(pattern):
-            if path.is_file() and (max_file_bytes is None or path.stat().st_size <= max_file_bytes):
+            if path.is_file() and (
+                max_file_bytes is None or path.stat().st_size <= max_file_bytes
+            ):
                 files[path.relative_to(root).as_posix()] = path.read_bytes()
     return files
 
@@ -57,7 +68,9 @@ def model_files(directory: str) -> dict[str, bytes]:
 
 def path_is_on_this_node(directory: str) -> bool:
     """True if ``directory`` exists here, or is no local path at all (a hub id: nothing to ship)."""
-    return Path(directory).expanduser().is_dir() or not directory.startswith(("/", ".", "~"))
+    return Path(directory).expanduser().is_dir() or not directory.startswith(
+        ("/", ".", "~")
+    )
 
 
 def local_dir(directory: str, files: Mapping[str, bytes] | None) -> str:
@@ -68,7 +81,9 @@ def local_dir(directory: str, files: Mapping[str, bytes] | None) -> str:
     for name in sorted(files):
         digest.update(name.encode())
         digest.update(files[name])
-    target = Path(tempfile.gettempdir()) / "roll_async_node_files" / digest.hexdigest()[:16]
+    target = (
+        Path(tempfile.gettempdir()) / "roll_async_node_files" / digest.hexdigest()[:16]
+    )
     if not (target / ".complete").exists():
         # Written aside and renamed into place: replicas on one node may materialise the same files at once.
         target.parent.mkdir(parents=True, exist_ok=True)

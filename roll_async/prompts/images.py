@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class VisionInputError(ValueError):
-    """An observation's images cannot be used (wrong mode, count mismatch, rejected by the processor)."""
+from roll_async.errors import VisionInputError
 
 
 @dataclass
@@ -51,7 +49,9 @@ class ExpandedObservation:
                 break
         kept = [(i, span) for i, span in enumerate(self.spans) if span[1] <= cut]
         return ExpandedObservation(
-            self.token_ids[:cut], [self.images[i] for i, _ in kept], [span for _, span in kept]
+            self.token_ids[:cut],
+            [self.images[i] for i, _ in kept],
+            [span for _, span in kept],
         )
 
 
@@ -73,7 +73,9 @@ def check_observation_mode(observation: Any, vision: bool) -> None:
     """An image in text mode or none in vision mode is the env's mistake (an env_error, not a crash)."""
     images = observation_images(observation)
     if vision and not images:
-        raise VisionInputError("render_mode is vision but the env returned an observation without an image")
+        raise VisionInputError(
+            "render_mode is vision but the env returned an observation without an image"
+        )
     if not vision and images:
         raise VisionInputError(
             f"render_mode is text but the env returned an observation with {len(images)} image(s); "
@@ -122,7 +124,9 @@ class VisionProcessor:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.image_token: str = processor.image_token
-        self.image_token_id: int = int(self.tokenizer.convert_tokens_to_ids(self.image_token))
+        self.image_token_id: int = int(
+            self.tokenizer.convert_tokens_to_ids(self.image_token)
+        )
 
     @classmethod
     def load(cls, model_path: str, trust_remote_code: bool = False) -> VisionProcessor:
@@ -132,7 +136,10 @@ class VisionProcessor:
         processor = AutoProcessor.from_pretrained(
             model_path, trust_remote_code=trust_remote_code, local_files_only=True
         )
-        if getattr(processor, "image_token", None) is None or getattr(processor, "image_processor", None) is None:
+        if (
+            getattr(processor, "image_token", None) is None
+            or getattr(processor, "image_processor", None) is None
+        ):
             raise VisionInputError(
                 f"the processor of {model_path!r} ({type(processor).__name__}) has no image processor/image token"
             )
@@ -142,14 +149,24 @@ class VisionProcessor:
 
     def placeholder_text(self, text: str, env_placeholder: str) -> str:
         """Observation text with the env's placeholder replaced by the model's image token."""
-        return text if env_placeholder == self.image_token else text.replace(env_placeholder, self.image_token)
+        return (
+            text
+            if env_placeholder == self.image_token
+            else text.replace(env_placeholder, self.image_token)
+        )
 
     def image_ids(self, image: Any) -> list[int]:
         """The ids the processor puts in place of one image token for ``image``."""
         try:
-            out = self.processor(text=[self.image_token], images=[[image]], add_special_tokens=False)
-        except Exception as exc:  # PIL/numpy/processor errors: one image the processor cannot take
-            raise VisionInputError(f"the model's processor rejected an observation image: {type(exc).__name__}: {exc}") from exc
+            out = self.processor(
+                text=[self.image_token], images=[[image]], add_special_tokens=False
+            )
+        except (
+            Exception
+        ) as exc:  # PIL/numpy/processor errors: one image the processor cannot take
+            raise VisionInputError(
+                f"the model's processor rejected an observation image: {type(exc).__name__}: {exc}"
+            ) from exc
         return [int(i) for i in out["input_ids"][0]]
 
     def expand(self, token_ids: list[int], images: list[Any]) -> ExpandedObservation:
@@ -181,7 +198,11 @@ class VisionProcessor:
         """
         if not any(images_per_row):
             return {}
-        return dict(self.processor.image_processor([list(row) for row in images_per_row], return_tensors="pt"))
+        return dict(
+            self.processor.image_processor(
+                [list(row) for row in images_per_row], return_tensors="pt"
+            )
+        )
 
 
 class ObservationEncoder:
@@ -191,13 +212,19 @@ class ObservationEncoder:
     one without images is an error in vision mode (the EnvManager turns both into an ``env_error``).
     """
 
-    def __init__(self, vision: VisionProcessor | None, env_placeholder: str = "<image>") -> None:
+    def __init__(
+        self, vision: VisionProcessor | None, env_placeholder: str = "<image>"
+    ) -> None:
         self.vision = vision
         self.env_placeholder = env_placeholder
 
     def text(self, observation: Any) -> str:
         text = observation_text(observation)
-        return self.vision.placeholder_text(text, self.env_placeholder) if self.vision else text
+        return (
+            self.vision.placeholder_text(text, self.env_placeholder)
+            if self.vision
+            else text
+        )
 
     def check(self, observation: Any) -> None:
         check_observation_mode(observation, self.vision is not None)
@@ -209,11 +236,15 @@ class ObservationEncoder:
             return ExpandedObservation(list(token_ids))
         return self.vision.expand(token_ids, observation_images(observation))
 
-    def engine_prompt(self, trajectory: Any) -> tuple[list[int], dict[str, list[Any]] | None]:
+    def engine_prompt(
+        self, trajectory: Any
+    ) -> tuple[list[int], dict[str, list[Any]] | None]:
         """The prompt ids and multimodal data a generate request carries for ``trajectory`` so far."""
         if self.vision is None or not trajectory.images:
             return list(trajectory.token_ids), None
-        ids = compact_prompt(trajectory.token_ids, trajectory.image_spans, self.vision.image_token_id)
+        ids = compact_prompt(
+            trajectory.token_ids, trajectory.image_spans, self.vision.image_token_id
+        )
         return ids, {"image": list(trajectory.images)}
 
 
@@ -222,22 +253,34 @@ def is_vision_tag(custom_env: Any) -> bool:
     return dict(custom_env.env_config).get("render_mode") == "vision"
 
 
-def observation_encoder(custom_env: Any, vision: VisionProcessor | None) -> ObservationEncoder:
+def observation_encoder(
+    custom_env: Any, vision: VisionProcessor | None
+) -> ObservationEncoder:
     """The encoder for one tag: the VL processor in vision mode, plain text otherwise."""
     if not is_vision_tag(custom_env):
         return ObservationEncoder(None)
     if vision is None:
-        raise VisionInputError("a vision tag needs the model's VisionProcessor (none was loaded)")
-    return ObservationEncoder(vision, str(dict(custom_env.env_config).get("image_placeholder", "<image>")))
+        raise VisionInputError(
+            "a vision tag needs the model's VisionProcessor (none was loaded)"
+        )
+    return ObservationEncoder(
+        vision, str(dict(custom_env.env_config).get("image_placeholder", "<image>"))
+    )
 
 
-def append_images(trajectory: Any, offset: int, observation: ExpandedObservation) -> None:
+def append_images(
+    trajectory: Any, offset: int, observation: ExpandedObservation
+) -> None:
     """Record an appended observation's images and their spans (shifted to trajectory positions)."""
     trajectory.images.extend(observation.images)
-    trajectory.image_spans.extend((offset + start, offset + end) for start, end in observation.spans)
+    trajectory.image_spans.extend(
+        (offset + start, offset + end) for start, end in observation.spans
+    )
 
 
-def compact_prompt(token_ids: list[int], spans: list[tuple[int, int]], image_token_id: int) -> list[int]:
+def compact_prompt(
+    token_ids: list[int], spans: list[tuple[int, int]], image_token_id: int
+) -> list[int]:
     """The engine's form of a prompt: each expanded image span collapsed to one image token (vLLM expands it)."""
     out: list[int] = []
     previous = 0
@@ -249,7 +292,9 @@ def compact_prompt(token_ids: list[int], spans: list[tuple[int, int]], image_tok
     return out
 
 
-def save_trajectory_images(trajectory: Any, directory: Path, relative_to: Path) -> list[str]:
+def save_trajectory_images(
+    trajectory: Any, directory: Path, relative_to: Path
+) -> list[str]:
     """Write a trajectory's images as ``<directory>/<traj_id>/image<k>.png``; returns paths relative to the run."""
     folder = Path(directory) / trajectory.traj_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -259,4 +304,3 @@ def save_trajectory_images(trajectory: Any, directory: Path, relative_to: Path) 
         image.save(path, format="PNG")
         paths.append(str(path.relative_to(relative_to)))
     return paths
-

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roll_async.config import PipelineConfig, config_to_yaml
-from roll_async.multimodal import save_trajectory_images
-from roll_async.protocol import Trajectory
-
+from roll_async.config.schema import PipelineConfig, config_to_yaml
+from roll_async.prompts.images import save_trajectory_images
+from roll_async.trajectory import Trajectory
 
 #: Vision trajectories per run whose images are kept as PNG (the first ones written).
 MAX_IMAGE_TRAJECTORIES = 16
@@ -36,9 +35,9 @@ class RunDirectory:
         self.trajectories_path = self.root / "trajectories.jsonl"
         #: Episodes that were played but not trained on (env errors, dropped or late groups), with their ``fate``.
         self.unserved_path = self.root / "unserved_trajectories.jsonl"
-        #: Console-free logs of the driver, Ray workers and engines (roll_async.logs).
+        #: Console-free logs of the driver, Ray workers and engines (roll_async.run_output.logs).
         self.logs = self.root / "logs"
-        #: One file per training step when logging.save_batches is on (roll_async.batch_dump).
+        #: One file per training step when logging.save_batches is on (roll_async.trainer.batch_dump).
         self.batches = self.root / "batches"
         #: PNGs of what the model saw, for a sample of vision trajectories (images/<traj_id>/image<k>.png).
         self.images_dir = self.root / "images"
@@ -55,7 +54,10 @@ class RunDirectory:
         self.config_path.write_text(config_to_yaml(config))
 
     def append_metrics(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **{k: _json_safe(v) for k, v in sorted(metrics.items())}}
+        record = {
+            "step": step,
+            **{k: _json_safe(v) for k, v in sorted(metrics.items())},
+        }
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -73,28 +75,54 @@ class RunDirectory:
         """
         with self.trajectories_path.open("a") as f:
             for trajectory in trajectories:
-                text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
+                text = (
+                    tokenizer.decode(trajectory.token_ids)
+                    if tokenizer is not None
+                    else None
+                )
                 record = trajectory.to_record(decoded_text=text)
                 if served_step is not None:
                     record["served_step"] = served_step
                 if served_at is not None:
                     record["served_at"] = served_at
-                if trajectory.images and self._image_trajectories_saved < MAX_IMAGE_TRAJECTORIES:
+                if (
+                    trajectory.images
+                    and self._image_trajectories_saved < MAX_IMAGE_TRAJECTORIES
+                ):
                     self._image_trajectories_saved += 1
-                    record["image_files"] = save_trajectory_images(trajectory, self.images_dir, self.root)
+                    record["image_files"] = save_trajectory_images(
+                        trajectory, self.images_dir, self.root
+                    )
                 f.write(json.dumps(record, default=_json_safe) + "\n")
 
-    def append_unserved(self, unserved: list[tuple[str, Trajectory]], tokenizer: Any | None = None, step: int | None = None) -> None:
+    def append_unserved(
+        self,
+        unserved: list[tuple[str, Trajectory]],
+        tokenizer: Any | None = None,
+        step: int | None = None,
+    ) -> None:
         """Episodes not trained on, one line each with ``fate`` (env_error, late, dropped_stale, filtered, dropped_errors)."""
         if not unserved:
             return
         with self.unserved_path.open("a") as f:
             for fate, trajectory in unserved:
-                text = tokenizer.decode(trajectory.token_ids) if tokenizer is not None else None
-                record = {"fate": fate, "recorded_step": step, **trajectory.to_record(decoded_text=text)}
+                text = (
+                    tokenizer.decode(trajectory.token_ids)
+                    if tokenizer is not None
+                    else None
+                )
+                record = {
+                    "fate": fate,
+                    "recorded_step": step,
+                    **trajectory.to_record(decoded_text=text),
+                }
                 f.write(json.dumps(record, default=_json_safe) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return [
+            json.loads(line)
+            for line in self.metrics_path.read_text().splitlines()
+            if line.strip()
+        ]

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roll_async.errors import ChatTemplateError
+
 #: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
 #: Texts whose ids a builder keeps, per cache (first prompts, user turns): ~4 KB per text of ~100 tokens.
@@ -59,10 +61,6 @@ _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
 _SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
 
 _FIX = "set model.chat_template to a template file that keeps every message's content"
-
-
-class ChatTemplateError(ValueError):
-    """The chat template cannot be used incrementally (the message names the behaviour and the fix)."""
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -123,31 +121,50 @@ class ChatPromptBuilder:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         # A group's envs share a seed, so their first prompts are identical, and envs repeat observations
         # ("invalid action"): rendering and encoding the same text again is the largest per-turn cost.
-        self._first_turn_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(self._first_turn_tuple)
-        self._user_delta_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(self._user_delta_tuple)
+        self._first_turn_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(
+            self._first_turn_tuple
+        )
+        self._user_delta_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(
+            self._user_delta_tuple
+        )
         self._closure_text = self._measure_closure_text()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids: set[int] = {eos} if isinstance(eos, int) else set()
 
     @classmethod
-    def for_model(cls, tokenizer: Any, model: Any, system_prompt: str | None = None) -> ChatPromptBuilder:
+    def for_model(
+        cls, tokenizer: Any, model: Any, system_prompt: str | None = None
+    ) -> ChatPromptBuilder:
         """A builder honouring ``model.chat_template`` (a file) and ``model.chat_template_kwargs`` of a ModelConfig."""
         template_file = getattr(model, "chat_template", None)
         chat_template = None
         if template_file:
             path = Path(template_file).expanduser()
             if not path.is_file():
-                raise ChatTemplateError(f"model.chat_template={template_file!r} does not exist; point it at a Jinja chat template file")
+                raise ChatTemplateError(
+                    f"model.chat_template={template_file!r} does not exist; point it at a Jinja chat template file"
+                )
             chat_template = path.read_text()
-        return cls(tokenizer, system_prompt, chat_template=chat_template, template_kwargs=dict(getattr(model, "chat_template_kwargs", None) or {}))
+        return cls(
+            tokenizer,
+            system_prompt,
+            chat_template=chat_template,
+            template_kwargs=dict(getattr(model, "chat_template_kwargs", None) or {}),
+        )
 
     # -- rendering -------------------------------------------------------------------
 
     def _system(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return (
+            [{"role": "system", "content": self.system_prompt}]
+            if self.system_prompt
+            else []
+        )
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+    ) -> str:
         try:
             return self.tokenizer.apply_chat_template(
                 messages,
@@ -163,7 +180,9 @@ class ChatPromptBuilder:
                 f"{_FIX} and renders this role order"
             ) from None
 
-    def render_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    def render_ids(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool
+    ) -> list[int]:
         """A fresh full render of ``messages`` through the template, tokenized (BOS comes from the template)."""
         return self.encode(self._render(list(messages), add_generation_prompt))
 
@@ -177,12 +196,20 @@ class ChatPromptBuilder:
         """Text handed to the env: special tokens (EOS) removed."""
         return self._decode(token_ids, skip_special_tokens=True)
 
-    def _decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+    def _decode(
+        self, token_ids: Sequence[int], *, skip_special_tokens: bool = False
+    ) -> str:
         """transformers' decode. Without clean-up it is the fast backend's decode plus a per-id type check
         that costs more than the decode itself on long conversations, so the backend is called directly."""
-        if self._backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
-            return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        if self._backend is not None and not getattr(
+            self.tokenizer, "clean_up_tokenization_spaces", True
+        ):
+            return self._backend.decode(
+                list(token_ids), skip_special_tokens=skip_special_tokens
+            )
+        return self.tokenizer.decode(
+            list(token_ids), skip_special_tokens=skip_special_tokens
+        )
 
     def _reference(self) -> list[dict[str, str]]:
         """System, a sentinel user message and a sentinel reply: the closed turn continuations follow."""
@@ -205,18 +232,27 @@ class ChatPromptBuilder:
         """What follows a reply: common to the reply as the last message and the reply followed by a user turn."""
         reference = self._reference()
         final = self._render(reference, add_generation_prompt=False)
-        closure_when_last = final[self._end_of(final, _SENTINEL_REPLY, "assistant"):]
+        closure_when_last = final[self._end_of(final, _SENTINEL_REPLY, "assistant") :]
         followed = self._render(
-            reference + [{"role": "user", "content": _SENTINEL_NEXT}, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            reference
+            + [
+                {"role": "user", "content": _SENTINEL_NEXT},
+                {"role": "assistant", "content": _SENTINEL_NEXT_REPLY},
+            ],
             add_generation_prompt=False,
         )
-        after_reply = followed[self._end_of(followed, _SENTINEL_REPLY, "assistant"):]
+        after_reply = followed[self._end_of(followed, _SENTINEL_REPLY, "assistant") :]
         if _SENTINEL_NEXT not in after_reply:
-            raise ChatTemplateError(f"the chat template drops user messages that follow an assistant reply; {_FIX}")
+            raise ChatTemplateError(
+                f"the chat template drops user messages that follow an assistant reply; {_FIX}"
+            )
         # Common to both, cut at a token boundary (``<|end|>\\n<|`` of ``<|endoftext|>`` / ``<|user|>`` is not a closure).
         common = _common_prefix(closure_when_last, after_reply)
         ids = self.encode(common)
-        while ids and not (after_reply.startswith(self._decode(ids)) and self.encode(after_reply)[: len(ids)] == ids):
+        while ids and not (
+            after_reply.startswith(self._decode(ids))
+            and self.encode(after_reply)[: len(ids)] == ids
+        ):
             ids = ids[:-1]
         return self._decode(ids) if ids else ""
 
@@ -226,14 +262,20 @@ class ChatPromptBuilder:
         if role not in self._role_endings:
             probe = {"role": role, "content": _SENTINEL_NEXT}
             followed = self._render(
-                self._reference() + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}], add_generation_prompt=False
+                self._reference()
+                + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+                add_generation_prompt=False,
             )
             tail_start = self._end_of(followed, _SENTINEL_NEXT, role)
             tail_end = followed.rfind(_SENTINEL_NEXT_REPLY)
             if tail_end < tail_start:
-                raise ChatTemplateError(f"the chat template drops assistant content after a {role} message; {_FIX}")
-            prompted = self._render(self._reference() + [probe], add_generation_prompt=True)
-            prompt_ending = prompted[self._end_of(prompted, _SENTINEL_NEXT, role):]
+                raise ChatTemplateError(
+                    f"the chat template drops assistant content after a {role} message; {_FIX}"
+                )
+            prompted = self._render(
+                self._reference() + [probe], add_generation_prompt=True
+            )
+            prompt_ending = prompted[self._end_of(prompted, _SENTINEL_NEXT, role) :]
             self._role_endings[role] = (followed[tail_start:tail_end], prompt_ending)
         return self._role_endings[role]
 
@@ -249,7 +291,11 @@ class ChatPromptBuilder:
 
     def closure_ids_after(self, generated_ids: list[int]) -> list[int]:
         """Ids that close the assistant turn after ``generated_ids`` (see module docstring)."""
-        if generated_ids and self.closure_ids and generated_ids[-1] == self.closure_ids[0]:
+        if (
+            generated_ids
+            and self.closure_ids
+            and generated_ids[-1] == self.closure_ids[0]
+        ):
             return list(self.closure_ids[1:])
         return list(self.closure_ids)
 
@@ -259,19 +305,31 @@ class ChatPromptBuilder:
             raise ValueError("continuation needs at least one message")
         roles = [m.get("role") for m in messages]
         if "assistant" in roles:
-            raise ValueError(f"a continuation holds non-assistant messages only (got roles {roles})")
+            raise ValueError(
+                f"a continuation holds non-assistant messages only (got roles {roles})"
+            )
         tail, prompt_ending = self._role_ending(str(roles[-1]))
         rendered = self._render(
-            self._reference() + list(messages) + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            self._reference()
+            + list(messages)
+            + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
             add_generation_prompt=False,
         )
-        region = rendered[self._end_of(rendered, _SENTINEL_REPLY, "assistant"): rendered.rfind(_SENTINEL_NEXT_REPLY)]
-        if not region.startswith(self._closure_text) or not region.endswith(tail) or len(region) < len(self._closure_text) + len(tail):
+        region = rendered[
+            self._end_of(rendered, _SENTINEL_REPLY, "assistant") : rendered.rfind(
+                _SENTINEL_NEXT_REPLY
+            )
+        ]
+        if (
+            not region.startswith(self._closure_text)
+            or not region.endswith(tail)
+            or len(region) < len(self._closure_text) + len(tail)
+        ):
             raise ChatTemplateError(
                 f"the chat template renders a closed assistant turn followed by roles {roles} differently from the "
                 f"same turn followed by a single sentinel message, so the next turn's text cannot be cut out; {_FIX}"
             )
-        return region[len(self._closure_text): len(region) - len(tail)] + prompt_ending
+        return region[len(self._closure_text) : len(region) - len(tail)] + prompt_ending
 
     def continuation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """Ids the template renders for ``messages`` (user/tool/system) appended after a closed assistant turn,
@@ -292,36 +350,50 @@ class ChatPromptBuilder:
         """What the template puts before a reply's content beyond the generation prompt (Mistral ``" "``,
         Qwen3 ``<think>\\n\\n</think>\\n\\n`` on the last reply): a model trained on the template generates it."""
         tail, prompt_ending = self._role_ending("user")
-        return tail[len(prompt_ending):] if tail.startswith(prompt_ending) else ""
+        return tail[len(prompt_ending) :] if tail.startswith(prompt_ending) else ""
 
     def reply_text(self, generated_ids: list[int]) -> str:
         """The assistant message content a fresh render would get for ``generated_ids``: all the generated
         text, special tokens included, without a trailing end-of-turn token the closure supplies (another
         EOS, e.g. Phi-3's ``<|endoftext|>``, stays: the closure follows it in the ids too)."""
         ids = list(generated_ids)
-        if ids and self.closure_ids and ids[-1] == self.closure_ids[0]:  # the closure supplies it (closure_ids_after)
+        if (
+            ids and self.closure_ids and ids[-1] == self.closure_ids[0]
+        ):  # the closure supplies it (closure_ids_after)
             ids = ids[:-1]
         return self._decode(ids)
 
-    def incremental_ids(self, user_texts: list[str], generated: list[list[int]]) -> list[int]:
+    def incremental_ids(
+        self, user_texts: list[str], generated: list[list[int]]
+    ) -> list[int]:
         """The token-in/token-out ids of a conversation: first turn, then per reply its ids, closure, next user turn."""
         ids = self.first_turn_ids(user_texts[0])
         for index, reply_ids in enumerate(generated):
             ids += list(reply_ids)
             if index + 1 < len(user_texts):
-                ids += self.closure_ids_after(reply_ids) + self.user_delta_ids(user_texts[index + 1])
+                ids += self.closure_ids_after(reply_ids) + self.user_delta_ids(
+                    user_texts[index + 1]
+                )
         return ids
 
-    def fresh_render_text(self, user_texts: list[str], generated: list[list[int]]) -> str:
+    def fresh_render_text(
+        self, user_texts: list[str], generated: list[list[int]]
+    ) -> str:
         """A fresh render of the same conversation from its text (what re-templating the history gives)."""
         messages = self._system()
         for index, user_text in enumerate(user_texts):
             messages = messages + [{"role": "user", "content": user_text}]
             if index < len(generated):
-                messages = messages + [{"role": "assistant", "content": self.reply_text(generated[index])}]
-        return self._render(messages, add_generation_prompt=len(user_texts) > len(generated))
+                messages = messages + [
+                    {"role": "assistant", "content": self.reply_text(generated[index])}
+                ]
+        return self._render(
+            messages, add_generation_prompt=len(user_texts) > len(generated)
+        )
 
-    def fresh_render_differs(self, token_ids: list[int], user_texts: list[str], generated: list[list[int]]) -> bool:
+    def fresh_render_differs(
+        self, token_ids: list[int], user_texts: list[str], generated: list[list[int]]
+    ) -> bool:
         """True when the text of ``token_ids`` is not a prefix of a fresh render of the conversation.
 
         Compared as text, so a random model's non-canonical tokenizations do not count; what counts is
@@ -337,31 +409,56 @@ class ChatPromptBuilder:
         """
         user_texts = ["first user turn", "second user turn", "third user turn"]
         prefix = self.reply_prefix()
-        generated = [self.encode(prefix + reply) + self.closure_ids[:1] for reply in ("reply one", "reply two")]
+        generated = [
+            self.encode(prefix + reply) + self.closure_ids[:1]
+            for reply in ("reply one", "reply two")
+        ]
         for text in user_texts[1:]:
             if text not in self.continuation_text([{"role": "user", "content": text}]):
-                raise ChatTemplateError(f"the chat template drops the content of user messages after the first; {_FIX}")
+                raise ChatTemplateError(
+                    f"the chat template drops the content of user messages after the first; {_FIX}"
+                )
         ids = self.incremental_ids(user_texts, generated)
         append_only = not self.fresh_render_differs(ids, user_texts, generated) and len(
             self.fresh_render_text(user_texts, generated)
         ) == len(self._decode(ids))
         notes: list[str] = []
-        first = self._render(self._system() + [{"role": "user", "content": _SENTINEL_USER}], add_generation_prompt=True)
+        first = self._render(
+            self._system() + [{"role": "user", "content": _SENTINEL_USER}],
+            add_generation_prompt=True,
+        )
         leading = first[: first.find(_SENTINEL_USER)]
         if self.system_prompt:
-            without = self._render([{"role": "user", "content": _SENTINEL_USER}], add_generation_prompt=True)
+            without = self._render(
+                [{"role": "user", "content": _SENTINEL_USER}],
+                add_generation_prompt=True,
+            )
             if leading.startswith(without[: without.find(_SENTINEL_USER)]):
                 notes.append("system prompt merged into the first user message")
             fresh = self.fresh_render_text(user_texts, generated)
-            if fresh.count(self.system_prompt) and fresh.find(self.system_prompt) > fresh.find(user_texts[0]):
-                notes.append("a fresh render moves the system prompt to the last user message; it is kept once, in the first turn")
+            if fresh.count(self.system_prompt) and fresh.find(
+                self.system_prompt
+            ) > fresh.find(user_texts[0]):
+                notes.append(
+                    "a fresh render moves the system prompt to the last user message; it is kept once, in the first turn"
+                )
         if "<think>" in prefix or "<think>" in self._decode(ids):
-            notes.append("rewrites earlier assistant turns (think stripping); the model's own ids are kept")
+            notes.append(
+                "rewrites earlier assistant turns (think stripping); the model's own ids are kept"
+            )
         if prefix.strip() == "" and prefix:
             notes.append(f"reply starts with {prefix!r} after the generation prompt")
         if not append_only and not notes:
-            notes.append("a fresh render differs from the incremental ids (the template rewrites earlier turns)")
-        return TemplateBehaviour(append_only, self._closure_text, self.continuation_text([{"role": "user", "content": "USER"}]), leading, notes)
+            notes.append(
+                "a fresh render differs from the incremental ids (the template rewrites earlier turns)"
+            )
+        return TemplateBehaviour(
+            append_only,
+            self._closure_text,
+            self.continuation_text([{"role": "user", "content": "USER"}]),
+            leading,
+            notes,
+        )
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:

@@ -33,19 +33,6 @@ API = "/v1"
 ENV_FAILURE_KINDS = ("env_error", "timeout", "crashed")
 
 
-class EnvServiceError(RuntimeError):
-    """The server answered that the env (or the request) failed; the episode ends ``env_error``."""
-
-    def __init__(self, message: str, *, kind: str = "env_error", status: int = 500) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-
-
-class EnvServiceUnavailable(RuntimeError):
-    """No env server of a tag answers (transport errors after the retries); the rollout cannot go on."""
-
-
 class BadRequest(ValueError):
     """A malformed request; the server answers 400 with this message."""
 
@@ -89,21 +76,34 @@ def decode_observation(data: Any) -> Any:
 
         from roll_async.envs.base import Observation
 
-        images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in data.get("images", [])]
+        images = [
+            Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
+            for b in data.get("images", [])
+        ]
         return Observation(text=str(data["text"]), images=images)
     return data if isinstance(data, str) else str(data)
 
 
-def require(body: Any, key: str, kind: type | tuple[type, ...], *, what: str = "") -> Any:
+def require(
+    body: Any, key: str, kind: type | tuple[type, ...], *, what: str = ""
+) -> Any:
     """``body[key]`` of the given type, or BadRequest naming the field."""
     if not isinstance(body, dict):
-        raise BadRequest(f"the request body must be a JSON object{what and ' for ' + what}")
+        raise BadRequest(
+            f"the request body must be a JSON object{what and ' for ' + what}"
+        )
     if key not in body:
         raise BadRequest(f"missing field {key!r}{what and ' in ' + what}")
     value = body[key]
     if isinstance(value, bool) and kind in (int, float, (int, float)):
         raise BadRequest(f"field {key!r} must be a number, got a boolean")
     if not isinstance(value, kind):
-        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadRequest(f"field {key!r} must be {expected}, got {type(value).__name__}")
+        expected = (
+            kind.__name__
+            if isinstance(kind, type)
+            else " or ".join(k.__name__ for k in kind)
+        )
+        raise BadRequest(
+            f"field {key!r} must be {expected}, got {type(value).__name__}"
+        )
     return value

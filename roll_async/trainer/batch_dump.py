@@ -1,6 +1,6 @@
 """Dump and replay of training batches: ``RUN_DIR/batches/step_NNNNNN.pt``, one file per step.
 
-A file holds the collated :class:`~roll_async.batching.TrajectoryBatch` exactly as
+A file holds the collated :class:`~roll_async.trainer.collate.TrajectoryBatch` exactly as
 the trainer received it, saved field by field from the dataclass (so a field a
 later version adds, e.g. per-token weight versions, rides along without a
 change here), plus each trajectory's oldest/newest weight version. Loading
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from roll_async.batching import TrajectoryBatch
-from roll_async.protocol import Trajectory
+from roll_async.trainer.collate import TrajectoryBatch
+from roll_async.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,12 @@ def batch_path(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:06d}.pt"
 
 
-def save_batch(directory: str | Path, step: int, batch: TrajectoryBatch, trajectories: list[Trajectory] | None = None) -> Path:
+def save_batch(
+    directory: str | Path,
+    step: int,
+    batch: TrajectoryBatch,
+    trajectories: list[Trajectory] | None = None,
+) -> Path:
     """Write one step's batch (atomically: a killed run never leaves a half-written file under the final name)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -41,7 +46,9 @@ def save_batch(directory: str | Path, step: int, batch: TrajectoryBatch, traject
     }
     payload: dict[str, Any] = {"format": FORMAT_VERSION, "step": step, "batch": fields}
     if trajectories is not None:
-        payload["weight_versions"] = [[t.oldest_weight_version, t.newest_weight_version] for t in trajectories]
+        payload["weight_versions"] = [
+            [t.oldest_weight_version, t.newest_weight_version] for t in trajectories
+        ]
     path = batch_path(directory, step)
     tmp = path.with_suffix(".tmp")
     torch.save(payload, tmp)
@@ -56,13 +63,21 @@ def load_batch(path: str | Path) -> tuple[int, TrajectoryBatch]:
     known = {f.name: f for f in dataclasses.fields(TrajectoryBatch)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
-        logger.warning("%s: fields %s are not part of this version's TrajectoryBatch; replaying without them", path, unknown)
+        logger.warning(
+            "%s: fields %s are not part of this version's TrajectoryBatch; replaying without them",
+            path,
+            unknown,
+        )
     kwargs = {}
     for name, value in fields.items():
         if name not in known:
             continue
         factory = known[name].default_factory
-        if isinstance(value, dict) and isinstance(factory, type) and dataclasses.is_dataclass(factory):
+        if (
+            isinstance(value, dict)
+            and isinstance(factory, type)
+            and dataclasses.is_dataclass(factory)
+        ):
             value = factory(**value)  # a nested record saved as a dict (see save_batch)
         kwargs[name] = value
     return int(payload["step"]), TrajectoryBatch(**kwargs)

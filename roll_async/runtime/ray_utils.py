@@ -28,11 +28,15 @@ def describe_ray_error(exc: BaseException) -> str:
     return f"{type(original).__name__}: {original}"
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, log_dir: str | os.PathLike[str] | None = None) -> None:
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> None:
     """Join ``address`` (a Ray cluster) or start a local instance; a no-op if Ray is already up.
 
     ``log_dir``: worker processes (engines, env workers, their children) write their output there instead of
-    the driver's console (roll_async.logs).
+    the driver's console (roll_async.run_output.logs).
     """
     import ray
 
@@ -42,15 +46,26 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, log_dir: s
     # (set VLLM_LOGGING_LEVEL=INFO to see the engine's own progress lines).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    runtime_env: dict = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ["VLLM_LOGGING_LEVEL"]}}
+    runtime_env: dict = {
+        "env_vars": {"VLLM_LOGGING_LEVEL": os.environ["VLLM_LOGGING_LEVEL"]}
+    }
     quiet: dict = {}
     if log_dir is not None:
-        from roll_async.logs import LOG_DIR_ENV
+        from roll_async.run_output.logs import LOG_DIR_ENV
 
         runtime_env["env_vars"][LOG_DIR_ENV] = str(os.path.abspath(log_dir))
-        runtime_env["worker_process_setup_hook"] = "roll_async.logs.setup_worker_process"
+        runtime_env["worker_process_setup_hook"] = (
+            "roll_async.run_output.logs.setup_worker_process"
+        )
         quiet = {"log_to_driver": False, "configure_logging": False}
     if address:
-        ray.init(address=address, include_dashboard=False, runtime_env=runtime_env, **quiet)
+        ray.init(
+            address=address, include_dashboard=False, runtime_env=runtime_env, **quiet
+        )
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 2, include_dashboard=False, runtime_env=runtime_env, **quiet)
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 2,
+            include_dashboard=False,
+            runtime_env=runtime_env,
+            **quiet,
+        )

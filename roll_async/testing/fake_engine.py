@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from roll_async.engine.zmq_transport import ServesRequestsOverZmq
-from roll_async.protocol import GenerationRequest, GenerationResult
+from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 OutputFn = Callable[[GenerationRequest], list[int]]
 
@@ -64,7 +64,9 @@ class FakeEngine(ServesRequestsOverZmq):
         error_requests: int = 0,
         weight_version: int = 0,
     ) -> None:
-        self._output_fn = output_fn or (lambda request: [default_token_id] * tokens_per_request)
+        self._output_fn = output_fn or (
+            lambda request: [default_token_id] * tokens_per_request
+        )
         self.latency_s = latency_s
         self.token_latency_s = token_latency_s
         self._latency_fn = latency_fn
@@ -117,10 +119,14 @@ class FakeEngine(ServesRequestsOverZmq):
         produced: list[int] = []
         versions: list[int] = []
         try:
-            delay = self.latency_s + (self._latency_fn(request) if self._latency_fn else 0.0)
+            delay = self.latency_s + (
+                self._latency_fn(request) if self._latency_fn else 0.0
+            )
             if await self._sleep_unless_aborted(state, delay):
                 for token in tokens:
-                    if not await self._sleep_unless_aborted(state, self.token_latency_s):
+                    if not await self._sleep_unless_aborted(
+                        state, self.token_latency_s
+                    ):
                         break
                     produced.append(token)
                     versions.append(self.weight_version)
@@ -162,7 +168,7 @@ class FakeEngine(ServesRequestsOverZmq):
             try:
                 await asyncio.wait_for(state.aborted.wait(), timeout=seconds)
                 return False
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if self._pause_mode == "keep":
             await self._resumed.wait()

@@ -25,8 +25,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from roll_async.config import TrainerConfig
-from roll_async.ray_utils import unwrap_ray_error
+from roll_async.config.schema import TrainerConfig
+from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import Trainer, build_trainer
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ class TrainerActor:
 
         gpu_ids = ray.get_gpu_ids()
         self.device = str(resolve_device(config.device, gpu_ids))
-        self.trainer = build_trainer(dataclasses.replace(config, device=self.device), model_path)
+        self.trainer = build_trainer(
+            dataclasses.replace(config, device=self.device), model_path
+        )
         return self.placement()
 
     def placement(self) -> dict[str, Any]:
@@ -114,7 +116,7 @@ class TrainerActorClient:
         """Create the actor with ``num_gpus=config.num_gpus`` and build the trainer in it (Ray must be up)."""
         import ray
 
-        from roll_async.config import ConfigError
+        from roll_async.errors import ConfigError
 
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         if config.num_gpus > cluster_gpus:
@@ -125,7 +127,9 @@ class TrainerActorClient:
             )
         actor = (
             ray.remote(TrainerActor)
-            .options(num_cpus=TRAINER_ACTOR_CPUS, num_gpus=config.num_gpus, max_restarts=0)
+            .options(
+                num_cpus=TRAINER_ACTOR_CPUS, num_gpus=config.num_gpus, max_restarts=0
+            )
             .remote()
         )
         try:
@@ -134,7 +138,9 @@ class TrainerActorClient:
             ray.kill(actor)
             raise
         logger.info(
-            "trainer actor on node %s, GPUs %s, device %s", placement["node_id"][:12], placement["gpu_ids"] or "none",
+            "trainer actor on node %s, GPUs %s, device %s",
+            placement["node_id"][:12],
+            placement["gpu_ids"] or "none",
             placement["device"],
         )
         return cls(actor, placement)
@@ -150,7 +156,9 @@ class TrainerActorClient:
         """Refs to the weight buckets the actor packed and put in the object store itself."""
         return _call(self.actor.engine_weight_refs)
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
+    ) -> None:
         """Written by the actor on its node: with several nodes, ``output_dir`` must be a shared path."""
         _call(self.actor.save_checkpoint, str(directory), extra_state)
 
@@ -184,7 +192,9 @@ def _call(method: Any, *args: Any) -> Any:
 # -- the placement decision, in one place ---------------------------------------------------
 
 
-def build_placed_trainer(config: TrainerConfig, model_path: str, ensure_ray: Callable[[], None]) -> Trainer:
+def build_placed_trainer(
+    config: TrainerConfig, model_path: str, ensure_ray: Callable[[], None]
+) -> Trainer:
     """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed."""
     if config.placement == "ray_actor":
         ensure_ray()
@@ -199,7 +209,9 @@ def engine_weight_refs(trainer: Trainer) -> list[Any]:
     return pack_and_put_weights(trainer)
 
 
-def sft_warm_start(trainer: Trainer, examples: list[Any], **kwargs: Any) -> dict[str, float]:
+def sft_warm_start(
+    trainer: Trainer, examples: list[Any], **kwargs: Any
+) -> dict[str, float]:
     """:func:`~roll_async.trainer.sft.run_sft` where the trainer's model is."""
     if isinstance(trainer, TrainerActorClient):
         return trainer.run_sft(examples, **kwargs)

@@ -1,6 +1,6 @@
 """Engine requests over ZMQ: each turn's ``generate`` goes to the engine actor's call socket.
 
-The transport itself is ``roll_async/zmq_rpc.py`` (why ZMQ, liveness, connect
+The transport itself is ``roll_async/runtime/zmq_calls.py`` (why ZMQ, liveness, connect
 errors). This module is what is engine-specific: an engine actor serves
 ``generate`` on its call socket (``ServesRequestsOverZmq``), and ``ZmqEngineClient``
 is an EngineClient whose ``generate`` goes there while ``abort``, ``stats`` and
@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_async.engine.router import RayEngineClient, ReplicaDeadError
-from roll_async.protocol import GenerationRequest, GenerationResult
-from roll_async.zmq_rpc import CONNECT_TIMEOUT_S, ServesCallsOverZmq, ZmqCaller
+from roll_async.engine.router import RayEngineClient
+from roll_async.errors import ReplicaDeadError
+from roll_async.runtime.zmq_calls import (
+    CONNECT_TIMEOUT_S,
+    ServesCallsOverZmq,
+    ZmqCaller,
+)
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 #: What an engine actor serves over ZMQ.
 ENGINE_METHODS = ("generate",)
@@ -35,7 +40,13 @@ class ZmqEngineClient(RayEngineClient):
     The actor must offer ``call_endpoint()`` (ServesRequestsOverZmq: VLLMEngine and FakeEngine do).
     """
 
-    def __init__(self, handle: Any, *, node_id: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        *,
+        node_id: str | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         super().__init__(handle)
         self._caller = ZmqCaller(
             endpoint=lambda: self._remote("call_endpoint"),

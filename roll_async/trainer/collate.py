@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from roll_async.protocol import Trajectory
 from roll_async.sampling import SamplingSettings
+from roll_async.trajectory import Trajectory
 
 
 @dataclass
@@ -124,7 +124,9 @@ def collate_trajectories(
     longest = max(len(t.token_ids) for t in trajectories)
     width = longest if pad_to is None else pad_to
     if width < longest:
-        raise ValueError(f"pad_to={pad_to} is shorter than the longest trajectory ({longest} tokens)")
+        raise ValueError(
+            f"pad_to={pad_to} is shorter than the longest trajectory ({longest} tokens)"
+        )
     if pad_to_multiple_of:
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
     width = max(width, 1)
@@ -151,7 +153,11 @@ def collate_trajectories(
 
     group_numbers: dict[tuple[str, int], int] = {}
     group_index = torch.tensor(
-        [group_numbers.setdefault((t.tag, t.group_id), len(group_numbers)) for t in trajectories], dtype=torch.long
+        [
+            group_numbers.setdefault((t.tag, t.group_id), len(group_numbers))
+            for t in trajectories
+        ],
+        dtype=torch.long,
     )
     return TrajectoryBatch(
         input_ids=input_ids,
@@ -159,7 +165,9 @@ def collate_trajectories(
         position_ids=position_ids,
         response_mask=response_mask,
         old_logprobs=old_logprobs,
-        rewards=torch.tensor([t.episode_reward for t in trajectories], dtype=torch.float32),
+        rewards=torch.tensor(
+            [t.episode_reward for t in trajectories], dtype=torch.float32
+        ),
         group_index=group_index,
         token_versions=token_versions,
         tags=[t.tag for t in trajectories],

@@ -19,12 +19,10 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from roll_async.config.dotted_paths import check_not_moved
+from roll_async.errors import ConfigError
+from roll_async.runtime.sched_policy import POLICIES as SCHED_POLICIES
 from roll_async.sampling import SamplingSettings
-from roll_async.sched_policy import POLICIES as SCHED_POLICIES
-
-
-class ConfigError(ValueError):
-    """A config mistake; the message names the key and the fix."""
 
 
 @dataclass
@@ -38,7 +36,7 @@ class ModelConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-#: engine.request_transport values (roll_async/zmq_rpc.py; ray: one actor call per request or hand-over).
+#: engine.request_transport values (roll_async/runtime/zmq_calls.py; ray: one actor call per request or hand-over).
 REQUEST_TRANSPORTS = ("zmq", "ray")
 
 
@@ -62,7 +60,7 @@ class EngineConfig:
     #: How EnvManagerWorkers send each turn's generate request to an engine replica, and each episode's
     #: hand-over to the queue actor: zmq (the actor's ZMQ socket: IPC on its node, TCP across nodes; ~0.22 ms
     #: of CPU per call) or ray (an actor call, ~1.35 ms; benchmarks/ray_call_cost.py). Control calls (abort,
-    #: stats, weights, get_batch) are Ray calls either way. See roll_async/zmq_rpc.py.
+    #: stats, weights, get_batch) are Ray calls either way. See roll_async/runtime/zmq_calls.py.
     request_transport: str = "zmq"
     #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -121,9 +119,9 @@ class EnvManagerConfig:
     #: Threads per worker for synchronous env reset/step calls.
     env_threads_per_worker: int = 8
     #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
-    #: worker built (roll_async/gc_tuning.py); 0 keeps Python's default (700).
+    #: worker built (roll_async/runtime/gc_tuning.py); 0 keeps Python's default (700).
     worker_gc_threshold: int = 250_000
-    #: Linux scheduling policy of the EnvManagerWorker and GroupQueueActor processes (roll_async/sched_policy.py):
+    #: Linux scheduling policy of the EnvManagerWorker and GroupQueueActor processes (roll_async/runtime/sched_policy.py):
     #: batch (SCHED_BATCH: same CPU share, but their wake-ups do not preempt vLLM's steps on a shared core) | normal.
     rollout_sched_policy: str = "batch"
     #: Ray CPUs reserved by each EnvManagerWorker actor.
@@ -228,7 +226,7 @@ class LoggingConfig:
     #: Write trajectories.jsonl (with decoded text) in the run directory.
     save_trajectories: bool = True
     #: Console level of roll-async's own messages (INFO adds start-up lines); vLLM, Ray and transformers reach
-    #: the console only at ERROR. Everything at INFO and above goes to RUN_DIR/logs/ (roll_async.logs).
+    #: the console only at ERROR. Everything at INFO and above goes to RUN_DIR/logs/ (roll_async.run_output.logs).
     level: str = "WARNING"
     #: Write each step's collated training batch to RUN_DIR/batches/ (replay it with replay.from=RUN_DIR).
     save_batches: bool = False
@@ -301,21 +299,27 @@ def _suggest(key: str, choices: list[str]) -> str:
 def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     path = path.resolve()
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist; pass a path to a YAML file, e.g. configs/sokoban.yaml")
+        raise ConfigError(
+            f"config file {str(path)!r} does not exist; pass a path to a YAML file, e.g. configs/sokoban.yaml"
+        )
     if path in seen:
-        raise ConfigError(f"config 'defaults' form a cycle through {str(path)!r}; remove one of the includes")
+        raise ConfigError(
+            f"config 'defaults' form a cycle through {str(path)!r}; remove one of the includes"
+        )
     try:
         raw = OmegaConf.load(path)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_line(path, exc)) from None
     if not isinstance(raw, DictConfig):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping at the top level"
+        )
     defaults = raw.pop("defaults", [])
     merged = OmegaConf.create({})
     for entry in defaults:
         if entry == "_self_":
             continue
-        base = (path.parent / str(entry))
+        base = path.parent / str(entry)
         if base.suffix not in (".yaml", ".yml"):
             base = base.with_suffix(".yaml")
         merged = OmegaConf.merge(merged, _load_yaml_with_defaults(base, seen + (path,)))
@@ -325,10 +329,14 @@ def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictCon
 def _yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:
     """``file:line:column: YAML syntax error: problem`` (1-based, as editors count)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    where = (
+        f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    )
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
-    return f"{where}: YAML syntax error: {problem}" + (f" ({context})" if context else "")
+    return f"{where}: YAML syntax error: {problem}" + (
+        f" ({context})" if context else ""
+    )
 
 
 def _sections_with_key(leaf: str, node: Any = None, prefix: str = "") -> list[str]:
@@ -343,7 +351,11 @@ def _sections_with_key(leaf: str, node: Any = None, prefix: str = "") -> list[st
         if dataclasses.is_dataclass(value):
             found.extend(_sections_with_key(leaf, value, path + "."))
         elif f.name == "custom_envs":
-            found.extend(_sections_with_key(leaf, CustomEnvConfig(env_type="x"), path + ".<Tag>."))
+            found.extend(
+                _sections_with_key(
+                    leaf, CustomEnvConfig(env_type="x"), path + ".<Tag>."
+                )
+            )
     return found
 
 
@@ -371,25 +383,35 @@ def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
     )
 
 
-def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+def load_config(
+    path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None
+) -> PipelineConfig:
     """Load YAML (with ``defaults``) and ``key=value`` overrides into a validated PipelineConfig."""
     schema = OmegaConf.structured(PipelineConfig)
     try:
         cfg = schema
         if path is not None:
-            cfg = OmegaConf.merge(cfg, _replay_from_alias(_load_yaml_with_defaults(Path(path))))
+            cfg = OmegaConf.merge(
+                cfg, _replay_from_alias(_load_yaml_with_defaults(Path(path)))
+            )
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
-                raise ConfigError(f"override {bad[0]!r} is not key=value; write it like mode=async")
-            cfg = OmegaConf.merge(cfg, _replay_from_alias(OmegaConf.from_dotlist(list(overrides))))
+                raise ConfigError(
+                    f"override {bad[0]!r} is not key=value; write it like mode=async"
+                )
+            cfg = OmegaConf.merge(
+                cfg, _replay_from_alias(OmegaConf.from_dotlist(list(overrides)))
+            )
         config: PipelineConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except ConfigKeyError as exc:
         raise _explain_unknown_key(exc) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         msg = str(exc).splitlines()[0]
-        raise ConfigError(f"config key '{key}': {msg}" if key else f"config error: {msg}") from None
+        raise ConfigError(
+            f"config key '{key}': {msg}" if key else f"config error: {msg}"
+        ) from None
     validate_config(config)
     return config
 
@@ -410,28 +432,44 @@ def config_to_yaml(config: PipelineConfig) -> str:
 # Cross-field rules
 
 
-def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfig, *, train: bool) -> None:
+def _validate_env_manager(
+    name: str, em: EnvManagerConfig, config: PipelineConfig, *, train: bool
+) -> None:
     if em.num_env_groups == 0 and not train:
         return
     if em.num_env_groups < 1:
-        raise ConfigError(f"{name}.num_env_groups={em.num_env_groups}: needs at least 1 group")
+        raise ConfigError(
+            f"{name}.num_env_groups={em.num_env_groups}: needs at least 1 group"
+        )
     if em.group_size < 1:
-        raise ConfigError(f"{name}.group_size={em.group_size}: needs at least 1 env per group")
+        raise ConfigError(
+            f"{name}.group_size={em.group_size}: needs at least 1 env per group"
+        )
     if em.group_size_redundancy < 0:
-        raise ConfigError(f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0")
+        raise ConfigError(
+            f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0"
+        )
     if em.max_env_num_per_worker < 1:
-        raise ConfigError(f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1")
+        raise ConfigError(
+            f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1"
+        )
     if em.max_worker_restarts < 0:
-        raise ConfigError(f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0")
+        raise ConfigError(
+            f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0"
+        )
     if em.worker_gc_threshold < 0:
-        raise ConfigError(f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)")
+        raise ConfigError(
+            f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)"
+        )
     if em.rollout_sched_policy not in SCHED_POLICIES:
         raise ConfigError(
             f"{name}.rollout_sched_policy={em.rollout_sched_policy!r} is unknown; use one of {sorted(SCHED_POLICIES)} "
             "(batch: the rollout's wake-ups do not preempt the engine; normal: the kernel's default)"
         )
     if em.env_step_timeout_s <= 0:
-        raise ConfigError(f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds")
+        raise ConfigError(
+            f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds"
+        )
     if not em.tags:
         raise ConfigError(
             f"{name}.tags is empty; name at least one env tag from custom_envs "
@@ -455,20 +493,26 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
                 f"not {name}.num_env_groups={em.num_env_groups}; make them agree"
             )
         if any(n < 0 for n in em.num_groups_partition):
-            raise ConfigError(f"{name}.num_groups_partition={list(em.num_groups_partition)}: counts must be >= 0")
+            raise ConfigError(
+                f"{name}.num_groups_partition={list(em.num_groups_partition)}: counts must be >= 0"
+            )
     elif em.num_env_groups < len(em.tags):
         raise ConfigError(
             f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
             f"raise num_env_groups or set num_groups_partition"
         )
     if em.worker_placement not in ("spread", "pack"):
-        raise ConfigError(f"{name}.worker_placement='{em.worker_placement}' is unknown; use spread or pack")
+        raise ConfigError(
+            f"{name}.worker_placement='{em.worker_placement}' is unknown; use spread or pack"
+        )
     if em.serve_order not in ("fifo", "first_complete"):
         raise ConfigError(
             f"{name}.serve_order='{em.serve_order}' is unknown.{_suggest(em.serve_order, ['fifo', 'first_complete'])} "
             "Choose fifo or first_complete"
         )
-    from roll_async.scheduler.filters import GROUP_FILTERS  # local: filters import only protocol
+    from roll_async.scheduler.filters import (
+        GROUP_FILTERS,  # local: filters import only protocol
+    )
 
     if em.group_filter not in GROUP_FILTERS:
         raise ConfigError(
@@ -480,61 +524,89 @@ def _validate_env_manager(name: str, em: EnvManagerConfig, config: PipelineConfi
 def validate_config(config: PipelineConfig) -> None:
     """Check every rule between fields; raise ConfigError naming the key and the fix."""
     if config.mode not in ("sync", "async"):
-        raise ConfigError(f"mode='{config.mode}' is unknown; use mode=sync or mode=async")
+        raise ConfigError(
+            f"mode='{config.mode}' is unknown; use mode=sync or mode=async"
+        )
     if config.mode == "sync" and config.max_staleness is not None:
         raise ConfigError(
             f"max_staleness={config.max_staleness} only applies to mode=async; remove it or set mode=async"
         )
-    if config.mode == "async" and config.max_staleness is not None and config.max_staleness < 1:
+    if (
+        config.mode == "async"
+        and config.max_staleness is not None
+        and config.max_staleness < 1
+    ):
         raise ConfigError(
             f"max_staleness={config.max_staleness} with mode=async allows no overlap between rollout and training; "
             "use mode=sync for on-policy training, or max_staleness>=1"
         )
     if config.sequence_length < 2:
-        raise ConfigError(f"sequence_length={config.sequence_length}: must be at least 2 tokens")
+        raise ConfigError(
+            f"sequence_length={config.sequence_length}: must be at least 2 tokens"
+        )
     if config.sequence_length > config.engine.max_model_len:
         raise ConfigError(
             f"sequence_length={config.sequence_length} exceeds engine.max_model_len={config.engine.max_model_len}; "
             "lower sequence_length or raise engine.max_model_len"
         )
     if config.engine.num_replicas < 1:
-        raise ConfigError(f"engine.num_replicas={config.engine.num_replicas}: must be >= 1")
+        raise ConfigError(
+            f"engine.num_replicas={config.engine.num_replicas}: must be >= 1"
+        )
     if config.engine.request_transport not in REQUEST_TRANSPORTS:
         raise ConfigError(
             f"engine.request_transport={config.engine.request_transport!r} is unknown."
             f"{_suggest(config.engine.request_transport, list(REQUEST_TRANSPORTS))} Choose one of: {', '.join(REQUEST_TRANSPORTS)}"
         )
     if config.generation.max_retries < 0:
-        raise ConfigError(f"generation.max_retries={config.generation.max_retries}: must be >= 0")
+        raise ConfigError(
+            f"generation.max_retries={config.generation.max_retries}: must be >= 0"
+        )
     _validate_sampling(config)
     for tag, env in config.custom_envs.items():
         _validate_env_placement(tag, env)
         if env.max_steps < 1:
-            raise ConfigError(f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1")
+            raise ConfigError(
+                f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1"
+            )
         if env.max_tokens_per_step < 1:
-            raise ConfigError(f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step}: must be >= 1")
+            raise ConfigError(
+                f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step}: must be >= 1"
+            )
         if env.max_tokens_per_step >= config.sequence_length:
             raise ConfigError(
                 f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step} must be below "
                 f"sequence_length={config.sequence_length}; lower it or raise sequence_length"
             )
+        check_not_moved(env.env_type, f"custom_envs.{tag}.env_type")
+        if env.agent:
+            check_not_moved(env.agent, f"custom_envs.{tag}.agent")
         if (env.env_type == "agent") != bool(env.agent):
             raise ConfigError(
                 f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "
                 f"(got env_type={env.env_type!r}, agent={env.agent!r})"
             )
-    _validate_env_manager("train_env_manager", config.train_env_manager, config, train=True)
-    _validate_env_manager("val_env_manager", config.val_env_manager, config, train=False)
+    _validate_env_manager(
+        "train_env_manager", config.train_env_manager, config, train=True
+    )
+    _validate_env_manager(
+        "val_env_manager", config.val_env_manager, config, train=False
+    )
     gs = config.train_env_manager.group_size
     if config.rollout_batch_size < 1 or config.rollout_batch_size % gs != 0:
         raise ConfigError(
             f"rollout_batch_size={config.rollout_batch_size} is not a positive multiple of "
             f"train_env_manager.group_size={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
         )
+    if config.trainer.trainer_cls:
+        check_not_moved(config.trainer.trainer_cls, "trainer.trainer_cls")
     _validate_training(config)
     if config.num_batches < 1:
         raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
-    if config.replay.from_dir is not None and not (Path(config.replay.from_dir) / "batches").is_dir():
+    if (
+        config.replay.from_dir is not None
+        and not (Path(config.replay.from_dir) / "batches").is_dir()
+    ):
         raise ConfigError(
             f"replay.from={config.replay.from_dir!r} has no batches/ directory; replay needs a run made with "
             "logging.save_batches=true"
@@ -567,7 +639,9 @@ def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:
         return
     urls = [env.service_url] if isinstance(env.service_url, str) else env.service_url
     if not isinstance(urls, (list, tuple)) or not urls:
-        raise ConfigError(f"custom_envs.{tag}.service_url={env.service_url!r}: give a URL or a list of URLs")
+        raise ConfigError(
+            f"custom_envs.{tag}.service_url={env.service_url!r}: give a URL or a list of URLs"
+        )
     for url in urls:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(
@@ -580,7 +654,9 @@ def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:
             "each env in its own process (its --isolation flag): remove isolation"
         )
     if env.service_max_retries < 0:
-        raise ConfigError(f"custom_envs.{tag}.service_max_retries={env.service_max_retries}: must be >= 0")
+        raise ConfigError(
+            f"custom_envs.{tag}.service_max_retries={env.service_max_retries}: must be >= 0"
+        )
 
 
 def _validate_training(config: PipelineConfig) -> None:
@@ -590,22 +666,32 @@ def _validate_training(config: PipelineConfig) -> None:
             f"trainer.advantage_estimator='{trainer.advantage_estimator}' is unknown; use grpo or rloo"
         )
     if trainer.loss_agg not in ("token_mean", "seq_mean"):
-        raise ConfigError(f"trainer.loss_agg='{trainer.loss_agg}' is unknown; use token_mean or seq_mean")
+        raise ConfigError(
+            f"trainer.loss_agg='{trainer.loss_agg}' is unknown; use token_mean or seq_mean"
+        )
     if trainer.micro_batch_size < 1:
-        raise ConfigError(f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1")
+        raise ConfigError(
+            f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1"
+        )
     if trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
     if len(trainer.adam_betas) != 2:
-        raise ConfigError(f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]")
+        raise ConfigError(
+            f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]"
+        )
     if trainer.max_token_lag < -1:
-        raise ConfigError(f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions")
+        raise ConfigError(
+            f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions"
+        )
     if trainer.tis_cap < 0 or trainer.kl_coef < 0:
         raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
     if trainer.simulate_step_s < 0 or trainer.simulate_sync_s < 0:
         raise ConfigError(
             f"trainer.simulate_step_s={trainer.simulate_step_s} / simulate_sync_s={trainer.simulate_sync_s}: must be >= 0"
         )
-    if trainer.simulate_step_s > 0 and (config.sft_warmup.enabled or trainer.trainer_cls):
+    if trainer.simulate_step_s > 0 and (
+        config.sft_warmup.enabled or trainer.trainer_cls
+    ):
         raise ConfigError(
             "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
@@ -616,15 +702,21 @@ def _validate_training(config: PipelineConfig) -> None:
             f"weight_sync.in_flight='{config.weight_sync.in_flight}' is unknown; use abort, wait or keep"
         )
     if config.weight_sync.interval < 1:
-        raise ConfigError(f"weight_sync.interval={config.weight_sync.interval}: must be >= 1")
+        raise ConfigError(
+            f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
+        )
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
-        raise ConfigError(f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]")
+        raise ConfigError(
+            f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
+        )
 
 
 def _validate_trainer_placement(trainer: TrainerConfig) -> None:
     """trainer.placement / num_gpus: only an actor gets GPUs from Ray, and a GPU device needs one."""
     if trainer.placement not in ("driver", "ray_actor"):
-        raise ConfigError(f"trainer.placement='{trainer.placement}' is unknown; use driver or ray_actor")
+        raise ConfigError(
+            f"trainer.placement='{trainer.placement}' is unknown; use driver or ray_actor"
+        )
     if trainer.num_gpus < 0:
         raise ConfigError(f"trainer.num_gpus={trainer.num_gpus}: must be >= 0")
     if trainer.placement == "driver" and trainer.num_gpus > 0:
@@ -637,7 +729,11 @@ def _validate_trainer_placement(trainer: TrainerConfig) -> None:
             "trainer.placement=ray_actor with trainer.simulate_step_s > 0: the simulated trainer loads no model and "
             "runs in the driver; set trainer.placement=driver"
         )
-    if trainer.placement == "ray_actor" and trainer.num_gpus == 0 and trainer.device.startswith("cuda"):
+    if (
+        trainer.placement == "ray_actor"
+        and trainer.num_gpus == 0
+        and trainer.device.startswith("cuda")
+    ):
         raise ConfigError(
             f"trainer.device={trainer.device!r} with trainer.placement=ray_actor and trainer.num_gpus=0: Ray gives the "
             "actor no GPU; set trainer.num_gpus (e.g. 1) or trainer.device=auto"

@@ -40,9 +40,15 @@ def apply_to_process(policy: str) -> str:
     Returns ``"unsupported"`` where the platform has no such policy (not Linux).
     """
     if policy not in POLICIES:
-        raise ValueError(f"scheduling policy {policy!r} is unknown; use one of {sorted(POLICIES)}")
+        raise ValueError(
+            f"scheduling policy {policy!r} is unknown; use one of {sorted(POLICIES)}"
+        )
     constant = getattr(os, POLICIES[policy], None)
-    if constant is None or not hasattr(os, "sched_setscheduler") or not os.path.isdir("/proc/self/task"):
+    if (
+        constant is None
+        or not hasattr(os, "sched_setscheduler")
+        or not os.path.isdir("/proc/self/task")
+    ):
         logger.debug("scheduling policy %s not available here; left unchanged", policy)
         return "unsupported"
     for tid in os.listdir("/proc/self/task"):

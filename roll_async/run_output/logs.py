@@ -37,9 +37,11 @@ def _level(level: str | int) -> int:
         return level
     value = logging.getLevelName(str(level).upper())
     if not isinstance(value, int):
-        from roll_async.config import ConfigError
+        from roll_async.errors import ConfigError
 
-        raise ConfigError(f"logging.level={level!r} is not a log level; use DEBUG, INFO, WARNING or ERROR")
+        raise ConfigError(
+            f"logging.level={level!r} is not a log level; use DEBUG, INFO, WARNING or ERROR"
+        )
     return value
 
 

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from roll_async.agent_gateway.task import load_agent_function
-from roll_async.config import ConfigError, CustomEnvConfig, PipelineConfig
+from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.envs import make_env
+from roll_async.errors import ConfigError, VisionInputError
 from roll_async.model.tiny import resolve_model_path
-from roll_async.multimodal import (
-    VisionInputError,
+from roll_async.prompts.images import (
     VisionProcessor,
     is_vision_tag,
     model_is_vision_language,
@@ -57,25 +57,40 @@ def check_envs(config: PipelineConfig) -> None:
             raise ConfigError(f"custom_envs.{tag}: {exc}") from None
 
 
-def check_env_out_of_process(tag: str, spec: CustomEnvConfig, config: PipelineConfig) -> None:
+def check_env_out_of_process(
+    tag: str, spec: CustomEnvConfig, config: PipelineConfig
+) -> None:
     """A tag on env servers: each URL answers and builds one env; an isolated tag: one env builds in a child."""
     from roll_async.env_service.client import check_service
     from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-    from roll_async.env_service.protocol import EnvServiceError, EnvServiceUnavailable
+    from roll_async.errors import EnvServiceError, EnvServiceUnavailable
 
     timeout = config.train_env_manager.env_step_timeout_s
     if spec.service_url:
         try:
-            _run_blocking(check_service(spec.service_url, spec.env_type, dict(spec.env_config), config.seed, timeout))
+            _run_blocking(
+                check_service(
+                    spec.service_url,
+                    spec.env_type,
+                    dict(spec.env_config),
+                    config.seed,
+                    timeout,
+                )
+            )
         except (EnvServiceUnavailable, EnvServiceError) as exc:
             raise ConfigError(f"custom_envs.{tag}.service_url: {exc}") from None
         return
-    env = ProcessEnv(functools.partial(make_env, spec.env_type, dict(spec.env_config)), name=f"{tag}-preflight")
+    env = ProcessEnv(
+        functools.partial(make_env, spec.env_type, dict(spec.env_config)),
+        name=f"{tag}-preflight",
+    )
     try:
         env.start(timeout_s=max(60.0, timeout))
         _run_blocking(asyncio.wait_for(env.reset(config.seed), timeout))
-    except (EnvProcessError, asyncio.TimeoutError) as exc:
-        raise ConfigError(f"custom_envs.{tag} (isolation: process): {exc or 'reset timed out'}") from None
+    except (TimeoutError, EnvProcessError) as exc:
+        raise ConfigError(
+            f"custom_envs.{tag} (isolation: process): {exc or 'reset timed out'}"
+        ) from None
     finally:
         env.kill("preflight done")
 
@@ -102,13 +117,17 @@ def check_vision(config: PipelineConfig, model_path: str) -> None:
             "or use render_mode: text"
         )
     try:
-        vision = VisionProcessor.load(model_path, trust_remote_code=config.model.trust_remote_code)
+        vision = VisionProcessor.load(
+            model_path, trust_remote_code=config.model.trust_remote_code
+        )
     except Exception as exc:
         raise ConfigError(
             f"model.path={config.model.path!r}: the image processor of {model_path!r} cannot be loaded offline "
             f"({type(exc).__name__}: {exc}); save the processor (processor.save_pretrained) into the model directory"
         ) from None
-    limit = dict(config.engine.engine_kwargs.get("limit_mm_per_prompt") or {}).get("image")
+    limit = dict(config.engine.engine_kwargs.get("limit_mm_per_prompt") or {}).get(
+        "image"
+    )
     for tag in tags:
         spec = config.custom_envs[tag]
         images_per_episode = spec.max_steps + 1
@@ -122,7 +141,10 @@ def check_vision(config: PipelineConfig, model_path: str) -> None:
             observation, _ = env.reset(seed=config.seed)
             encoder = observation_encoder(spec, vision)
             text = encoder.text(observation)
-            encoder.encode(vision.tokenizer(text, add_special_tokens=False)["input_ids"], observation)
+            encoder.encode(
+                vision.tokenizer(text, add_special_tokens=False)["input_ids"],
+                observation,
+            )
         except VisionInputError as exc:
             raise ConfigError(f"custom_envs.{tag}: {exc}") from None
         finally:
@@ -135,16 +157,24 @@ def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-    except Exception as exc:  # transformers raises OSError/ValueError/... for unusable paths
-        raise ConfigError(f"model.path={config.model.path!r}: cannot load a tokenizer from {model_path!r}: {exc}") from None
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_path, trust_remote_code=config.model.trust_remote_code
+        )
+    except (
+        Exception
+    ) as exc:  # transformers raises OSError/ValueError/... for unusable paths
+        raise ConfigError(
+            f"model.path={config.model.path!r}: cannot load a tokenizer from {model_path!r}: {exc}"
+        ) from None
     if not getattr(tokenizer, "chat_template", None) and not config.model.chat_template:
         raise ConfigError(
             f"model.path={config.model.path!r}: the tokenizer has no chat template; multi-turn prompts need one "
             "(set model.chat_template to a Jinja template file, or use an instruct/chat model or the offline tiny model)"
         )
     if tokenizer.eos_token_id is None:
-        raise ConfigError(f"model.path={config.model.path!r}: the tokenizer defines no eos token")
+        raise ConfigError(
+            f"model.path={config.model.path!r}: the tokenizer defines no eos token"
+        )
     return tokenizer
 
 
@@ -154,12 +184,19 @@ def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
     The error names what the template does (drops assistant content, cannot render the role order, ...)
     and the fix (``model.chat_template``).
     """
-    from roll_async.tokenization import ChatPromptBuilder, ChatTemplateError
+    from roll_async.errors import ChatTemplateError
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder
 
-    tags = set(config.train_env_manager.tags) | set(config.val_env_manager.tags if config.val_env_manager.num_env_groups > 0 else [])
-    for system_prompt in sorted({config.custom_envs[tag].system_prompt or "" for tag in tags}):
+    tags = set(config.train_env_manager.tags) | set(
+        config.val_env_manager.tags if config.val_env_manager.num_env_groups > 0 else []
+    )
+    for system_prompt in sorted(
+        {config.custom_envs[tag].system_prompt or "" for tag in tags}
+    ):
         try:
-            ChatPromptBuilder.for_model(tokenizer, config.model, system_prompt).describe()
+            ChatPromptBuilder.for_model(
+                tokenizer, config.model, system_prompt
+            ).describe()
         except ChatTemplateError as exc:
             raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
 
@@ -177,7 +214,9 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
         return
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    loaders = [("transformers (the trainer)", set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))]
+    loaders = [
+        ("transformers (the trainer)", set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))
+    ]
     try:
         from vllm.model_executor.models.registry import ModelRegistry
 

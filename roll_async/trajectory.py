@@ -17,7 +17,9 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 #: Why an episode ended. ``aborted`` is used when a sync-mode pause or a
 #: shutdown cancels an episode that had not finished; such trajectories are
 #: never handed to the trainer.
-StopReason = Literal["terminated", "max_steps", "max_length", "env_error", "engine_error", "aborted"]
+StopReason = Literal[
+    "terminated", "max_steps", "max_length", "env_error", "engine_error", "aborted"
+]
 
 
 @dataclass
@@ -35,7 +37,7 @@ class GenerationRequest:
     logprobs: bool = True
     ignore_eos: bool = False
     #: Images of the conversation so far in placeholder order, e.g. ``{"image": [PIL.Image, ...]}``; the
-    #: prompt ids then hold one image token per image (vLLM expands it; see roll_async.multimodal).
+    #: prompt ids then hold one image token per image (vLLM expands it; see roll_async.prompts.images).
     multi_modal_data: dict[str, list[Any]] | None = None
 
 

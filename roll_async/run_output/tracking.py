@@ -9,12 +9,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from roll_async.config import ConfigError, LoggingConfig
-from roll_async.run_dir import RunDirectory
+from roll_async.config.schema import LoggingConfig
+from roll_async.errors import ConfigError
+from roll_async.run_output.run_dir import RunDirectory
 
 
 class MetricsTracker:
-    def __init__(self, logging_config: LoggingConfig, run_dir: RunDirectory, run_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        logging_config: LoggingConfig,
+        run_dir: RunDirectory,
+        run_config: dict[str, Any],
+    ) -> None:
         self.run_dir = run_dir
         self._tensorboard = None
         self._wandb = None
@@ -34,9 +40,14 @@ class MetricsTracker:
                 raise ConfigError(
                     "logging.wandb=true needs the wandb package: pip install wandb (or set logging.wandb=false)"
                 ) from None
-            os.environ.setdefault("WANDB_MODE", "offline")  # offline unless the user chose otherwise
+            os.environ.setdefault(
+                "WANDB_MODE", "offline"
+            )  # offline unless the user chose otherwise
             self._wandb = wandb.init(
-                project=logging_config.wandb_project, dir=str(run_dir.root), config=run_config, reinit=True
+                project=logging_config.wandb_project,
+                dir=str(run_dir.root),
+                config=run_config,
+                reinit=True,
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

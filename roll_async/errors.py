@@ -1,0 +1,110 @@
+"""Errors that cross component boundaries, with one base class, so callers can catch roll-async's own failures.
+
+Each message names what failed and the fix. Errors that stay inside one module are defined there.
+"""
+
+from __future__ import annotations
+
+
+class RollAsyncError(Exception):
+    """Base of every error below."""
+
+
+# -- config ----------------------------------------------------------------------------------------------
+
+
+class ConfigError(RollAsyncError, ValueError):
+    """A config mistake; the message names the key and the fix."""
+
+
+# -- engine ----------------------------------------------------------------------------------------------
+
+
+class EngineStartupError(RollAsyncError, RuntimeError):
+    """The engine could not start; the message names the option or path and the fix."""
+
+
+class ReplicaDeadError(RollAsyncError, RuntimeError):
+    """The engine replica's process is gone (its actor died); the router fails over to another replica."""
+
+
+class NoLiveReplicaError(RollAsyncError, RuntimeError):
+    """Every engine replica died; the rollout cannot continue."""
+
+
+# -- rollout ---------------------------------------------------------------------------------------------
+
+
+class EngineRequestError(RollAsyncError, RuntimeError):
+    """An engine request failed after its retries; ends the rollout loop."""
+
+
+class EnvCallError(RollAsyncError, RuntimeError):
+    """make_env / reset / step raised or timed out."""
+
+
+class RolloutFatalError(RollAsyncError, RuntimeError):
+    """The rollout cannot continue; the message carries the root cause."""
+
+
+class QueueActorDeadError(RollAsyncError, RuntimeError):
+    """The GroupQueueActor's process is gone: no episode can be handed over or served."""
+
+
+# -- envs ------------------------------------------------------------------------------------------------
+
+
+class EnvServiceError(RollAsyncError, RuntimeError):
+    """The server answered that the env (or the request) failed; the episode ends ``env_error``."""
+
+    def __init__(
+        self, message: str, *, kind: str = "env_error", status: int = 500
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+class EnvServiceUnavailable(RollAsyncError, RuntimeError):
+    """No env server of a tag answers (transport errors after the retries); the rollout cannot go on."""
+
+
+# -- prompts ---------------------------------------------------------------------------------------------
+
+
+class ChatTemplateError(RollAsyncError, ValueError):
+    """The chat template cannot be used incrementally (the message names the behaviour and the fix)."""
+
+
+class VisionInputError(RollAsyncError, ValueError):
+    """An observation's images cannot be used (wrong mode, count mismatch, rejected by the processor)."""
+
+
+# -- trainer ---------------------------------------------------------------------------------------------
+
+
+class NonFiniteLossError(RollAsyncError, RuntimeError):
+    """A NaN/inf loss or gradient norm: the optimizer was not stepped; the run should stop at the last good checkpoint."""
+
+    def __init__(
+        self, step: int, traj_ids: list[str], what: str, detail: str = ""
+    ) -> None:
+        self.step = step
+        self.traj_ids = list(traj_ids)
+        self.what = what
+        shown = ", ".join(self.traj_ids[:4]) + (
+            f" (+{len(self.traj_ids) - 4} more)" if len(self.traj_ids) > 4 else ""
+        )
+        super().__init__(
+            f"non-finite {what} at step {step}{f' ({detail})' if detail else ''}; batch trajectories: "
+            f"{shown or '(none)'}. The optimizer step was skipped, so the weights are those before this update; "
+            "stop the run and resume from the last good checkpoint (check rewards and engine logprobs of these "
+            "trajectories, or lower trainer.lr)"
+        )
+
+
+# -- runtime ---------------------------------------------------------------------------------------------
+
+
+class ZmqConnectError(RollAsyncError, RuntimeError):
+    """An actor's call socket did not answer: a port blocked between nodes, most likely."""

@@ -1,0 +1,1 @@
+"""Token-exact prompt building from a model's own chat template, for text and for images."""

@@ -1,0 +1,1 @@
+"""What a run leaves behind: the run directory, log files, and tracking backends (TensorBoard, W&B)."""
