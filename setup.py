@@ -4,14 +4,17 @@ The repository keeps ``pipelines/`` and ``env_managers/`` at its root (the proje
 they install as ``roll_async.pipelines`` and ``roll_async.env_managers``, never as top-level packages.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 MAPPED_FOLDERS = {
     "roll_async.pipelines": "pipelines",
     "roll_async.env_managers": "env_managers",
 }
 
-packages = find_packages(include=["roll_async", "roll_async.*"])
+# Namespace discovery, so data folders (envs/data) count as packages and their files ship.
+packages = find_namespace_packages(
+    include=["roll_async", "roll_async.*"], exclude=["*.__pycache__"]
+)
 for package, folder in MAPPED_FOLDERS.items():
     packages += [package] + [f"{package}.{sub}" for sub in find_packages(folder)]
 

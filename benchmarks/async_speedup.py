@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import spread, write_json
+from benchmarks.common import ResultFiles, add_output_args, spread
 
 LONGTAIL_ENV = {
     "min_turns": 1,
@@ -143,11 +143,13 @@ async def run_once(
     }
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(
+    args: argparse.Namespace, out: ResultFiles | None = None
+) -> dict[str, Any]:
     import ray
 
     from roll_async.engine.engine_actor import launch_engines, shutdown_engines
-    from roll_async.model.tiny import resolve_model_path
+    from roll_async.model.paths import resolve_model_path
     from roll_async.runtime.ray_utils import init_ray
 
     init_ray(None, None)
@@ -176,10 +178,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             result = await run_once(mode, args, step_s, engine)
             result["role"] = "measured"
             runs.append(result)
-            write_json(
-                f"{args.name}_partial",
-                {"partial": True, "simulate_step_s": step_s, "runs": runs},
-            )
+            if out is not None:
+                out.write_json(
+                    {"partial": True, "simulate_step_s": step_s, "runs": runs},
+                    "_partial.json",
+                )
             print(
                 f"{mode:>5}: {result['steps_per_s']:.3f} steps/s (step {result['step_total_s_median']:.2f}s, "
                 f"rollout wait {result['rollout_wait_s_median']:.2f}s, load {result['load1']})",
@@ -269,14 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--name", default="async_speedup_cpu_quick")
+    add_output_args(parser, name_default="async_speedup_cpu")
     args = parser.parse_args(argv)
+    out = ResultFiles.claim(
+        args.name, [".json", ".md", "_partial.json"], overwrite=args.overwrite
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = asyncio.run(main_async(args))
-    path = write_json(args.name, result)
-    (path.parent / f"{args.name}_partial.json").unlink(missing_ok=True)
+    result = asyncio.run(main_async(args, out))
+    path = out.write_json(result)
+    out.path("_partial.json").unlink(missing_ok=True)
     saved = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(to_markdown(saved))
+    out.write_text(".md", to_markdown(saved))
     print(
         f"async ÷ sync: {result['async_vs_sync']:.2f}x; wrote {path} and {path.with_suffix('.md')}"
     )

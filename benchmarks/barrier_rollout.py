@@ -36,12 +36,12 @@ from roll_async.env_managers.env_manager import (
     EnvManager,
     _episode_metrics,
     _numeric_metrics,
-    append_generation,
 )
+from roll_async.env_managers.turn_generator import append_generation
 from roll_async.env_managers.worker import EnvFactory, RegisteredEnvFactory
 from roll_async.prompts.images import observation_text
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
-from roll_async.scheduler.group_queue import derive_seed, env_layout
+from roll_async.scheduler.layout import derive_seed, env_layout
 from roll_async.trajectory import GenerationRequest, Trajectory, TurnRecord
 
 _append = EnvManager._append

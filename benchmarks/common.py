@@ -1,7 +1,9 @@
-"""What every benchmark records next to its figures: the machine, the versions and the command."""
+"""What every benchmark records next to its figures (the machine, the versions and the command), and
+where it writes them: ``ResultFiles``, which never replaces a recorded result unasked."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -9,6 +11,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +69,130 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [*head, *sys.argv[1:]])
 
 
+class ResultExistsError(FileExistsError):
+    """A benchmark was about to replace a result file it was not asked to replace."""
+
+
+def device_kind() -> str:
+    """``gpu`` when torch sees a CUDA device, else ``cpu`` (the default result names end in it)."""
+    try:
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+class ResultFiles:
+    """The files one benchmark run writes: ``<results_dir>/<name><suffix>`` for each suffix.
+
+    Every benchmark writes through this one place. It is built before the run starts and
+    refuses then, if any of its files exists and ``overwrite`` is false, so a long run never
+    ends in a refusal and never replaces a recorded result unasked. The run then writes
+    only the files it claimed.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        suffixes: Sequence[str],
+        *,
+        overwrite: bool = False,
+        results_dir: Path | None = None,
+    ) -> None:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"result name {name!r}: a plain file stem, e.g. my_run")
+        self.name = name
+        self.results_dir = Path(RESULTS_DIR if results_dir is None else results_dir)
+        self.paths = {s: self.results_dir / f"{name}{s}" for s in suffixes}
+        if not overwrite:
+            for path in self.paths.values():
+                if path.exists():
+                    raise ResultExistsError(
+                        f"{_shown(path)} exists; pass --overwrite to replace it, or --name NEW to write new files"
+                    )
+
+    @classmethod
+    def claim(
+        cls,
+        name: str,
+        suffixes: Sequence[str],
+        *,
+        overwrite: bool = False,
+        results_dir: Path | None = None,
+    ) -> ResultFiles:
+        """The same, for a benchmark's ``main``: a refusal exits with one line naming the file."""
+        try:
+            return cls(name, suffixes, overwrite=overwrite, results_dir=results_dir)
+        except (ResultExistsError, ValueError) as e:
+            raise SystemExit(f"error: {e}") from None
+
+    def path(self, suffix: str) -> Path:
+        if suffix not in self.paths:
+            raise KeyError(
+                f"{self.name}{suffix} was not claimed (claimed: {sorted(self.paths)})"
+            )
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        return self.paths[suffix]
+
+    def write_json(self, payload: dict[str, Any], suffix: str = ".json") -> Path:
+        """``payload`` stamped with the time, the command and the machine; returns the path."""
+        path = self.path(suffix)
+        stamped = {
+            "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": command_line(),
+            "machine": machine_info(),
+            **payload,
+        }
+        path.write_text(json.dumps(stamped, indent=2))
+        return path
+
+    def write_text(self, suffix: str, text: str) -> Path:
+        path = self.path(suffix)
+        path.write_text(text)
+        return path
+
+
+def add_output_args(
+    parser: argparse.ArgumentParser, *, name_default: str | None, plots: bool = False
+) -> None:
+    """``--name``, ``--overwrite`` (and ``--no-plots``): the same output flags on every benchmark."""
+    parser.add_argument(
+        "--name",
+        default=name_default,
+        help="results file stem under benchmarks/results/ (default: "
+        + (name_default or "derived from the other flags, see the module's docstring")
+        + ")",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace result files of that name if they exist (default: refuse)",
+    )
+    if plots:
+        parser.add_argument(
+            "--no-plots", action="store_true", help="write no PNG files"
+        )
+
+
 def write_json(
-    name: str, payload: dict[str, Any], results_dir: Path = RESULTS_DIR
+    name: str,
+    payload: dict[str, Any],
+    results_dir: Path | None = None,
+    *,
+    overwrite: bool = False,
 ) -> Path:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{name}.json"
-    payload = {
-        "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": command_line(),
-        "machine": machine_info(),
-        **payload,
-    }
-    path.write_text(json.dumps(payload, indent=2))
-    return path
+    """One stamped JSON file; refuses (ResultExistsError) to replace an existing one unless ``overwrite``."""
+    return ResultFiles(
+        name, [".json"], overwrite=overwrite, results_dir=results_dir
+    ).write_json(payload)
 
 
 def spread(values: list[float]) -> dict[str, Any]:

@@ -18,10 +18,10 @@ import statistics
 import time
 import uuid
 
-from benchmarks.common import machine_info, write_json
+from benchmarks.common import ResultFiles, add_output_args, device_kind
 from roll_async.config.schema import EngineConfig
 from roll_async.engine import VLLMEngine
-from roll_async.model.tiny import resolve_model_path
+from roll_async.model.paths import resolve_model_path
 from roll_async.trajectory import GenerationRequest
 
 
@@ -127,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         default="float32",
         help="engine dtype (float32 matches the rollout configs)",
     )
-    parser.add_argument(
-        "--name",
-        default=None,
-        help="results file stem (default: engine_ceiling_<cpu|gpu>)",
-    )
+    add_output_args(parser, name_default=None)
     args = parser.parse_args(argv)
+    out = ResultFiles.claim(
+        args.name or f"engine_ceiling_{device_kind()}",
+        [".json", ".md"],
+        overwrite=args.overwrite,
+    )
     result = asyncio.run(run(args))
-    device = "gpu" if machine_info().get("gpu") else "cpu"
-    path = write_json(args.name or f"engine_ceiling_{device}", result)
+    path = out.write_json(result)
     saved = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(to_markdown(saved))
+    out.write_text(".md", to_markdown(saved))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 

@@ -29,9 +29,11 @@ After every repeat the engine ceiling (``benchmarks.engine_ceiling.measure``)
 is measured on the same engine at the grid point's concurrency and the mean
 prompt/output lengths its requests had. Over Ray, the driver's loops (barrier,
 replay, ceiling) run at the Ray workers' niceness and the rollout's scheduling
-policy, as the per-env workers do (``treat_driver_like_workers``). Results (JSON, CSV, markdown, PNG) go to
-``benchmarks/results/env_grouping_<cpu|gpu>_<name>.*``, stamped with the
-machine and the command. Ratios are only meaningful within one run.
+policy, as the per-env workers do (``treat_driver_like_workers``). Results (JSON, CSV, markdown, PNG
+unless ``--no-plots``) go to ``benchmarks/results/<--name>.*`` (default
+``env_grouping_<cpu|gpu>_<config name>``), stamped with the machine and the
+command; an existing file is never replaced without ``--overwrite``. Ratios are
+only meaningful within one run.
 
     python -m benchmarks.env_grouping                      # quick mode (CPU, tiny model, < 10 min)
     python -m benchmarks.env_grouping --config benchmarks/configs/grouping_full.yaml --model /models/Qwen2.5-7B-Instruct
@@ -47,6 +49,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,13 +59,19 @@ from typing import Any
 import yaml
 
 from benchmarks import process_cpu
-from benchmarks.common import RESULTS_DIR, machine_info, spread, write_json
+from benchmarks.common import (
+    ResultFiles,
+    add_output_args,
+    device_kind,
+    spread,
+)
 from benchmarks.grouping_stats import (
     BatchWindow,
     EngineSample,
     mean_request_shape,
     summarize_run,
 )
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import REQUEST_TRANSPORTS
 from roll_async.runtime import sched_policy
 from roll_async.trajectory import Trajectory
@@ -435,13 +444,15 @@ async def run_per_env(
         from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
         scheduler: Any = RolloutScheduler(
-            config, engine_handles=ctx.handles, tokenizer_path=ctx.model_path
+            rollout_spec(config, "train"),
+            engine_handles=ctx.handles,
+            tokenizer_path=ctx.model_path,
         )
     else:
         from roll_async.scheduler.local import LocalRolloutScheduler
 
         scheduler = LocalRolloutScheduler(
-            config, engines=ctx.engine, tokenizer=ctx.tokenizer
+            rollout_spec(config, "train"), engines=ctx.engine, tokenizer=ctx.tokenizer
         )
     sampler = EngineSampler(ctx.stats, ctx.sample_interval_s)
     trajectories: list[Trajectory] = []
@@ -847,7 +858,7 @@ async def _ceiling_for(
 
 async def start_engine(bench: BenchConfig) -> BenchContext:
     from roll_async.config.schema import EngineConfig
-    from roll_async.model.tiny import resolve_model_path
+    from roll_async.model.paths import resolve_model_path
     from roll_async.prompts.prompt_builder import load_tokenizer
 
     model_path = resolve_model_path(bench.model)
@@ -1241,11 +1252,26 @@ def _ceiling_steps_clause(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list[Path]:
-    path = write_json(stem, result)
+#: The files a grouping run writes, without and with plots.
+RESULT_SUFFIXES = (".json", ".csv", ".md")
+PLOT_SUFFIXES = (".png", "_sweep.png")
+
+
+def claim_results(
+    stem: str, plots: bool = True, overwrite: bool = False
+) -> ResultFiles:
+    """Where a grouping run named ``stem`` writes; exits with one line if a file exists and not ``overwrite``."""
+    suffixes = RESULT_SUFFIXES + (PLOT_SUFFIXES if plots else ())
+    return ResultFiles.claim(stem, suffixes, overwrite=overwrite)
+
+
+def write_results(
+    result: dict[str, Any], out: ResultFiles, plots: bool = True
+) -> list[Path]:
+    path = out.write_json(result)
     saved = json.loads(path.read_text())
     written = [path]
-    csv_path = path.with_suffix(".csv")
+    csv_path = out.path(".csv")
     with csv_path.open("w", newline="") as f:
         f.write(
             f"# command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n"
@@ -1260,17 +1286,13 @@ def write_results(result: dict[str, Any], stem: str, plots: bool = True) -> list
                 }
             )
     written.append(csv_path)
-    md_path = path.with_suffix(".md")
-    md_path.write_text(to_markdown(saved))
-    written.append(md_path)
+    written.append(out.write_text(".md", to_markdown(saved)))
     if plots:
         from benchmarks.grouping_plots import plot_overview, plot_sweep
 
         title = f"{saved['name']} | {saved['transport']} | {saved['machine'].get('gpu') or saved['machine'].get('cpu_model')} x{saved['machine'].get('cpu_count')} | {saved['command']}"
-        written.append(plot_overview(saved["rows"], path.with_suffix(".png"), title))
-        sweep = plot_sweep(
-            saved["rows"], path.with_name(path.stem + "_sweep.png"), title
-        )
+        written.append(plot_overview(saved["rows"], out.path(".png"), title))
+        sweep = plot_sweep(saved["rows"], out.path("_sweep.png"), title)
         if sweep is not None:
             written.append(sweep)
     return written
@@ -1339,12 +1361,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=SCHEDULERS,
         help="run only these schedulers (at every point that has them)",
     )
-    parser.add_argument(
-        "--name",
-        default=None,
-        help="results file stem (default: env_grouping_<cpu|gpu>_<config name>)",
-    )
-    parser.add_argument("--no-plots", action="store_true")
+    add_output_args(parser, name_default=None, plots=True)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -1353,15 +1370,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--simulate",
         action="store_true",
-        help="run the scale simulation instead (benchmarks.scale_sim); other arguments go to it",
+        help="run the scale simulation instead (benchmarks.scale_sim); every other argument goes to it",
     )
-    args, rest = parser.parse_known_args(argv)
-    if args.simulate:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--simulate" in argv:
+        # Hand every other argument over as given (--name, --no-plots, --repeats, ...): this parser
+        # must not consume the ones both benchmarks know.
         from benchmarks import scale_sim
 
-        return scale_sim.main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return scale_sim.main([a for a in argv if a != "--simulate"])
+    args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -1417,19 +1435,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"{w.name:>14} {p.label:>14} {s:>12}: {p.num_envs} envs, batch {c.rollout_batch_size} x {c.num_batches}, {mode}"
                     )
         return 0
-    result = asyncio.run(run_benchmark(bench))
-    device = "gpu" if machine_info().get("gpu") else "cpu"
-    for path in write_results(
-        result,
-        args.name or f"env_grouping_{device}_{bench.name}",
+    out = claim_results(
+        args.name or f"env_grouping_{device_kind()}_{bench.name}",
         plots=not args.no_plots,
-    ):
-        print(f"wrote {path}")
-    saved = json.loads(
-        (
-            RESULTS_DIR / f"{args.name or f'env_grouping_{device}_{bench.name}'}.json"
-        ).read_text()
+        overwrite=args.overwrite,
     )
+    result = asyncio.run(run_benchmark(bench))
+    for path in write_results(result, out, plots=not args.no_plots):
+        print(f"wrote {path}")
+    saved = json.loads(out.path(".json").read_text())
     print("\n".join(headline(saved)))
     return 0
 

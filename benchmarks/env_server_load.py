@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from benchmarks.common import spread, write_json
+from benchmarks.common import ResultFiles, add_output_args, spread
 from roll_async.metrics import percentile
 
 WRONG_ANSWER = "<answer>1 + 1</answer>"  # well formed, (almost always) not the target: episodes run to max_steps
@@ -174,18 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=16, help="server threads for --isolation none"
     )
-    parser.add_argument(
-        "--name",
-        default=None,
-        help="result file name (default env_server_load_<isolation>)",
-    )
+    add_output_args(parser, name_default=None)
     args = parser.parse_args(argv)
+    out = ResultFiles.claim(
+        args.name or f"env_server_load_{args.isolation}",
+        [".json", ".md"],
+        overwrite=args.overwrite,
+    )
     args.load_at_start = [round(x, 2) for x in os.getloadavg()]
     payload = asyncio.run(run(args))
-    name = args.name or f"env_server_load_{args.isolation}"
-    path = write_json(name, payload)
+    path = out.write_json(payload)
     md = to_markdown({**payload, **__import__("json").loads(path.read_text())})
-    path.with_suffix(".md").write_text(md)
+    out.write_text(".md", md)
     print(md)
     return 0
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, write_json
+from benchmarks.common import ResultFiles, add_output_args
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/demo_learn_frozen_lake.yaml"
@@ -264,7 +264,7 @@ def plot(
     plt.close(fig)
 
 
-def markdown(payload: dict[str, Any], png_name: str) -> str:
+def markdown(payload: dict[str, Any], png_name: str | None) -> str:
     results = payload["results"]
     k = next(iter(results.values()))["summary"]["k"]
     modes = ", ".join("`" + " ".join(v) + "`" for v in MODE_OVERRIDES.values())
@@ -322,22 +322,32 @@ def markdown(payload: dict[str, Any], png_name: str) -> str:
             + "; ".join(parts)
             + ".",
         ]
-    lines += ["", f"![learning curves]({png_name})", ""]
+    if png_name:
+        lines += ["", f"![learning curves]({png_name})"]
+    lines += [""]
     return "\n".join(lines)
 
 
+def claim_results(args: argparse.Namespace) -> ResultFiles:
+    """The files this run writes; exits with one line if one exists and ``--overwrite`` was not given."""
+    suffixes = [".json", ".md"] + ([] if args.no_plots else [".png"])
+    return ResultFiles.claim(args.name, suffixes, overwrite=args.overwrite)
+
+
 def record(
-    name: str, results: dict[str, dict[str, Any]], args: argparse.Namespace
+    out: ResultFiles, results: dict[str, dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Path]:
     window = args.smooth
-    png = RESULTS_DIR / f"{name}.png"
-    tag = next(iter(results.values()))["env_tag"]
-    plot(
-        results,
-        window,
-        png,
-        f"{tag}: tiny model, SFT warm start then GRPO ({args.steps} steps)",
-    )
+    png = None
+    if not args.no_plots:
+        png = out.path(".png")
+        tag = next(iter(results.values()))["env_tag"]
+        plot(
+            results,
+            window,
+            png,
+            f"{tag}: tiny model, SFT warm start then GRPO ({args.steps} steps)",
+        )
     payload = {
         "config": args.config,
         "overrides": args.set,
@@ -347,11 +357,13 @@ def record(
         "results": results,
         "reference_policies": reference_policies(args.config, list(args.set)),
     }
-    json_path = write_json(name, payload)
+    json_path = out.write_json(payload)
     payload = json.loads(json_path.read_text())  # with recorded_at, command, machine
-    md_path = RESULTS_DIR / f"{name}.md"
-    md_path.write_text(markdown(payload, png.name))
-    return {"json": json_path, "md": md_path, "png": png}
+    md_path = out.write_text(".md", markdown(payload, png.name if png else None))
+    written = {"json": json_path, "md": md_path}
+    if png is not None:
+        written["png"] = png
+    return written
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,11 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="short run, recorded as learning_demo_quick.*",
     )
-    p.add_argument(
-        "--name",
-        default=None,
-        help="results file stem (default: learning_demo[_quick])",
-    )
+    add_output_args(p, name_default=None, plots=True)
     p.add_argument(
         "--runs-dir",
         default=None,
@@ -429,6 +437,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    out = claim_results(args)
     results: dict[str, dict[str, Any]] = {}
     if args.from_runs is not None:
         for item in args.from_runs:
@@ -443,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = runs_dir / mode
             wall = run_mode(args.config, mode, args.steps, run_dir, list(args.set))
             results[mode] = summarise(run_dir, args.k, wall)
-    paths = record(args.name, results, args)
+    paths = record(out, results, args)
     for mode, res in results.items():
         s = res["summary"]
         print(

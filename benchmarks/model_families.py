@@ -58,7 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--out", default="benchmarks/results/model_families.md")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="update an existing --out file (rows of families not re-run are kept); default: refuse",
+    )
     args = parser.parse_args(argv)
+    from benchmarks.common import ResultFiles
+
+    out_file = Path(args.out)
+    ResultFiles.claim(
+        out_file.stem,
+        [out_file.suffix],
+        overwrite=args.overwrite,
+        results_dir=out_file.parent,
+    )
     families = [f for f in args.families.split(",") if f]
     results = asyncio.run(_run(families))
     load = os.getloadavg()

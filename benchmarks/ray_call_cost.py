@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.common import spread, write_json
+from benchmarks.common import ResultFiles, add_output_args, spread
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
 from roll_async.trajectory import GenerationRequest, GenerationResult
 
@@ -232,12 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ray-num-cpus", type=int, default=None)
-    parser.add_argument("--name", default="ray_call_cost_cpu", help="results file stem")
+    add_output_args(parser, name_default="ray_call_cost_cpu")
     args = parser.parse_args(argv)
+    out = ResultFiles.claim(args.name, [".json", ".md"], overwrite=args.overwrite)
     result = asyncio.run(run(args))
-    path = write_json(args.name, result)
+    path = out.write_json(result)
     saved = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(to_markdown(saved))
+    out.write_text(".md", to_markdown(saved))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     for row in saved["rows"]:
         print(

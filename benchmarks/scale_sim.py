@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, spread, write_json
+from benchmarks.common import RESULTS_DIR, ResultFiles, add_output_args, spread
 from benchmarks.sim_engine import DecodeLatencyModel
 
 DEFAULT_CALIBRATION = RESULTS_DIR / "engine_ceiling_cpu.json"
@@ -188,7 +188,8 @@ def _warm_up(config: Any, tokenizer: Any) -> None:
 async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     """One scale point in this process."""
     from benchmarks.sim_engine import SimEngine
-    from roll_async.model.tiny import resolve_model_path
+    from roll_async.config.rollout_spec import rollout_spec
+    from roll_async.model.paths import resolve_model_path
     from roll_async.prompts.prompt_builder import load_tokenizer
     from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
     from roll_async.scheduler.local import LocalRolloutScheduler
@@ -211,7 +212,9 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
 
     rss_base = _rss_bytes()
     cpu_build0 = time.process_time()
-    scheduler = LocalRolloutScheduler(config, engines=engine, tokenizer=tokenizer)
+    scheduler = LocalRolloutScheduler(
+        rollout_spec(config, "train"), engines=engine, tokenizer=tokenizer
+    )
     build_cpu = time.process_time() - cpu_build0
     # This process stands for an EnvManagerWorker (it hosts the env loops only), so it takes a worker's GC settings.
     tune_gc_for_env_loops(config.train_env_manager.worker_gc_threshold)
@@ -424,7 +427,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         "the figures err high); env CPU µs / traj: the "
         "env's own calls (CPU of the thread that ran each, `EnvManagerStats.env_cpu_s`); scheduler CPU µs / traj (/ turn): "
         "rollout minus env: queue, env loops, prompt building, routing, thread hops (field "
-        "`scheduler_cpu_us_per_trajectory`; before issue 12's last change it included the env's own work). CPU share of "
+        "`scheduler_cpu_us_per_trajectory`; older result files counted the env's own work in it). CPU share of "
         "wall: that CPU over the same wall time (1.0 = one core saturated, the rollout side would be the bottleneck); "
         "traj per CPU-s: trajectories one core can drive at that cost. KB / env: RSS growth over envs, after building "
         "the scheduler and at the peak while running (every env built, mid-episode). sim engine tok/s ÷ its ceiling: "
@@ -475,9 +478,6 @@ def main(argv: list[str] | None = None) -> int:
         help="tokenizer's model dir (default: the offline tiny model)",
     )
     parser.add_argument(
-        "--name", default=None, help="results file stem (default: scale_sim_<cpu|gpu>)"
-    )
-    parser.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -490,13 +490,19 @@ def main(argv: list[str] | None = None) -> int:
         help="custom_envs.SimTail.isolation: inline (env calls on the event loop; the env takes "
         "microseconds) or none (the worker's env threads)",
     )
-    parser.add_argument("--no-plots", action="store_true")
+    add_output_args(parser, name_default=None, plots=True)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.child is not None:
         return _child_main(args)
+    device = "gpu" if "gpu" in Path(args.calibration).stem else "cpu"
+    results = ResultFiles.claim(
+        args.name or f"scale_sim_{device}",
+        [".json", ".md", ".csv"] + ([] if args.no_plots else [".png"]),
+        overwrite=args.overwrite,
+    )
     rows = []
     passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
     for n in [n for n in args.envs for _ in range(args.repeats)]:
@@ -523,8 +529,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['rss_kb_per_env_built']:.1f} KB/env built, {time.perf_counter() - started:.0f}s",
                 flush=True,
             )
-    device = "gpu" if "gpu" in Path(args.calibration).stem else "cpu"
-    stem = args.name or f"scale_sim_{device}"
     result = {
         "simulation": True,
         "calibration": args.calibration
@@ -545,22 +549,22 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": summarize_repeats(rows),
     }
-    path = write_json(stem, result)
+    path = results.write_json(result)
     saved = json.loads(path.read_text())
-    path.with_suffix(".md").write_text(to_markdown(saved))
-    with path.with_suffix(".csv").open("w", newline="") as f:
+    results.write_text(".md", to_markdown(saved))
+    with results.path(".csv").open("w", newline="") as f:
         f.write(
             f"# SIMULATION. command: {saved['command']}\n# recorded: {saved['recorded_at']}\n# machine: {json.dumps(saved['machine'])}\n"
         )
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    written = [path, path.with_suffix(".md"), path.with_suffix(".csv")]
+    written = [path, results.path(".md"), results.path(".csv")]
     if not args.no_plots:
         from benchmarks.grouping_plots import plot_scale
 
         title = f"SIMULATION (engine calibrated from {saved['calibration']}) | {saved['machine'].get('cpu_model')} x{saved['machine'].get('cpu_count')} | {saved['command']}"
-        written.append(plot_scale(rows, path.with_suffix(".png"), title))
+        written.append(plot_scale(rows, results.path(".png"), title))
     for p in written:
         print(f"wrote {p}")
     return 0

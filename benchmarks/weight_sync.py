@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.common import write_json
+from benchmarks.common import ResultFiles, add_output_args
 
 
 class ReplicaStandIn:
@@ -173,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bucket-mb", type=int, default=256)
-    parser.add_argument("--name", default="weight_sync_cpu")
+    add_output_args(parser, name_default="weight_sync_cpu")
     args = parser.parse_args(argv)
+    out = ResultFiles.claim(args.name, [".json", ".md"], overwrite=args.overwrite)
     result = asyncio.run(main_async(args))
-    path = write_json(args.name, result)
-    path.with_suffix(".md").write_text(to_markdown(json.loads(path.read_text())))
+    path = out.write_json(result)
+    out.write_text(".md", to_markdown(json.loads(path.read_text())))
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 

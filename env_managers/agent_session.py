@@ -1,19 +1,8 @@
-"""One agent episode: run the user's ``async def agent(client, task)`` against this worker's agent gateway.
-
-The EnvManager calls :func:`run_agent_episode` instead of its env loop when the
-tag names ``custom_envs.<Tag>.agent``. Every model call the agent makes goes
-through :class:`~roll_async.agent_gateway.session.AgentSession` to the
-EnvManager's own ``_generate`` (retries, continuation after an abort, weight
-versions: the same path as env turns). The agent's return value is the
-episode reward; the session's last segment becomes the trajectory.
-
-Stop reasons: ``terminated`` (the agent returned); ``max_steps`` /
-``max_length`` (the session refused a call over ``custom_envs.<Tag>.max_steps``
-or ``sequence_length``; the agent may still return a reward, else it is 0);
-``env_error`` (the agent raised, returned something that is not a reward, made
-no model call, or spent longer than ``env_step_timeout_s`` between model
-calls: its own time, not generation time). An engine failure after retries
-ends the loop as in any episode.
+"""Agent tags (``custom_envs.<Tag>.agent``) play an episode by running the user's
+``async def agent(client, task)`` against the worker's agent gateway instead of
+stepping an env; this module runs that episode for the EnvManager and turns the
+agent's session into a trajectory, with every model call going through the same
+:class:`~roll_async.env_managers.turn_generator.TurnGenerator` as env turns.
 """
 
 from __future__ import annotations
@@ -21,152 +10,204 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.session import AgentSession, Sampling
 from roll_async.agent_gateway.task import AgentTask, agent_result, load_agent_function
+from roll_async.config.schema import CustomEnvConfig, GenerationConfig
+from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter
+from roll_async.env_managers.turn_generator import TurnGeneration, TurnGenerator
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trajectory import EpisodeSpec, Trajectory
-
-if TYPE_CHECKING:
-    from roll_async.env_managers.env_manager import EnvManager
 
 
 class AgentEpisodeError(RuntimeError):
     """The agent code failed: raised, timed out, returned no reward or made no model call."""
 
 
-async def run_agent_episode(
-    manager: EnvManager, spec: EpisodeSpec, trajectory: Trajectory
-) -> Trajectory:
-    settings = manager.settings
-    cfg = settings.custom_env
-    gateway: AgentGateway | None = manager.agent_gateway
-    if gateway is None:
-        raise RuntimeError(
-            f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway"
-        )
-    agent_fn = load_agent_function(cfg.agent or "", f"custom_envs.{settings.tag}.agent")
-    await gateway.ensure_started()
+class AgentEpisodeSettings(Protocol):
+    """The tag's settings an agent episode reads (an EnvManagerSettings has them)."""
 
-    sampling_overrides = 0
-
-    async def generate(
-        prompt: list[int], max_tokens: int, sampling: Sampling, call: int
-    ) -> Any:
-        nonlocal sampling_overrides
-        manager._set_phase("generate", call)
-        training_sampling, overridden = _training_sampling(
-            sampling, settings.generation
-        )
-        sampling_overrides += overridden
-        return await manager._generate(
-            trajectory, call, max_tokens, prompt_ids=prompt, sampling=training_sampling
-        )
-
-    session = AgentSession(
-        uuid.uuid4().hex[:12],
-        manager.prompts,
-        generate,
-        model_name=manager.agent_model_name,
-        max_tokens_per_step=cfg.max_tokens_per_step,
-        sequence_length=settings.sequence_length,
-        max_calls=cfg.max_steps,
-    )
-    base_url = gateway.open_session(session)
-    import openai
-
-    client = openai.AsyncOpenAI(
-        base_url=base_url,
-        api_key="roll-async-local",
-        max_retries=0,
-        timeout=settings.generation.request_timeout_s * 2,
-    )
-    task = AgentTask(
-        seed=spec.seed,
-        env_config={**dict(cfg.env_config), **(spec.env_config_override or {})},
-        tag=spec.tag,
-        group_id=spec.group_id,
-        episode_id=spec.episode_id,
-        model=session.model_name,
-        max_tokens=cfg.max_tokens_per_step,
-        max_steps=cfg.max_steps,
-    )
-    manager._set_phase("env_step", 0)
-    agent_task = asyncio.create_task(
-        agent_fn(client, task), name=f"agent-{trajectory.traj_id}"
-    )
-    try:
-        value = await _await_agent(
-            agent_task, session, settings.env_step_timeout_s, manager
-        )
-        if session.engine_error is not None:
-            raise session.engine_error
-        reward, metrics = agent_result(value)
-        stop_reason = session.limit_reason or "terminated"
-    except AgentEpisodeError as exc:
-        if session.engine_error is not None:
-            raise session.engine_error from None
-        if session.limit_reason is None or not session.segments:
-            return manager._fail(_fill(trajectory, session), exc)
-        reward, metrics, stop_reason = 0.0, {}, session.limit_reason
-    except ValueError as exc:  # agent_result: not a reward
-        return manager._fail(_fill(trajectory, session), exc)
-    finally:
-        if not agent_task.done():
-            agent_task.cancel()
-            await asyncio.gather(agent_task, return_exceptions=True)
-        gateway.close_session(session.session_id)
-        await client.close()
-    if not session.segments:
-        return manager._fail(
-            trajectory,
-            AgentEpisodeError(
-                "the agent made no model call; there is nothing to train on"
-            ),
-        )
-    _fill(trajectory, session)
-    trajectory.episode_reward = reward
-    trajectory.turns[-1].reward = reward
-    trajectory.stop_reason = stop_reason
-    trajectory.metrics = {
-        **_session_metrics(session),
-        "agent_sampling_overrides": float(sampling_overrides),
-        **metrics,
-    }
-    trajectory.finished_at = time.time()
-    manager.stats.episodes += 1
-    return trajectory
+    tag: str
+    custom_env: CustomEnvConfig
+    sequence_length: int
+    generation: GenerationConfig
+    env_step_timeout_s: float
 
 
-async def _await_agent(
-    agent_task: asyncio.Task,
-    session: AgentSession,
-    timeout_s: float,
-    manager: EnvManager,
-) -> Any:
-    """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model calls."""
-    clock = manager._clock
-    while True:
-        idle_for = 0.0 if session.busy else clock() - session.last_activity
-        done, _ = await asyncio.wait(
-            {agent_task}, timeout=max(0.01, timeout_s - idle_for)
-        )
-        if done:
-            break
-        if not session.busy and clock() - session.last_activity >= timeout_s:
-            agent_task.cancel()
-            await asyncio.gather(agent_task, return_exceptions=True)
-            manager.stats.env_timeouts += 1
-            raise AgentEpisodeError(
-                f"agent code exceeded env_step_timeout_s={timeout_s}s without a model call"
+class AgentEpisodeRunner:
+    """Plays the agent episodes of one EnvManager.
+
+    Every model call the agent makes goes through an
+    :class:`~roll_async.agent_gateway.session.AgentSession` to the EnvManager's
+    :class:`TurnGenerator` (retries, continuation after an abort, weight versions:
+    the same path as env turns). The agent's return value is the episode reward;
+    the session's last segment becomes the trajectory.
+
+    Stop reasons: ``terminated`` (the agent returned); ``max_steps`` /
+    ``max_length`` (the session refused a call over ``custom_envs.<Tag>.max_steps``
+    or ``sequence_length``; the agent may still return a reward, else it is 0).
+    :meth:`run` raises :class:`AgentEpisodeError` (the caller records an
+    ``env_error``) when the agent raised, returned something that is not a reward,
+    made no model call, or spent longer than ``env_step_timeout_s`` between model
+    calls (its own time, not generation time). An engine failure after retries
+    propagates as in any episode.
+    """
+
+    def __init__(
+        self,
+        settings: AgentEpisodeSettings,
+        *,
+        gateway: AgentGateway | None,
+        model_name: str,
+        prompts: ChatPromptBuilder,
+        turns: TurnGenerator,
+        phases: PhaseReporter,
+        stats: EnvManagerStats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self.model_name = model_name
+        self.prompts = prompts
+        self.turns = turns
+        self.phases = phases
+        self.stats = stats
+        self._clock = clock
+
+    async def run(self, spec: EpisodeSpec, trajectory: Trajectory) -> Trajectory:
+        """Play ``spec`` into ``trajectory``; on AgentEpisodeError the trajectory holds what was played."""
+        settings = self.settings
+        cfg = settings.custom_env
+        gateway = self.gateway
+        if gateway is None:
+            raise RuntimeError(
+                f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway"
             )
-    if agent_task.cancelled():
-        raise AgentEpisodeError("the agent task was cancelled")
-    exc = agent_task.exception()
-    if exc is not None:
-        raise AgentEpisodeError(f"agent raised {type(exc).__name__}: {exc}") from exc
-    return agent_task.result()
+        agent_fn = load_agent_function(
+            cfg.agent or "", f"custom_envs.{settings.tag}.agent"
+        )
+        await gateway.ensure_started()
+
+        sampling_overrides = 0
+
+        async def generate(
+            prompt: list[int], max_tokens: int, sampling: Sampling, call: int
+        ) -> TurnGeneration:
+            nonlocal sampling_overrides
+            training_sampling, overridden = _training_sampling(
+                sampling, settings.generation
+            )
+            sampling_overrides += overridden
+            return await self.turns.generate(
+                trajectory,
+                call,
+                max_tokens,
+                prompt_ids=prompt,
+                sampling=training_sampling,
+            )
+
+        session = AgentSession(
+            uuid.uuid4().hex[:12],
+            self.prompts,
+            generate,
+            model_name=self.model_name,
+            max_tokens_per_step=cfg.max_tokens_per_step,
+            sequence_length=settings.sequence_length,
+            max_calls=cfg.max_steps,
+        )
+        base_url = gateway.open_session(session)
+        import openai  # optional dependency (the ``envs`` extra), needed by agent tags only
+
+        client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key="roll-async-local",
+            max_retries=0,
+            timeout=settings.generation.request_timeout_s * 2,
+        )
+        task = AgentTask(
+            seed=spec.seed,
+            env_config={**dict(cfg.env_config), **(spec.env_config_override or {})},
+            tag=spec.tag,
+            group_id=spec.group_id,
+            episode_id=spec.episode_id,
+            model=session.model_name,
+            max_tokens=cfg.max_tokens_per_step,
+            max_steps=cfg.max_steps,
+        )
+        self.phases.set_phase("env_step", 0)
+        agent_task = asyncio.create_task(
+            agent_fn(client, task), name=f"agent-{trajectory.traj_id}"
+        )
+        try:
+            value = await self._await_agent(
+                agent_task, session, settings.env_step_timeout_s
+            )
+            if session.engine_error is not None:
+                raise session.engine_error
+            reward, metrics = agent_result(value)
+            stop_reason = session.limit_reason or "terminated"
+        except AgentEpisodeError:
+            if session.engine_error is not None:
+                raise session.engine_error from None
+            if session.limit_reason is None or not session.segments:
+                _fill(trajectory, session)
+                raise
+            reward, metrics, stop_reason = 0.0, {}, session.limit_reason
+        except ValueError as exc:  # agent_result: not a reward
+            _fill(trajectory, session)
+            raise AgentEpisodeError(str(exc)) from exc
+        finally:
+            if not agent_task.done():
+                agent_task.cancel()
+                await asyncio.gather(agent_task, return_exceptions=True)
+            gateway.close_session(session.session_id)
+            await client.close()
+        if not session.segments:
+            raise AgentEpisodeError(
+                "the agent made no model call; there is nothing to train on"
+            )
+        _fill(trajectory, session)
+        trajectory.episode_reward = reward
+        trajectory.turns[-1].reward = reward
+        trajectory.stop_reason = stop_reason
+        trajectory.metrics = {
+            **_session_metrics(session),
+            "agent_sampling_overrides": float(sampling_overrides),
+            **metrics,
+        }
+        trajectory.finished_at = time.time()
+        return trajectory
+
+    async def _await_agent(
+        self, agent_task: asyncio.Task, session: AgentSession, timeout_s: float
+    ) -> Any:
+        """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model calls."""
+        clock = self._clock
+        while True:
+            idle_for = 0.0 if session.busy else clock() - session.last_activity
+            done, _ = await asyncio.wait(
+                {agent_task}, timeout=max(0.01, timeout_s - idle_for)
+            )
+            if done:
+                break
+            if not session.busy and clock() - session.last_activity >= timeout_s:
+                agent_task.cancel()
+                await asyncio.gather(agent_task, return_exceptions=True)
+                self.stats.env_timeouts += 1
+                raise AgentEpisodeError(
+                    f"agent code exceeded env_step_timeout_s={timeout_s}s without a model call"
+                )
+        if agent_task.cancelled():
+            raise AgentEpisodeError("the agent task was cancelled")
+        exc = agent_task.exception()
+        if exc is not None:
+            raise AgentEpisodeError(
+                f"agent raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return agent_task.result()
 
 
 def _fill(trajectory: Trajectory, session: AgentSession) -> Trajectory:
@@ -185,7 +226,9 @@ def _fill(trajectory: Trajectory, session: AgentSession) -> Trajectory:
     return trajectory
 
 
-def _training_sampling(requested: Sampling, generation: Any) -> tuple[Sampling, bool]:
+def _training_sampling(
+    requested: Sampling, generation: GenerationConfig
+) -> tuple[Sampling, bool]:
     """The request's sampling with temperature / top_p / top_k set to ``generation.*``; True if that changed them.
 
     The trainer scores every batch under ``generation.*`` (roll_async.sampling), so the behaviour

@@ -1,13 +1,10 @@
 """Hosting EnvManagers: an in-process host with a watchdog, and the Ray actor that wraps it.
 
-``EnvManagerHost`` runs up to ``max_env_num_per_worker`` EnvManagers as asyncio
-tasks in one event loop, shares one thread pool for sync env calls, runs the
-watchdog and turns a dying loop into a reported root cause. It has no Ray in
-it, so the in-process LocalRolloutScheduler and unit tests use it directly.
-``EnvManagerWorker`` is the Ray actor: it loads the tokenizer, builds a Router
-over the engine replicas' handles and a client for the GroupQueueManager actor,
-and delegates to a host. Ray places workers (``num_cpus_per_worker``), so with a
-cluster address they spread over nodes.
+Many env loops share one process, one thread pool and one watchdog, and a
+dying loop must become a reported root cause rather than a silent hang; the
+host does that without Ray, so the in-process LocalRolloutScheduler and unit
+tests use it directly, and the EnvManagerWorker actor only adds what a Ray
+process needs (the tokenizer, a Router over engine handles, a queue client).
 """
 
 from __future__ import annotations
@@ -17,13 +14,14 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
-from roll_async.config.schema import CustomEnvConfig, PipelineConfig
+from roll_async.config.rollout_spec import RolloutSpec
+from roll_async.config.schema import CustomEnvConfig
 from roll_async.engine.engine_actor import engine_clients
 from roll_async.engine.router import EngineClient, Router
 from roll_async.env_managers.env_manager import (
@@ -32,6 +30,7 @@ from roll_async.env_managers.env_manager import (
     EpisodeScheduler,
 )
 from roll_async.env_service.env_builder import env_builder
+from roll_async.envs import make_env
 from roll_async.errors import QueueActorDeadError
 from roll_async.prompts.images import (
     VisionProcessor,
@@ -52,24 +51,17 @@ EnvFactory = Callable[[str, dict[str, Any]], Any]
 
 
 class RegisteredEnvFactory:
-    """Builds the env of a tag from ``custom_envs[tag].env_type`` (picklable, imports envs lazily)."""
+    """Builds the env of a tag from ``custom_envs[tag].env_type`` (picklable: it holds only the env type names)."""
 
-    def __init__(self, custom_envs: dict[str, CustomEnvConfig]) -> None:
+    def __init__(self, custom_envs: Mapping[str, CustomEnvConfig]) -> None:
         self.env_types = {tag: env.env_type for tag, env in custom_envs.items()}
 
     def __call__(self, tag: str, env_config: dict[str, Any]) -> Any:
-        from roll_async.envs import make_env
-
         return make_env(self.env_types[tag], env_config)
 
 
-def env_manager_config(config: PipelineConfig, which: str):
-    return config.train_env_manager if which == "train" else config.val_env_manager
-
-
 def build_env_managers(
-    config: PipelineConfig,
-    which: str,
+    spec: RolloutSpec,
     env_specs: Sequence[tuple[int, str]],
     *,
     scheduler: EpisodeScheduler,
@@ -79,31 +71,31 @@ def build_env_managers(
     executor: Executor | None = None,
     vision: VisionProcessor | None = None,
 ) -> list[EnvManager]:
-    """One EnvManager per (env_id, tag); validation ('val') envs decode greedily."""
-    em = env_manager_config(config, which)
-    factory = env_factory or RegisteredEnvFactory(config.custom_envs)
-    request_prefix = f"{which}-{uuid.uuid4().hex[:6]}-"
+    """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily)."""
+    em = spec.env_manager
+    factory = env_factory or RegisteredEnvFactory(spec.custom_envs)
+    request_prefix = f"{spec.role}-{uuid.uuid4().hex[:6]}-"
     # One loopback chat endpoint per worker, for the agent tags (started on the first agent episode).
     agent_gateway = (
         AgentGateway()
-        if any(config.custom_envs[tag].agent for _, tag in env_specs)
+        if any(spec.custom_envs[tag].agent for _, tag in env_specs)
         else None
     )
     builders: dict[str, ChatPromptBuilder] = {}
     managers = []
     for env_id, tag in env_specs:
-        custom_env = config.custom_envs[tag]
+        custom_env = spec.custom_envs[tag]
         if tag not in builders:
             builders[tag] = ChatPromptBuilder.for_model(
-                tokenizer, config.model, custom_env.system_prompt
+                tokenizer, spec.model, custom_env.system_prompt
             )
         settings = EnvManagerSettings(
             tag=tag,
             custom_env=custom_env,
-            sequence_length=config.sequence_length,
-            generation=config.generation,
+            sequence_length=spec.sequence_length,
+            generation=spec.generation,
             env_step_timeout_s=em.env_step_timeout_s,
-            greedy=which == "val",
+            greedy=spec.greedy,
         )
         managers.append(
             EnvManager(
@@ -118,7 +110,7 @@ def build_env_managers(
                 executor=executor,
                 request_prefix=request_prefix,
                 agent_gateway=agent_gateway,
-                agent_model_name=served_model_name(config.model.path),
+                agent_model_name=served_model_name(spec.model.path),
                 observations=observation_encoder(custom_env, vision),
             )
         )
@@ -330,8 +322,7 @@ class EnvManagerWorker:
     def __init__(
         self,
         worker_index: int,
-        config: PipelineConfig,
-        which: str,
+        spec: RolloutSpec,
         env_specs: list[tuple[int, str]],
         scheduler_handle: Any,
         engine_handles: list[Any],
@@ -340,33 +331,32 @@ class EnvManagerWorker:
         incarnation: int = 0,
         tokenizer_files: dict[str, bytes] | None = None,
     ) -> None:
-        em = env_manager_config(config, which)
+        em = spec.env_manager
         self.worker_index = worker_index
         self.incarnation = incarnation
         self._scheduler_handle = scheduler_handle
         # The driver's path if this node has it (shared or same machine), else the files shipped through Ray.
         tokenizer_path = node_files.local_dir(tokenizer_path, tokenizer_files)
         tokenizer = load_tokenizer(
-            tokenizer_path, trust_remote_code=config.model.trust_remote_code
+            tokenizer_path, trust_remote_code=spec.model.trust_remote_code
         )
         vision = None
-        if any(is_vision_tag(config.custom_envs[tag]) for _, tag in env_specs):
+        if any(is_vision_tag(spec.custom_envs[tag]) for _, tag in env_specs):
             vision = VisionProcessor.load(
-                tokenizer_path, trust_remote_code=config.model.trust_remote_code
+                tokenizer_path, trust_remote_code=spec.model.trust_remote_code
             )
         self._router = Router(
-            engine_clients(engine_handles, config.engine.request_transport),
+            engine_clients(engine_handles, spec.request_transport),
             rotation_offset=worker_index,
         )
         self._scheduler_client = RaySchedulerClient(
-            scheduler_handle, incarnation, transport=config.engine.request_transport
+            scheduler_handle, incarnation, transport=spec.request_transport
         )
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
         )
         managers = build_env_managers(
-            config,
-            which,
+            spec,
             env_specs,
             scheduler=self._scheduler_client,
             engine_for=self._router.client_for,

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from roll_async import metrics as m
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
+from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.replica_fleet import EngineReplicaFleet
-from roll_async.errors import ConfigError
+from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async.pipelines.preflight import preflight
@@ -37,8 +39,17 @@ from roll_async.run_output.run_dir import RunDirectory
 from roll_async.run_output.tracking import MetricsTracker
 from roll_async.runtime.ray_utils import init_ray
 from roll_async.sampling import SamplingSettings
+from roll_async.scheduler.rollout_scheduler import RolloutScheduler
+from roll_async.scheduler.validation import ValidationScheduler
+from roll_async.trainer import build_sft_examples, checkpoint_dir, prune_checkpoints
 from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.trainer.collate import collate_trajectories
+from roll_async.trainer.trainer_actor import (
+    build_placed_trainer,
+    engine_weight_refs,
+    release_trainer,
+    sft_warm_start,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +85,6 @@ class AgenticPipeline:
 
     def _prepare_trainer(self) -> dict[str, float]:
         """Build the trainer, resume or warm start it; all before any actor exists."""
-        from roll_async.trainer import build_sft_examples
-        from roll_async.trainer.trainer_actor import (
-            build_placed_trainer,
-            sft_warm_start,
-        )
-
         config = self.config
         self.model_path, self.tokenizer = preflight(config)
         # The distribution train rollouts sample from, engine-side logit bias included (the trainer scores under it).
@@ -155,9 +160,6 @@ class AgenticPipeline:
             )
 
     async def _start_actors(self) -> None:
-        from roll_async.engine.engine_actor import launch_engines
-        from roll_async.scheduler import RolloutScheduler, ValidationScheduler
-
         config = self.config
         self._ensure_ray()
         if self._owns_engines:
@@ -179,16 +181,21 @@ class AgenticPipeline:
                 version=self.version_base + self.start_step, in_flight="wait"
             )
         self.train_scheduler = RolloutScheduler(
-            config,
+            rollout_spec(config, "train"),
             engine_handles=self.engines,
             tokenizer_path=self.model_path,
-            which="train",
             start_step=self.start_step,
             seed_state=self.resumed_seed_state,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
-            self.val_scheduler = ValidationScheduler.create(
-                config, engine_handles=self.engines, tokenizer_path=self.model_path
+            val_spec = rollout_spec(config, "val")
+            self.val_scheduler = ValidationScheduler.for_spec(
+                val_spec,
+                RolloutScheduler(
+                    val_spec,
+                    engine_handles=self.engines,
+                    tokenizer_path=self.model_path,
+                ),
             )
 
     # -- weight sync -------------------------------------------------------------------
@@ -199,7 +206,6 @@ class AgenticPipeline:
         if getattr(self.trainer, "simulated", False):
             await self._push_simulated_version(version, in_flight)
             return time.perf_counter() - start
-        from roll_async.trainer.trainer_actor import engine_weight_refs
 
         # Packed once and put in the object store once for every replica (not one pickled copy per replica),
         # by the process holding the trainer (a trainer actor's weights never pass through the driver).
@@ -230,8 +236,6 @@ class AgenticPipeline:
     # -- the loop ------------------------------------------------------------------------
 
     async def _checkpoint(self, step: int) -> None:
-        from roll_async.trainer import checkpoint_dir, prune_checkpoints
-
         assert self.run_dir is not None
         seed_state = None
         if self.train_scheduler is not None:
@@ -253,8 +257,6 @@ class AgenticPipeline:
         self, last_completed: int, last_saved: int
     ) -> str | None:
         """The checkpoint of the last completed step (saved now unless it already was); None before any step."""
-        from roll_async.trainer import checkpoint_dir
-
         assert self.run_dir is not None
         if last_completed > last_saved:
             try:
@@ -293,8 +295,6 @@ class AgenticPipeline:
             self.interrupt.uninstall()
 
     async def _run(self) -> Path:
-        from roll_async.errors import NonFiniteLossError
-
         config = self.config
         configure_console(config.logging.level)
         if config.replay.from_dir:
@@ -424,9 +424,6 @@ class AgenticPipeline:
 
     async def shutdown(self) -> None:
         import ray
-
-        from roll_async.engine.engine_actor import shutdown_engines
-        from roll_async.trainer.trainer_actor import release_trainer
 
         for scheduler in (self.train_scheduler, self.val_scheduler):
             if scheduler is not None:

@@ -12,8 +12,9 @@ import uuid
 from typing import Any
 
 from roll_async.config.schema import PipelineConfig
+from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.envs import make_env
-from roll_async.model.tiny import resolve_model_path
+from roll_async.model.paths import resolve_model_path
 from roll_async.prompts.images import observation_text
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.runtime.ray_utils import init_ray
@@ -48,8 +49,6 @@ async def _generate_batch(
 ) -> dict[str, float]:
     import ray
     from transformers import AutoTokenizer
-
-    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 
     model_path = resolve_model_path(config.model.path)
     tokenizer = AutoTokenizer.from_pretrained(

@@ -15,15 +15,24 @@ from typing import Any
 
 from roll_async.agent_gateway.task import load_agent_function
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
+from roll_async.env_service.client import check_service
+from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
-from roll_async.errors import ConfigError, VisionInputError
-from roll_async.model.tiny import resolve_model_path
+from roll_async.errors import (
+    ChatTemplateError,
+    ConfigError,
+    EnvServiceError,
+    EnvServiceUnavailable,
+    VisionInputError,
+)
+from roll_async.model.paths import resolve_model_path
 from roll_async.prompts.images import (
     VisionProcessor,
     is_vision_tag,
     model_is_vision_language,
     observation_encoder,
 )
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 
 
 def used_tags(config: PipelineConfig) -> list[str]:
@@ -61,10 +70,6 @@ def check_env_out_of_process(
     tag: str, spec: CustomEnvConfig, config: PipelineConfig
 ) -> None:
     """A tag on env servers: each URL answers and builds one env; an isolated tag: one env builds in a child."""
-    from roll_async.env_service.client import check_service
-    from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-    from roll_async.errors import EnvServiceError, EnvServiceUnavailable
-
     timeout = config.train_env_manager.env_step_timeout_s
     if spec.service_url:
         try:
@@ -184,9 +189,6 @@ def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
     The error names what the template does (drops assistant content, cannot render the role order, ...)
     and the fix (``model.chat_template``).
     """
-    from roll_async.errors import ChatTemplateError
-    from roll_async.prompts.prompt_builder import ChatPromptBuilder
-
     tags = set(config.train_env_manager.tags) | set(
         config.val_env_manager.tags if config.val_env_manager.num_env_groups > 0 else []
     )
@@ -202,7 +204,11 @@ def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
 
 
 def check_architecture(config: PipelineConfig, model_path: str) -> None:
-    """The model's architecture must be one transformers (trainer) and vLLM (engine) can load."""
+    """The model's architecture must be one transformers (trainer) and vLLM (engine) can load.
+
+    The trainer loads a vision-language model through transformers' image-text-to-text classes and any
+    other model as a causal LM (roll_async.trainer.grpo_trainer.load_causal_lm); the check follows it.
+    """
     import json
     from pathlib import Path
 
@@ -212,11 +218,14 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
     architectures = json.loads(config_file.read_text()).get("architectures") or []
     if not architectures or config.model.trust_remote_code:
         return
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto import modeling_auto
 
-    loaders = [
-        ("transformers (the trainer)", set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()))
-    ]
+    if model_is_vision_language(model_path):
+        kind = "image-text-to-text"
+        names = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    else:
+        kind, names = "causal-LM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    loaders = [("transformers (the trainer)", _class_names(names.values()))]
     try:
         from vllm.model_executor.models.registry import ModelRegistry
 
@@ -227,10 +236,18 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
         for arch in architectures:
             if arch not in supported:
                 raise ConfigError(
-                    f"model.path={config.model.path!r}: {loader} has no causal-LM implementation of architecture {arch}; "
+                    f"model.path={config.model.path!r}: {loader} has no {kind} implementation of architecture {arch}; "
                     "use a supported architecture (`roll-async make-tiny-model --family` lists tested ones; "
                     "model.trust_remote_code=true for custom code)"
                 )
+
+
+def _class_names(values: Any) -> set[str]:
+    """Class names of a transformers auto mapping (a value is one name or a tuple of names)."""
+    names: set[str] = set()
+    for value in values:
+        names.update([value] if isinstance(value, str) else value)
+    return names
 
 
 def preflight(config: PipelineConfig) -> tuple[str, Any]:

@@ -11,22 +11,22 @@ import logging
 import time
 from pathlib import Path
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
+from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.pipelines.console import format_rollout_line
 from roll_async.pipelines.preflight import preflight
 from roll_async.run_output.logs import attach_run_logs, configure_console
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.runtime.ray_utils import init_ray
+from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
 logger = logging.getLogger(__name__)
 
 
 async def run_rollout_async(config: PipelineConfig) -> Path:
     import ray
-
-    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
-    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     configure_console(config.logging.level)
     model_path, tokenizer = preflight(
@@ -41,7 +41,9 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     try:
         engines = await launch_engines(model_path, config.engine)
         scheduler = RolloutScheduler(
-            config, engine_handles=engines, tokenizer_path=model_path, which="train"
+            rollout_spec(config, "train"),
+            engine_handles=engines,
+            tokenizer_path=model_path,
         )
         for step in range(config.num_batches):
             started = time.perf_counter()

@@ -7,7 +7,9 @@ and a command never pays for vLLM or Ray unless it uses them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Literal
 
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
@@ -55,7 +57,46 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> int:
+    """``--check``: what the pipeline runs before its first actor, nothing more (no Ray, no vLLM).
+
+    Loads and validates the config, resolves the model (building the offline tiny model if missing), checks
+    its architecture, tokenizer, chat template and images, and builds one env per tag (the pipelines' own
+    ``preflight``). Prints one OK line and returns 0, or the error and 1.
+    """
+    from roll_async.config.schema import load_config
+    from roll_async.errors import ConfigError
+    from roll_async.pipelines.preflight import preflight, used_tags
+
+    try:
+        config = load_config(args.config, args.overrides)
+        model_path, _ = preflight(config)
+    except ConfigError as exc:
+        print(f"roll-async: {args.config}: config error: {exc}", file=sys.stderr)
+        return 1
+    except (
+        Exception
+    ) as exc:  # the check reports every failure as a result, not a traceback
+        print(
+            f"roll-async: {args.config}: check failed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    work = (
+        f"{config.max_steps} steps of {config.rollout_batch_size} trajectories"
+        if command == "train"
+        else f"{config.num_batches} batches of {config.rollout_batch_size} trajectories"
+    )
+    print(
+        f"OK {args.config}: {command} mode={config.mode}, model {model_path}, "
+        f"envs {', '.join(used_tags(config))}, {work} (checked; nothing started)"
+    )
+    return 0
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args, "rollout")
     from roll_async.config.schema import load_config
     from roll_async.pipelines.rollout_pipeline import run_rollout
 
@@ -64,6 +105,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args, "train")
     from roll_async.config.schema import load_config
     from roll_async.pipelines.agentic_pipeline import run_train
     from roll_async.pipelines.interrupt import (
@@ -122,6 +165,26 @@ def _cmd_env_server(args: argparse.Namespace) -> int:
     from roll_async.env_service.server import main as serve
 
     return serve(args)
+
+
+def _add_check_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config, model, tokenizer and envs as the run would before its first actor, "
+        "print one OK line and exit (0: OK, 1: the error); starts neither Ray nor vLLM",
+    )
+
+
+def _importable_from_working_directory() -> None:
+    """Modules a config names (env_type, agent, trainer_cls) resolve from the directory the command runs in.
+
+    Ray puts the driver's working directory on its workers' import path; the console script does not put
+    it on the driver's, so without this the driver's checks could not import what the workers will.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         help="key=value config overrides, e.g. num_batches=4 output_dir=runs/x",
     )
+    _add_check_flag(p)
     p.set_defaults(func=_cmd_rollout)
 
     p = sub.add_parser(
@@ -212,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         help="key=value config overrides, e.g. mode=async max_staleness=2",
     )
+    _add_check_flag(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -255,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _importable_from_working_directory()
     from roll_async.run_output.logs import configure_console
 
     configure_console(

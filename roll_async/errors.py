@@ -1,6 +1,7 @@
 """Errors that cross component boundaries, with one base class, so callers can catch roll-async's own failures.
 
-Each message names what failed and the fix. Errors that stay inside one module are defined there.
+Each message names what failed and the fix; errors that stay inside one module
+are defined there.
 """
 
 from __future__ import annotations

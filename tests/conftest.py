@@ -60,3 +60,10 @@ async def engine(ray_session, tiny_model_path, engine_config):
     )
     yield actor
     await shutdown_engines([actor])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every integration test is also ``slow``: ``-m "not slow"`` is the fast tier of unit tests."""
+    for item in items:
+        if item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.slow)

@@ -1,18 +1,9 @@
 """The loopback OpenAI-compatible endpoint agent code talks to: one aiohttp server per EnvManagerWorker.
 
-Each episode gets a session and a base URL ``http://127.0.0.1:<port>/sessions/<id>/v1``,
-so the plain ``openai.AsyncOpenAI(base_url=...)`` client reaches its own
-session with no custom headers. Routes under that prefix:
-
-* ``GET  /v1/models`` (and ``/v1/models/<id>``): the served model;
-* ``POST /v1/chat/completions``: :meth:`AgentSession.chat_completion`.
-
-Everything else, an unknown or ended session, a malformed body or a request
-the session cannot serve gets an OpenAI-style ``{"error": {...}}`` response
-with a 4xx status, never a hang. aiohttp is the project's HTTP library (servers
-and clients); the server runs in the worker's event loop beside the env loops,
-binds the loopback only and an ephemeral port, and starts on the first agent
-episode.
+Agent code written against the plain ``openai.AsyncOpenAI`` client should run
+unchanged; giving each episode its own base URL on a loopback server in the
+worker's event loop lets it reach its own session with no custom headers, and
+every request the session cannot serve gets an OpenAI-style error, never a hang.
 """
 
 from __future__ import annotations
@@ -33,7 +24,22 @@ _MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class AgentGateway:
-    """Serves the chat-completions sessions of one worker's agent episodes."""
+    """Serves the chat-completions sessions of one worker's agent episodes.
+
+    Each episode gets a session and a base URL ``http://127.0.0.1:<port>/sessions/<id>/v1``,
+    so the plain ``openai.AsyncOpenAI(base_url=...)`` client reaches its own
+    session with no custom headers. Routes under that prefix:
+
+    * ``GET  /v1/models`` (and ``/v1/models/<id>``): the served model;
+    * ``POST /v1/chat/completions``: :meth:`AgentSession.chat_completion`.
+
+    Everything else, an unknown or ended session, a malformed body or a request
+    the session cannot serve gets an OpenAI-style ``{"error": {...}}`` response
+    with a 4xx status, never a hang. aiohttp is the project's HTTP library (servers
+    and clients); the server runs in the worker's event loop beside the env loops,
+    binds the loopback only and an ephemeral port, and starts on the first agent
+    episode.
+    """
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host

@@ -1,25 +1,9 @@
 """One agent episode's chat-completions state: token-in/token-out across calls, segments when history is rewritten.
 
-A call *extends* the conversation when its messages are exactly the previous
-call's messages, then the assistant reply that call returned (role and text),
-then one or more non-assistant messages. Its prompt is then the previous
-prompt ids + the generated ids as the engine returned them + the template's
-turn closure + the template delta for the new messages
-(``ChatPromptBuilder.closure_ids_after`` and ``continuation_ids``): nothing is
-re-rendered. Any other call (the agent edited, dropped or summarised history,
-or changed the reply text) starts a new *segment* whose prompt is the template
-render of its messages; ``segment_breaks`` counts these.
-
-Only the last segment becomes the trajectory (see docs/architecture.md "Agent
-sessions"); earlier segments are kept here for the counts.
-
-Requests the session cannot serve faithfully raise :class:`OpenAIError`, which
-the server turns into an OpenAI-style error response: tools/function calling,
-``n`` > 1, streaming, penalties and logit bias (the trainer could not reproduce
-the behaviour logprobs), non-text content, a model id that is not the served
-one. When the episode's limits are reached (``max_steps`` calls, or no room
-left under ``sequence_length``) the call gets an error too and the session
-records why, so the episode ends with that stop reason.
+Agent code sends whole message lists, but training needs the exact ids the
+engine saw and generated; a session extends its ids while calls only append,
+starts a new segment when the agent rewrites history, and refuses what the
+trainer could not reproduce.
 """
 
 from __future__ import annotations
@@ -125,7 +109,29 @@ class Segment:
 
 
 class AgentSession:
-    """The chat-completions endpoint of one episode (see the module docstring)."""
+    """The chat-completions endpoint of one episode (see the module docstring).
+
+    A call *extends* the conversation when its messages are exactly the previous
+    call's messages, then the assistant reply that call returned (role and text),
+    then one or more non-assistant messages. Its prompt is then the previous
+    prompt ids + the generated ids as the engine returned them + the template's
+    turn closure + the template delta for the new messages
+    (``ChatPromptBuilder.closure_ids_after`` and ``continuation_ids``): nothing is
+    re-rendered. Any other call (the agent edited, dropped or summarised history,
+    or changed the reply text) starts a new *segment* whose prompt is the template
+    render of its messages; ``segment_breaks`` counts these.
+
+    Only the last segment becomes the trajectory (see docs/architecture.md "Agent
+    sessions"); earlier segments are kept here for the counts.
+
+    Requests the session cannot serve faithfully raise :class:`OpenAIError`, which
+    the server turns into an OpenAI-style error response: tools/function calling,
+    ``n`` > 1, streaming, penalties and logit bias (the trainer could not reproduce
+    the behaviour logprobs), non-text content, a model id that is not the served
+    one. When the episode's limits are reached (``max_steps`` calls, or no room
+    left under ``sequence_length``) the call gets an error too and the session
+    records why, so the episode ends with that stop reason.
+    """
 
     def __init__(
         self,

@@ -1,7 +1,9 @@
 """Ray hosting for VLLMEngine: launch replicas with a startup deadline, reach them, shut them down cleanly.
 
-The actor is an async Ray actor with a high ``max_concurrency`` so that hundreds
-of EnvManagers can await ``generate`` at once; vLLM batches them continuously.
+The engine runs as an async Ray actor with a high ``max_concurrency`` so that
+hundreds of EnvManagers can await ``generate`` at once while vLLM batches them
+continuously; a replica that never starts must fail the run with a reason, not
+hang it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The driver's engine replicas for weight syncs: pause, update, resume on the live ones only.
 
-The rollout side already survives a replica that dies (``router.py``: its episodes
-fail over to the survivors). The driver must too: a weight sync that called
-pause / update / resume on every handle would raise at the first sync after a
-death and end the run. ``EngineReplicaFleet`` owns the handles, marks a replica
-dead when a call on it raises one of Ray's actor-death errors (logged with its
-index and the reason), keeps syncing the others, and always resumes every
-survivor it paused (a replica left paused would stall its episodes for good).
-Only when no replica is left does a sync raise ``NoLiveReplicaError``.
+The rollout side already survives a replica that dies (its episodes fail over
+to the survivors); the driver must too, or a weight sync after a death would
+raise and end the run.
 """
 
 from __future__ import annotations
@@ -25,7 +20,17 @@ logger = logging.getLogger(__name__)
 
 
 class EngineReplicaFleet:
-    """Engine actor handles (index = replica index, as in the Routers) and which of them are dead."""
+    """Engine actor handles (index = replica index, as in the Routers) and which of them are dead.
+
+    The rollout side already survives a replica that dies (``router.py``: its episodes
+    fail over to the survivors). The driver must too: a weight sync that called
+    pause / update / resume on every handle would raise at the first sync after a
+    death and end the run. ``EngineReplicaFleet`` owns the handles, marks a replica
+    dead when a call on it raises one of Ray's actor-death errors (logged with its
+    index and the reason), keeps syncing the others, and always resumes every
+    survivor it paused (a replica left paused would stall its episodes for good).
+    Only when no replica is left does a sync raise ``NoLiveReplicaError``.
+    """
 
     def __init__(
         self,

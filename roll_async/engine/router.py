@@ -1,34 +1,10 @@
 """Router: spreads EnvManagers' generate calls over engine replicas.
 
-Sticky per episode. The first request of an env's episode picks a replica; every
-later turn of that episode goes to the same one, so its growing conversation
-keeps hitting that replica's prefix cache (prime-rl saw a consistent-hash router
-drop prefix-cache hits from 98% to 5%). The EnvManager calls ``end_episode`` when
-the episode ends, which releases the binding: the next episode picks again.
-
-Least loaded by a global count. Each EnvManagerWorker owns one Router, so what a
-router has in flight itself says nothing about the other workers' load. A
-router therefore polls every replica's own count of requests inside ``generate``
-(``stats()["in_flight"]``, one call per replica every ``load_poll_s``, off the
-request path) and adds what it has sent since that poll. A new episode goes to
-the replica with the lowest such count (ties: fewest bound episodes, then a
-rotation offset so that routers in different workers do not all favour
-replica 0). The request path does a few integer updates and no remote call; the
-polls cost ``replicas / load_poll_s`` Ray calls per second per worker, whatever
-the request rate (not yet benchmarked separately), and none while only one
-replica is live.
-
-Rebalanced when overloaded. At the start of a turn, an episode whose replica
-carries more than ``rebalance_ratio`` times the least loaded replica's count
-(and at least ``rebalance_min_gap`` requests more) moves to the least loaded one:
-it loses its prefix cache once, the overloaded replica sheds load.
-
-Failover. A replica whose actor died (``ReplicaDeadError``: Ray reports the actor
-dead or unreachable) is marked dead; its episodes are re-bound to the survivors
-and the request that failed is re-sent to a survivor at once (nothing of it was
-returned, so nothing is lost but time). Only when no replica is left does
-``generate`` raise ``NoLiveReplicaError``. Counters per replica (requests routed,
-episodes bound, rebalanced away, failed over) are in ``stats()``.
+With several replicas, where a turn goes decides both prefix-cache hits (a
+conversation should stay on the replica that holds its prefix) and balance
+(no replica should queue while another idles), and a dead replica must not end
+the run; the router keeps all three decisions in the request path's caller,
+without a remote call per request.
 """
 
 from __future__ import annotations
@@ -107,7 +83,37 @@ class ReplicaCounters:
 
 
 class Router:
-    """Routes the requests of envs (identified by any hashable key) to replicas; see the module docstring."""
+    """Routes the requests of envs (identified by any hashable key) to replicas.
+
+    Sticky per episode. The first request of an env's episode picks a replica; every
+    later turn of that episode goes to the same one, so its growing conversation
+    keeps hitting that replica's prefix cache. The EnvManager calls ``end_episode`` when
+    the episode ends, which releases the binding: the next episode picks again.
+
+    Least loaded by a global count. Each EnvManagerWorker owns one Router, so what a
+    router has in flight itself says nothing about the other workers' load. A
+    router therefore polls every replica's own count of requests inside ``generate``
+    (``stats()["in_flight"]``, one call per replica every ``load_poll_s``, off the
+    request path) and adds what it has sent since that poll. A new episode goes to
+    the replica with the lowest such count (ties: fewest bound episodes, then a
+    rotation offset so that routers in different workers do not all favour
+    replica 0). The request path does a few integer updates and no remote call; the
+    polls cost ``replicas / load_poll_s`` Ray calls per second per worker, whatever
+    the request rate, and none while only one
+    replica is live.
+
+    Rebalanced when overloaded. At the start of a turn, an episode whose replica
+    carries more than ``rebalance_ratio`` times the least loaded replica's count
+    (and at least ``rebalance_min_gap`` requests more) moves to the least loaded one:
+    it loses its prefix cache once, the overloaded replica sheds load.
+
+    Failover. A replica whose actor died (``ReplicaDeadError``: Ray reports the actor
+    dead or unreachable) is marked dead; its episodes are re-bound to the survivors
+    and the request that failed is re-sent to a survivor at once (nothing of it was
+    returned, so nothing is lost but time). Only when no replica is left does
+    ``generate`` raise ``NoLiveReplicaError``. Counters per replica (requests routed,
+    episodes bound, rebalanced away, failed over) are in ``stats()``.
+    """
 
     def __init__(
         self,
@@ -239,7 +245,7 @@ class Router:
     end_episode = forget
 
     def _rebalance(self, env_key: Hashable, index: int) -> int:
-        """Move the episode off an overloaded replica (see module docstring); returns its replica."""
+        """Move the episode off an overloaded replica (see the class docstring); returns its replica."""
         if self.rebalance_ratio <= 0 or len(self.replicas) < 2:
             return index
         load = self.global_load()

@@ -1,9 +1,9 @@
 """VLLMEngine: one vLLM ``AsyncLLM`` behind a small token-in/token-out API.
 
-It runs inside a Ray actor (see ``engine_actor.py``) or in-process (tests,
-benchmarks). Every EnvManager calls ``generate`` concurrently; vLLM's continuous
-batching does the rest. The API is the one DESIGN.md fixes: generate, abort,
-pause/resume, update_weights, stats, shutdown.
+The rollout needs exact token ids and behaviour logprobs, pausing for weight
+syncs and in-place weight updates, whether the engine runs inside a Ray actor or
+in-process (tests, benchmarks); this wraps vLLM's async engine in exactly that:
+generate, abort, pause/resume, update_weights, stats, shutdown.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config.schema import EngineConfig
+from roll_async.engine.weight_transport import resolve_bucket
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
 from roll_async.errors import EngineStartupError
 from roll_async.prompts.images import input_only_logit_bias, model_is_vision_language
 from roll_async.runtime import node_files
 from roll_async.trajectory import FinishReason, GenerationRequest, GenerationResult
+
+# vLLM and safetensors are imported inside the functions that use them: importing vLLM is slow,
+# and this module is imported where no engine starts.
 
 logger = logging.getLogger(__name__)
 
@@ -432,8 +436,6 @@ class VLLMEngine(ServesRequestsOverZmq):
         if isinstance(
             weights, list
         ):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
-            from roll_async.engine.weight_transport import resolve_bucket
-
             buckets = [bytes(await resolve_bucket(bucket)) for bucket in weights]
             await llm.collective_rpc("roll_async_load_weights", args=(buckets,))
         else:

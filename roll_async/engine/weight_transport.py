@@ -1,22 +1,17 @@
 """Weight transport to the engine replicas: packed once, in buckets, through the object store once.
 
-Before, the pipeline passed the trainer's state dict to every replica's
-``update_weights`` call: Ray pickled the full dict once per replica, and each
-replica packed it to safetensors bytes itself. Now the driver packs the state
-dict into safetensors buckets of at most ``bucket_bytes`` (a tensor larger than
-that is a bucket of its own), ``ray.put``s each bucket ONCE, and hands every
-replica the same list of object refs. A replica fetches the buckets and loads
-them in one reload (``VLLMEngine.update_weights``; vLLM's reload per partial
-bucket was measured to corrupt the model, so buckets bound the size of each
-object and message, not the replica's peak memory), and replicas on the same
-node read the same shared-memory objects.
-``benchmarks/weight_sync.py`` measures the time against the parameter count.
+Sending the trainer's state dict to every replica would pickle it once per
+replica; instead the driver packs it into safetensors buckets, ``ray.put``s each
+bucket once and hands every replica the same refs, so replicas on one node read
+the same shared-memory objects and each object and message stays bounded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+# Ray and safetensors are imported inside the functions: importing this module stays cheap.
 
 #: Default bucket size: large enough that per-bucket overhead is negligible, small enough to bound peak memory.
 DEFAULT_BUCKET_BYTES = 256 << 20
@@ -25,7 +20,13 @@ DEFAULT_BUCKET_BYTES = 256 << 20
 def pack_weight_buckets(
     weights: Mapping[str, Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES
 ) -> list[bytes]:
-    """The state dict as safetensors blobs of at most ``bucket_bytes`` each (in name order)."""
+    """The state dict as safetensors blobs of at most ``bucket_bytes`` each (in name order).
+
+    A tensor larger than ``bucket_bytes`` is a bucket of its own. A replica fetches the
+    buckets and loads them in one reload (``VLLMEngine.update_weights``; a reload per
+    partial bucket corrupts the model), so buckets bound the size of each object and
+    message, not the replica's peak memory.
+    """
     from safetensors.torch import save
 
     if bucket_bytes <= 0:

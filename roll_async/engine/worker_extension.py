@@ -1,30 +1,15 @@
-"""Methods vLLM mixes into its worker processes (``worker_extension_cls``).
+"""Methods vLLM mixes into its worker processes (``worker_extension_cls``), to load synced weights.
 
-Weights travel as safetensors bytes: collective_rpc would otherwise turn tensor
-arguments into nested lists. Loading goes through ``model_runner.reload_weights``
-because calling ``model.load_weights`` directly fails on the CPU backend.
-
-Tied output heads: with ``tie_word_embeddings`` the checkpoint has no
-``lm_head.weight``, so the reload never touches the ``ParallelLMHead`` and never
-re-runs its ``process_weights_after_loading``. On the CPU backend that step
-pre-packs the head's weight for the GEMM kernel (``cpu_linear``), so the engine
-would keep sampling from the *initial* output head while the input embedding
-moved on. After each reload on CPU, every LM head is processed again (idempotent
-there: it re-packs the current weight). GPU is left as vLLM does it.
-
-Reload warnings: vLLM's layerwise reload logs "<Layer>: Failed to load weights"
-for every layer that got no tensor from the reloaded checkpoint, and puts the
-layer's previous tensors back. Two layers never get one from us, by design:
-rotary embeddings (their cos/sin cache is computed, not a checkpoint entry) and,
-with tied embeddings, the ParallelLMHead (its weight is the embedding's, and is
-re-processed above). For exactly those two, the warning is expected and is
-demoted to DEBUG; the same warning for any other layer (a weight we failed to
-send) stays a warning.
+A weight sync must replace the weights inside vLLM's worker processes exactly,
+on CPU and GPU; vLLM's own reload path has gaps there (tied output heads on CPU,
+warnings for layers that by design get no tensor) that these methods close.
 """
 
 from __future__ import annotations
 
 import logging
+
+# vLLM and safetensors are imported inside the methods: this module is loaded into vLLM's workers.
 
 #: vLLM's logger of the layerwise reload and its message (vllm/model_executor/model_loader/reload/layerwise.py).
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -32,7 +17,17 @@ _FAILED_TO_LOAD = "%s: Failed to load weights"
 
 
 class ExpectedReloadWarningFilter(logging.Filter):
-    """Demote 'Failed to load weights' to DEBUG for layers that have no checkpoint entry by design."""
+    """Demote 'Failed to load weights' to DEBUG for layers that have no checkpoint entry by design.
+
+    Reload warnings: vLLM's layerwise reload logs "<Layer>: Failed to load weights"
+    for every layer that got no tensor from the reloaded checkpoint, and puts the
+    layer's previous tensors back. Two layers never get one from us, by design:
+    rotary embeddings (their cos/sin cache is computed, not a checkpoint entry) and,
+    with tied embeddings, the ParallelLMHead (its weight is the embedding's, and is
+    re-processed above). For exactly those two, the warning is expected and is
+    demoted to DEBUG; the same warning for any other layer (a weight we failed to
+    send) stays a warning.
+    """
 
     def __init__(self, tied_lm_head: bool) -> None:
         super().__init__()
@@ -68,7 +63,20 @@ def install_reload_warning_filter(tied_lm_head: bool) -> ExpectedReloadWarningFi
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's Worker; ``self`` is the worker."""
+    """Mixed into vLLM's Worker; ``self`` is the worker.
+
+    Weights travel as safetensors bytes: collective_rpc would otherwise turn tensor
+    arguments into nested lists. Loading goes through ``model_runner.reload_weights``
+    because calling ``model.load_weights`` directly fails on the CPU backend.
+
+    Tied output heads: with ``tie_word_embeddings`` the checkpoint has no
+    ``lm_head.weight``, so the reload never touches the ``ParallelLMHead`` and never
+    re-runs its ``process_weights_after_loading``. On the CPU backend that step
+    pre-packs the head's weight for the GEMM kernel (``cpu_linear``), so the engine
+    would keep sampling from the *initial* output head while the input embedding
+    moved on. After each reload on CPU, every LM head is processed again (idempotent
+    there: it re-packs the current weight). GPU is left as vLLM does it.
+    """
 
     def roll_async_load_weights(self, payload: bytes | list[bytes]) -> int:
         """Load safetensors bytes, or a list of buckets, in ONE reload (a partial reload per bucket breaks the model)."""

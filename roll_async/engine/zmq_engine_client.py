@@ -1,12 +1,9 @@
 """Engine requests over ZMQ: each turn's ``generate`` goes to the engine actor's call socket.
 
-The transport itself is ``roll_async/runtime/zmq_calls.py`` (why ZMQ, liveness, connect
-errors). This module is what is engine-specific: an engine actor serves
-``generate`` on its call socket (``ServesRequestsOverZmq``), and ``ZmqEngineClient``
-is an EngineClient whose ``generate`` goes there while ``abort``, ``stats`` and
-weight updates stay Ray calls (``RayEngineClient``). A dead engine actor fails
-the requests in flight with ``ReplicaDeadError``, so the Router fails over
-exactly as with Ray calls; a cancelled request is cancelled on the engine too.
+Ray actor calls cost CPU the engine needs, so the per-turn ``generate`` uses the
+ZMQ transport of :mod:`roll_async.runtime.zmq_calls` while ``abort``, ``stats``
+and weight updates stay Ray calls; a dead engine actor still fails the requests
+in flight with ``ReplicaDeadError``, so the Router fails over as with Ray calls.
 """
 
 from __future__ import annotations

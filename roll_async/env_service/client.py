@@ -1,18 +1,9 @@
 """The rollout side of the env server: an aiohttp client and RemoteEnv, an async env proxy.
 
-``RemoteEnv`` looks like any ``async def reset/step/close`` env to the
-EnvManager, so the rollout loop does not change. Its env instance is created
-(``prepare``, or the first ``reset``) on the server of the tag's list with the
-fewest envs of this client (spread by load), and stays there. Each call carries ``timeout_s`` (the server kills the env past
-it) and has a client-side deadline a little longer. Transport errors
-(connection refused or reset, server disconnected) are retried
-``max_retries`` times with backoff; after that the URL is marked down for a
-while. If another URL of the tag is up, the episode just ends ``env_error``
-(the next one goes elsewhere); if none is, :class:`EnvServiceUnavailable` ends
-the rollout and ``get_batch`` reports it, naming the URLs.
-
-One ``EnvServiceClient`` (one connection pool) exists per event loop and URL
-list, shared by every RemoteEnv of that loop.
+Envs that are heavy, untrusted or need other hardware run on env servers; the
+rollout loop should not notice, so ``RemoteEnv`` looks like any async env to the
+EnvManager while this module handles deadlines, retries and spreading envs over
+a tag's servers.
 """
 
 from __future__ import annotations
@@ -49,7 +40,11 @@ def normalize_urls(service_url: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class EnvServiceClient:
-    """Calls to one tag's env servers: retries, deadlines, load spreading. See the module docstring."""
+    """Calls to one tag's env servers: retries, deadlines, load spreading.
+
+    One ``EnvServiceClient`` (one connection pool) exists per event loop and URL
+    list, shared by every RemoteEnv of that loop.
+    """
 
     def __init__(
         self, urls: Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5
@@ -184,7 +179,19 @@ class EnvServiceClient:
 
 
 class RemoteEnv:
-    """An env instance on an env server, seen as an ordinary async env (see the module docstring)."""
+    """An env instance on an env server, seen as an ordinary async env.
+
+    ``RemoteEnv`` looks like any ``async def reset/step/close`` env to the
+    EnvManager, so the rollout loop does not change. Its env instance is created
+    (``prepare``, or the first ``reset``) on the server of the tag's list with the
+    fewest envs of this client (spread by load), and stays there. Each call carries ``timeout_s`` (the server kills the env past
+    it) and has a client-side deadline a little longer. Transport errors
+    (connection refused or reset, server disconnected) are retried
+    ``max_retries`` times with backoff; after that the URL is marked down for a
+    while. If another URL of the tag is up, the episode just ends ``env_error``
+    (the next one goes elsewhere); if none is, :class:`EnvServiceUnavailable` ends
+    the rollout and ``get_batch`` reports it, naming the URLs.
+    """
 
     def __init__(
         self,

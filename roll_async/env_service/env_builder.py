@@ -1,12 +1,8 @@
 """Where a tag's envs run: in the worker's threads (default), in a child process each, or on env servers.
 
-``custom_envs.<Tag>.isolation: process`` wraps every env of the tag in a
-:class:`ProcessEnv`; ``custom_envs.<Tag>.service_url`` makes every env a
-:class:`RemoteEnv` on that server (list). Both are async envs, so the
-EnvManager's loop is the same for all three; only the builder differs. Both
-have an ``async prepare()`` (start the process / create the server's instance)
-that the EnvManager awaits after building, with a generous timeout, so that
-``env_step_timeout_s`` measures reset and step only.
+The EnvManager's loop should be the same wherever an env runs; the choice per
+``custom_envs.<Tag>`` (``isolation: process``, ``service_url``) is made here,
+in one builder, and process and remote envs are both async envs.
 """
 
 from __future__ import annotations
@@ -16,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from roll_async.config.schema import CustomEnvConfig
+from roll_async.env_service.client import RemoteEnv
+from roll_async.env_service.process_env import ProcessEnv
 
 EnvFactory = Callable[[str, dict[str, Any]], Any]
 
@@ -28,12 +26,16 @@ def env_builder(
     A remote tag is built by the server from ``custom_env.env_type`` (a custom
     ``factory`` cannot travel there); a process-isolated one runs ``factory`` in
     the child, so it must be picklable (the default RegisteredEnvFactory is).
+
+    ``custom_envs.<Tag>.isolation: process`` wraps every env of the tag in a
+    :class:`ProcessEnv`; ``custom_envs.<Tag>.service_url`` makes every env a
+    :class:`RemoteEnv` on that server (list). Both are async envs, so the
+    EnvManager's loop is the same for all three; only the builder differs. Both
+    have an ``async prepare()`` (start the process / create the server's instance)
+    that the EnvManager awaits after building, with a generous timeout, so that
+    ``env_step_timeout_s`` measures reset and step only.
     """
     if custom_env.service_url:
-        from roll_async.env_service.client import (
-            RemoteEnv,  # aiohttp only where a tag uses a server
-        )
-
         urls = custom_env.service_url
 
         def remote(env_config: dict[str, Any]) -> Any:
@@ -47,7 +49,6 @@ def env_builder(
 
         return remote
     if custom_env.isolation == "process":
-        from roll_async.env_service.process_env import ProcessEnv
 
         def isolated(env_config: dict[str, Any]) -> Any:
             return ProcessEnv(

@@ -1,18 +1,8 @@
 """ProcessEnv: one env instance in its own child process, so a hung or crashing env can really be stopped.
 
-An env's ``reset``/``step`` run in the child; the parent awaits the answer on a
-pipe without blocking its event loop. Cancelling a call (the EnvManager's
-``env_step_timeout_s`` fired, or the episode was cancelled) SIGKILLs the child:
-a hung env stops for real instead of leaking a thread. A child that dies on its
-own (segfault, OOM kill, ``os._exit``) surfaces as :class:`EnvProcessError`
-naming the exit code or signal. Either way this proxy is dead afterwards; the
-caller builds a fresh one (a fresh process) for the next episode, so at most
-one child per proxy ever exists and killed children are reaped at once.
-
-Children come from a ``forkserver`` whose process preloads the env registry, so
-a new env process costs a fork (milliseconds), not a Python start, and is never
-forked from a multi-threaded Ray worker or trainer. The child also exits when
-its parent goes away (the pipe closes), so a killed worker leaves no orphans.
+A thread running a hung env cannot be stopped and a segfault takes the worker
+with it; a child process can be killed and its death reported, so
+``isolation: process`` and the env server run envs here.
 """
 
 from __future__ import annotations
@@ -143,12 +133,26 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class ProcessEnv:
-    """Async proxy to an env living in a child process; see the module docstring.
+    """Async proxy to an env living in a child process.
 
     ``builder`` is a picklable zero-argument callable returning the env (e.g.
     ``functools.partial(make_env, "sokoban", {...})``). ``start()`` launches the
     child and builds the env (blocking, from a thread); the first call starts it
     if nobody did.
+
+    An env's ``reset``/``step`` run in the child; the parent awaits the answer on a
+    pipe without blocking its event loop. Cancelling a call (the EnvManager's
+    ``env_step_timeout_s`` fired, or the episode was cancelled) SIGKILLs the child:
+    a hung env stops for real instead of leaking a thread. A child that dies on its
+    own (segfault, OOM kill, ``os._exit``) surfaces as :class:`EnvProcessError`
+    naming the exit code or signal. Either way this proxy is dead afterwards; the
+    caller builds a fresh one (a fresh process) for the next episode, so at most
+    one child per proxy ever exists and killed children are reaped at once.
+
+    Children come from a ``forkserver`` whose process preloads the env registry, so
+    a new env process costs a fork (milliseconds), not a Python start, and is never
+    forked from a multi-threaded Ray worker or trainer. The child also exits when
+    its parent goes away (the pipe closes), so a killed worker leaves no orphans.
     """
 
     def __init__(self, builder: Callable[[], Any], *, name: str = "env") -> None:

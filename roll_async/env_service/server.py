@@ -1,18 +1,10 @@
 """The env server: registered envs (and importable dotted paths) served over HTTP with aiohttp.
 
-``roll-async env-server --host 127.0.0.1 --port 8765 [--import my_envs ...]``
-hosts env instances for rollouts running elsewhere (see ``protocol`` for the
-endpoints). With ``--isolation process`` (the default) every env instance
-lives in its own child process (:class:`~roll_async.env_service.process_env.ProcessEnv`):
-a call past its timeout kills that process, a crash is reported, and either way
-the env is dropped from the table, so the server itself never hangs or dies
-with an env. ``--isolation none`` runs envs in the server's thread pool (for
-trusted, light envs: more sessions per server, but a hung call keeps its
-thread). A malformed request gets a 4xx naming the problem, never a crash.
-
-aiohttp rather than a WSGI/ASGI stack: one dependency for both server and
-client, an asyncio server that holds thousands of idle connections cheaply, and
-the library NeMo Gym moved to after httpx hung under 16,000 concurrent requests.
+Rollouts on one machine may need envs hosted elsewhere (heavy simulators,
+untrusted code, other hardware); ``roll-async env-server`` hosts env instances
+so that a hung or crashing env never hangs or kills the server. aiohttp, rather
+than a WSGI/ASGI stack, gives one dependency for both server and client and an
+asyncio server that holds thousands of idle connections cheaply.
 """
 
 from __future__ import annotations
@@ -23,7 +15,10 @@ import functools
 import importlib
 import inspect
 import itertools
+import json
 import logging
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +34,7 @@ from roll_async.env_service.wire import (
     require,
     to_jsonable,
 )
+from roll_async.envs import make_env, registered_envs, resolve_env_class
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +68,18 @@ class ServerStats:
 
 
 class EnvServer:
-    """The env table and the request handlers; ``app()`` is the aiohttp application."""
+    """The env table and the request handlers; ``app()`` is the aiohttp application.
+
+    ``roll-async env-server --host 127.0.0.1 --port 8765 [--import my_envs ...]``
+    hosts env instances for rollouts running elsewhere (see :mod:`~roll_async.env_service.wire` for
+    the endpoints). With ``--isolation process`` (the default) every env instance
+    lives in its own child process (:class:`~roll_async.env_service.process_env.ProcessEnv`):
+    a call past its timeout kills that process, a crash is reported, and either way
+    the env is dropped from the table, so the server itself never hangs or dies
+    with an env. ``--isolation none`` runs envs in the server's thread pool (for
+    trusted, light envs: more sessions per server, but a hung call keeps its
+    thread). A malformed request gets a 4xx naming the problem, never a crash.
+    """
 
     def __init__(
         self,
@@ -139,8 +146,6 @@ class EnvServer:
 
     # -- handlers --------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        from roll_async.envs import registered_envs
-
         return web.json_response(
             {
                 "status": "ok",
@@ -206,8 +211,6 @@ class EnvServer:
 
     # -- operations (shared by the single and batch endpoints) -------------------------
     async def _create(self, body: Any) -> dict[str, Any]:
-        from roll_async.envs import make_env, resolve_env_class
-
         env_type = require(body, "env_type", str)
         env_config = body.get("env_config") or {}
         if not isinstance(env_config, dict):
@@ -440,8 +443,6 @@ class EnvServer:
 
 
 def _dumps(obj: Any) -> str:
-    import json
-
     return json.dumps(obj)
 
 
@@ -539,9 +540,6 @@ def launch_server_process(
 
     For tests and benchmarks; the caller terminates the process.
     """
-    import subprocess
-    import sys
-
     process = subprocess.Popen(
         [
             sys.executable,

@@ -1,26 +1,7 @@
 """The env server's wire format: JSON bodies, observation encoding, error kinds, client-side exceptions.
 
-Endpoints (all JSON; ``timeout_s`` is optional and defaults to the server's ``--env-timeout-s``):
-
-=======================  ===============================================  ==========================================
-``GET  /health``         -                                                ``{status, envs, isolation, registered}``
-``POST /v1/envs``        ``{env_type, env_config, seed?, timeout_s?,      ``{env_id}`` (+ ``observation, info`` with a seed:
-                         env_id?}`` (a client-chosen id lets an interrupted
-                         create be deleted)
-                                                                          create and reset in one round trip)
-``POST /v1/envs/{id}/reset``  ``{seed, timeout_s?}``                      ``{observation, info}``
-``POST /v1/envs/{id}/step``   ``{action, timeout_s?}``                    ``{observation, reward, terminated, truncated, info}``
-``DELETE /v1/envs/{id}``      -                                           ``{closed: true}``
-``POST /v1/batch``       ``{calls: [{op: create|reset|step|close, ...}]}``  ``{results: [{ok, status, body}]}`` (run
-                                                                          concurrently; one round trip for many envs)
-=======================  ===============================================  ==========================================
-
-Errors carry ``{error: <reason>, kind: <kind>}``: 400 ``bad_request`` (the
-request is malformed: the reason names the field), 404 ``not_found`` (unknown
-env id or env_type), 409 ``busy`` (a call on that env is already running), 429
-``full`` (the server holds ``--max-envs`` envs), 500 ``env_error`` / ``timeout``
-/ ``crashed`` (the env raised, ran past its timeout and was killed, or its
-process died; the env is gone and the client builds a new one).
+Server and client must agree on every body, status and error kind; keeping the
+format in one module both import means a change to it is made once.
 """
 
 from __future__ import annotations
@@ -29,6 +10,31 @@ import base64
 import io
 from typing import Any
 
+from PIL import Image
+
+from roll_async.envs.base import Observation
+
+# Endpoints (all JSON; ``timeout_s`` is optional and defaults to the server's ``--env-timeout-s``):
+#
+# =======================  ===============================================  ==========================================
+# ``GET  /health``         -                                                ``{status, envs, isolation, registered}``
+# ``POST /v1/envs``        ``{env_type, env_config, seed?, timeout_s?,      ``{env_id}`` (+ ``observation, info`` with a seed:
+#                          env_id?}`` (a client-chosen id lets an interrupted
+#                          create be deleted)
+#                                                                           create and reset in one round trip)
+# ``POST /v1/envs/{id}/reset``  ``{seed, timeout_s?}``                      ``{observation, info}``
+# ``POST /v1/envs/{id}/step``   ``{action, timeout_s?}``                    ``{observation, reward, terminated, truncated, info}``
+# ``DELETE /v1/envs/{id}``      -                                           ``{closed: true}``
+# ``POST /v1/batch``       ``{calls: [{op: create|reset|step|close, ...}]}``  ``{results: [{ok, status, body}]}`` (run
+#                                                                           concurrently; one round trip for many envs)
+# =======================  ===============================================  ==========================================
+#
+# Errors carry ``{error: <reason>, kind: <kind>}``: 400 ``bad_request`` (the
+# request is malformed: the reason names the field), 404 ``not_found`` (unknown
+# env id or env_type), 409 ``busy`` (a call on that env is already running), 429
+# ``full`` (the server holds ``--max-envs`` envs), 500 ``env_error`` / ``timeout``
+# / ``crashed`` (the env raised, ran past its timeout and was killed, or its
+# process died; the env is gone and the client builds a new one).
 API = "/v1"
 ENV_FAILURE_KINDS = ("env_error", "timeout", "crashed")
 
@@ -72,10 +78,6 @@ def encode_observation(observation: Any) -> Any:
 
 def decode_observation(data: Any) -> Any:
     if isinstance(data, dict) and "text" in data:
-        from PIL import Image
-
-        from roll_async.envs.base import Observation
-
         images = [
             Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
             for b in data.get("images", [])

@@ -1,10 +1,4 @@
-"""Environments: the gym-style multi-turn text env API, the registry, and the built-in envs.
-
-``make_env("sokoban", {"dim_room": [6, 6]})`` builds an env; ``env.reset(seed)``
-returns ``(observation, info)`` with ``info["instruction"]``; ``env.step(text)``
-takes the model's raw response and returns ``(observation, reward, terminated,
-truncated, info)`` with ``info["metrics"]``. See :mod:`roll_async.envs.base`.
-"""
+"""Environments: the gym-style multi-turn text env contract, the registry that builds envs by name, the built-in envs, wrappers, and adapters for env libraries users already have."""
 
 from roll_async.envs.base import (
     BaseEnv,

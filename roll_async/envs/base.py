@@ -1,17 +1,8 @@
 """The environment contract shared by every env: a small gym-like base class and its config.
 
-Envs are text-first. ``reset(seed)`` returns ``(observation, info)`` with
-``info["instruction"]`` holding the task text for the first turn; ``step(text)``
-takes the model's raw response, parses the action out of it (see
-:mod:`roll_async.envs.parsing`) and returns ``(observation, reward, terminated,
-truncated, info)`` with ``info["metrics"]``. A malformed response is the model's
-mistake, not the program's: it costs ``format_penalty`` and is reported in the
-metrics, never raised. Calling ``step`` before ``reset`` or after the episode
-ended is the caller's mistake and raises ``RuntimeError``.
-
-Everything random derives from the seed given to ``reset``, so one env object
-can be reused across episodes and a seed reproduces an episode exactly. Env
-objects hold only their own state, so many can run in worker threads at once.
+Every part of the rollout (env managers, env servers, process isolation,
+datasets) talks to envs through this one text-first contract, so a new env only
+fills in the task: parse the action, apply it, render the state.
 """
 
 from __future__ import annotations
@@ -104,6 +95,19 @@ class BaseEnv:
     action), ``render_text``, ``instruction`` and optionally ``render_image`` and
     ``solve``. ``action_words`` lists the canonical action names for envs with a
     fixed action set (empty for free-form answers).
+
+    Envs are text-first. ``reset(seed)`` returns ``(observation, info)`` with
+    ``info["instruction"]`` holding the task text for the first turn; ``step(text)``
+    takes the model's raw response, parses the action out of it (see
+    :mod:`roll_async.envs.parsing`) and returns ``(observation, reward, terminated,
+    truncated, info)`` with ``info["metrics"]``. A malformed response is the model's
+    mistake, not the program's: it costs ``format_penalty`` and is reported in the
+    metrics, never raised. Calling ``step`` before ``reset`` or after the episode
+    ended is the caller's mistake and raises ``RuntimeError``.
+
+    Everything random derives from the seed given to ``reset``, so one env object
+    can be reused across episodes and a seed reproduces an episode exactly. Env
+    objects hold only their own state, so many can run in worker threads at once.
     """
 
     config_cls: ClassVar[type] = EnvConfig

@@ -1,25 +1,9 @@
 """Code: a multi-turn Python task env (NeMo-RL CodeEnvironment style) with a sandbox.
 
-Each episode is one task of the task file (``data/code_tasks.json``: 66 small
-function-writing tasks, each with a reference solution and hidden assert
-tests; ``tasks_path`` points to another file of the same shape)::
-
-    {"tasks": [{"id", "function", "prompt", "solution", "tests": ["assert ...", ...]}]}
-
-Each turn the model either runs code, writing it in a fenced block
-(```` ```python ... ``` ````), and sees what it printed (stdout, stderr, exit
-status; cut to ``max_observation_chars``), or submits its final solution inside
-``<answer>...</answer>`` (a fenced block inside the tags is fine), which ends
-the episode: the task's tests run against it and grade it. Whichever comes
-first in a response counts. Code runs in :func:`roll_async.envs.sandbox.run_python`
-(CPU time, memory, process, output limits; no network), so a submission
+Coding agents run code, read what it printed and try again before they submit;
+this env gives that loop on small function-writing tasks, with every run and
+the grading inside :func:`roll_async.envs.sandbox.run_python` so a submission
 cannot touch the host or see the tests.
-
-Rewards: ``success_reward`` (1) when every test passes (with
-``partial_credit: true``, the passed fraction of it), else 0; a run earns
-``run_reward`` (0); a turn with neither a code block nor an answer adds
-``format_penalty`` (-0.1). Metrics: ``success``, ``tests_passed`` (fraction),
-``num_runs``, ``sandbox_limit_hits`` (runs stopped by a limit).
 """
 
 from __future__ import annotations
@@ -147,7 +131,23 @@ def extract_code(text: str) -> str:
 
 
 class CodeEnv(BaseEnv):
-    """Write, run and submit Python for a small task; graded by hidden tests in a sandbox."""
+    """Write, run and submit Python for a small task; graded by hidden tests in a sandbox.
+
+    Each episode is one task of the task file (``data/code_tasks.json``: 66 small
+    function-writing tasks, each with a reference solution and hidden assert
+    tests; ``tasks_path`` points to another file of the same shape)::
+
+        {"tasks": [{"id", "function", "prompt", "solution", "tests": ["assert ...", ...]}]}
+
+    Each turn the model either runs code, writing it in a fenced block
+    (```` ```python ... ``` ````), and sees what it printed (stdout, stderr, exit
+    status; cut to ``max_observation_chars``), or submits its final solution inside
+    ``<answer>...</answer>`` (a fenced block inside the tags is fine), which ends
+    the episode: the task's tests run against it and grade it. Whichever comes
+    first in a response counts. Code runs in :func:`roll_async.envs.sandbox.run_python`
+    (CPU time, memory, process, output limits; no network), so a submission
+    cannot touch the host or see the tests.
+    """
 
     config_cls: ClassVar[type] = CodeEnvConfig
     multi_action: ClassVar[bool] = False

@@ -1,9 +1,9 @@
 """Representative env texts, for training a small tokenizer on exactly what the envs show and expect.
 
-The texts are what a model reads and writes in these envs: instructions (text
-and vision variants), rendered observations over a few expert steps, feedback
-after invalid actions, responses with valid, multi-action and invalid actions
-in their tags, and retrieval_qa search results (plus every passage once).
+The offline tiny models need a tokenizer trained without a download; the texts
+here are what a model reads and writes in these envs (instructions, rendered
+observations over a few expert steps, invalid-action feedback, tagged answers,
+retrieval results), so its vocabulary fits the envs.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Countdown: combine the given numbers with + - * / and parentheses to hit the target.
 
-A task draws ``num_numbers`` integers in [1, ``max_number``] and builds the
-target by combining all of them at random (positive, exact results only), so a
-solution always exists; any solution may use each number at most once. The
-answer is checked by a small recursive-descent parser over exact fractions,
-never ``eval``; ``x``/``×`` and ``÷`` are read as ``*`` and ``/``, and a
-trailing ``= <number>`` is ignored.
-
-Text render::
-
-    Numbers: 3 7 25 50
-    Target: 75
-
-Rewards per answer: +``success_reward`` (+1) when the expression equals the
-target (ends the episode); ``wrong_answer_reward`` (0) for a well-formed
-expression with another value, after which the model may try again until
-``max_steps`` (default 3); ``format_penalty`` (-0.1) for a missing answer, an
-expression that does not parse or divides by zero, or one that uses a number
-not given (or more often than given). Only a correct answer is "effective".
+A small arithmetic task with a checkable answer and always a solution, for
+math-style RL without a dataset.
 """
 
 from __future__ import annotations
@@ -59,7 +43,20 @@ class CountdownConfig(EnvConfig):
 
 
 class CountdownEnv(BaseEnv):
-    """Arithmetic puzzle; one free-form expression per turn."""
+    """Arithmetic puzzle; one free-form expression per turn.
+
+    A task draws ``num_numbers`` integers in [1, ``max_number``] and builds the
+    target by combining all of them at random (positive, exact results only), so a
+    solution always exists; any solution may use each number at most once. The
+    answer is checked by a small recursive-descent parser over exact fractions,
+    never ``eval``; ``x``/``×`` and ``÷`` are read as ``*`` and ``/``, and a
+    trailing ``= <number>`` is ignored.
+
+    Text render::
+
+        Numbers: 3 7 25 50
+        Target: 75
+    """
 
     config_cls: ClassVar[type] = CountdownConfig
     multi_action: ClassVar[bool] = False

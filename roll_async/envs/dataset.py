@@ -1,16 +1,7 @@
 """Env-config datasets: a parquet file with one row per env instance, as VAGEN writes them.
 
 A fixed file of (env, config, seed) rows makes a validation set that stays the
-same across runs and machines. Columns:
-
-- ``data_source`` (string): where the row came from, by default the env name;
-- ``prompt`` (list of ``{role, content}``): an empty user message, a placeholder
-  for trainers that expect a prompt column; the env writes the real prompt;
-- ``extra_info`` (struct): ``env_name``, ``env_config`` (JSON text, because
-  configs differ in shape from env to env), ``seed`` (int64), ``split``.
-
-``roll-async make-env-dataset --env sokoban --num 64 --seed 0 --split val --out
-data/sokoban_val.parquet [--env-config '{"dim_room": [6, 6]}']`` writes one.
+same across runs and machines; ``roll-async make-env-dataset`` writes one.
 """
 
 from __future__ import annotations
@@ -72,18 +63,32 @@ def make_env_dataset_rows(
     env_config: dict[str, Any] | None = None,
     data_source: str | None = None,
 ) -> list[EnvDatasetRow]:
-    """``num`` rows with distinct seeds drawn from ``seed``; the env config is checked by building the env once."""
+    """``num`` rows with distinct seeds drawn from ``seed``; the env config is checked by building the env once.
+
+    An env over a fixed set of problems (``math``) may fill its config from the
+    split (``dataset_env_config``) and report ``num_tasks``: the seeds are then
+    distinct modulo it, so up to ``num_tasks`` rows are distinct problems.
+    """
     if num < 1:
         raise ValueError(f"num must be >= 1, got {num}")
     env_config = dict(env_config or {})
-    make_env(env_name, env_config).close()
+    env = make_env(env_name, env_config)
+    split_hook = getattr(type(env), "dataset_env_config", None)
+    if split_hook is not None:
+        env.close()
+        env_config = split_hook(env_config, split)
+        env = make_env(env_name, env_config)
+    num_tasks = getattr(env, "num_tasks", None)
+    env.close()
+    modulo = num_tasks if isinstance(num_tasks, int) and 0 < num <= num_tasks else None
     rng = np.random.default_rng(seed)
     seeds: list[int] = []
     seen: set[int] = set()
     while len(seeds) < num:
         s = int(rng.integers(0, 2**31 - 1))
-        if s not in seen:
-            seen.add(s)
+        key = s % modulo if modulo else s
+        if key not in seen:
+            seen.add(key)
             seeds.append(s)
     return [
         EnvDatasetRow(env_name, dict(env_config), s, split, data_source or env_name)
@@ -92,7 +97,17 @@ def make_env_dataset_rows(
 
 
 def write_env_dataset(path: str | Path, rows: list[EnvDatasetRow]) -> Path:
-    """Write rows as parquet (parent folders are created)."""
+    """Write rows as parquet (parent folders are created).
+
+    A fixed file of (env, config, seed) rows makes a validation set that stays the
+    same across runs and machines. Columns:
+
+    - ``data_source`` (string): where the row came from, by default the env name;
+    - ``prompt`` (list of ``{role, content}``): an empty user message, a placeholder
+      for trainers that expect a prompt column; the env writes the real prompt;
+    - ``extra_info`` (struct): ``env_name``, ``env_config`` (JSON text, because
+      configs differ in shape from env to env), ``seed`` (int64), ``split``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(

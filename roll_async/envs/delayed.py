@@ -1,18 +1,10 @@
-"""DelayedEnv: any registered env with added reset/step latency, to model slow simulators and tools.
+"""DelayedEnv: an env with added reset/step latency, to model slow simulators and tools.
 
 Real agent envs (web pages, code sandboxes, game engines) take from milliseconds
-to seconds per step, with a long tail. This wrapper lets tests and benchmarks
-reproduce that with the built-in envs: a fixed latency, or a lognormal one
-whose draws are seeded by the episode seed, so runs are repeatable.
-
-    custom_envs:
-      SlowSokoban:
-        env_type: delayed
-        env_config:
-          inner_env_type: sokoban
-          inner_env_config: {dim_room: [6, 6]}
-          step_latency_s: 0.2          # median step latency
-          step_latency_sigma: 1.0      # 0: fixed; >0: lognormal long tail
+to seconds per step, with a long tail; this wrapper lets tests and benchmarks
+reproduce that with the built-in envs, with a fixed latency or a lognormal one
+seeded by the episode seed so runs are repeatable. As ``env_type: delayed`` its
+``env_config`` names the wrapped env in ``inner_env_type`` / ``inner_env_config``.
 """
 
 from __future__ import annotations
@@ -24,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from roll_async.envs.wrapper import EnvWrapper
+
 
 @dataclass
 class DelayedEnvConfig:
+    #: The wrapped env, built by the registry when the wrapper is made by name.
     inner_env_type: str = "sokoban"
     inner_env_config: dict[str, Any] = field(default_factory=dict)
     step_latency_s: float = 0.0
@@ -49,36 +44,13 @@ class DelayedEnvConfig:
                 )
 
 
-class InnerEnvWrapper:
-    """Base of envs that wrap a registered env (``config.inner_env_type`` / ``inner_env_config``).
-
-    Closing closes the inner env; solvers, action words and renders of the inner env stay reachable.
-    """
-
-    def __init__(self, config: Any) -> None:
-        from roll_async.envs.registry import make_env
-
-        self.config = config
-        self.inner = make_env(config.inner_env_type, dict(config.inner_env_config))
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-class DelayedEnv(InnerEnvWrapper):
+class DelayedEnv(EnvWrapper):
     """Sleeps (blocking, like a real simulator would compute) before delegating to the inner env."""
 
     config_cls = DelayedEnvConfig
 
-    def __init__(self, config: DelayedEnvConfig | None = None) -> None:
-        super().__init__(config or DelayedEnvConfig())
+    def __init__(self, env: Any, config: DelayedEnvConfig | None = None) -> None:
+        super().__init__(env, config or DelayedEnvConfig())
         self._rng = np.random.default_rng(0)
 
     def _step_delay(self) -> float:

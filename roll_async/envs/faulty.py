@@ -1,23 +1,11 @@
-"""FaultyEnv: any registered env that sometimes hangs, crashes or raises, to test fault containment.
+"""FaultyEnv: an env that sometimes hangs, crashes or raises, to test fault containment.
 
 Real envs hang (a simulator deadlocks), segfault (a C extension), get OOM-killed
-or raise. This wrapper injects those faults into a built-in env so tests, the
-env server and users can check that a run survives them: each ``step`` (or
-``reset``) faults with ``fault_probability``, drawn from the OS's randomness, not
-the episode seed, so a group's retries do not fault the same way forever.
-
-    custom_envs:
-      Flaky:
-        env_type: faulty
-        isolation: process            # so a hang or segfault can be killed
-        env_config:
-          inner_env_type: countdown
-          fault: hang                 # hang | crash | segfault | raise
-          fault_probability: 0.2
-
-``hang`` sleeps (blocking) far past any timeout; ``crash`` ends the process with
-``os._exit(3)`` and ``segfault`` with SIGSEGV; run those two only with
-``isolation: process`` or on an env server, never in-thread.
+or raise; this wrapper injects those faults so tests, the env server and users
+can check that a run survives them. Faults are drawn from the OS's randomness,
+not the episode seed, so a group's retries do not fault the same way forever.
+As ``env_type: faulty`` its ``env_config`` names the wrapped env in
+``inner_env_type`` / ``inner_env_config``.
 """
 
 from __future__ import annotations
@@ -29,15 +17,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from roll_async.envs.delayed import InnerEnvWrapper
+from roll_async.envs.wrapper import EnvWrapper
 
 FAULTS = ("hang", "crash", "segfault", "raise")
 
 
 @dataclass
 class FaultyEnvConfig:
+    #: The wrapped env, built by the registry when the wrapper is made by name.
     inner_env_type: str = "countdown"
     inner_env_config: dict[str, Any] = field(default_factory=dict)
+    #: hang (sleeps past any timeout) | crash (os._exit(3)) | segfault (SIGSEGV) | raise;
+    #: crash and segfault end the process: use them only with isolation: process or an env server.
     fault: str = "hang"
     fault_probability: float = 0.1
     #: reset | step: which call may fault.
@@ -59,13 +50,13 @@ class FaultyEnvConfig:
             )
 
 
-class FaultyEnv(InnerEnvWrapper):
-    """Delegates to the inner env; ``fault_probability`` of the chosen calls fault instead (see module doc)."""
+class FaultyEnv(EnvWrapper):
+    """Delegates to the inner env; ``fault_probability`` of the chosen calls fault instead; crash and segfault end the process."""
 
     config_cls = FaultyEnvConfig
 
-    def __init__(self, config: FaultyEnvConfig | None = None) -> None:
-        super().__init__(config or FaultyEnvConfig())
+    def __init__(self, env: Any, config: FaultyEnvConfig | None = None) -> None:
+        super().__init__(env, config or FaultyEnvConfig())
         self._rng = random.Random(os.urandom(8))
 
     def _maybe_fault(self, call: str) -> None:

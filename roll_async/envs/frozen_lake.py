@@ -1,26 +1,8 @@
 """FrozenLake: walk from the top-left start to the goal in the bottom-right corner without falling into a hole.
 
-Maps follow gymnasium's ``generate_random_map``: each tile is frozen with
-probability ``p`` and a hole otherwise, redrawn until a path from start to
-goal exists. Where ``p`` is so low that redrawing keeps failing, a random
-monotone path is thawed into the last draw, so every map has a path.
-``is_slippery`` uses gymnasium's dynamics: the move goes the intended way or
-to either side of it, each with probability 1/3.
-
-Text render, one row per line::
-
-    _  frozen tile     O  hole          G  goal
-    P  player          X  player in a hole     *  player on the goal
-
-Vision render: light blue ice, dark blue holes, a gold goal, a red circle for
-the player (a black cross when it fell in).
-
-Actions: ``Left``, ``Down``, ``Right``, ``Up``.
-
-Rewards, as in gymnasium: +``success_reward`` (+1) for reaching the goal, 0
-for every other move; falling into a hole ends the episode without reward. A
-turn with a missing or unknown action adds ``format_penalty`` (-0.1). A move
-into the edge is valid but not effective.
+A small grid task with text and vision renders and an exact expert, with
+gymnasium's map generation and slippery dynamics, built in so the offline demo
+needs no extra library.
 """
 
 from __future__ import annotations
@@ -83,7 +65,25 @@ class FrozenLakeConfig(EnvConfig):
 
 
 class FrozenLakeEnv(BaseEnv):
-    """FrozenLake with a path-guaranteeing map generator, a BFS planner and a value-iteration expert."""
+    """FrozenLake with a path-guaranteeing map generator, a BFS planner and a value-iteration expert.
+
+    Maps follow gymnasium's ``generate_random_map``: each tile is frozen with
+    probability ``p`` and a hole otherwise, redrawn until a path from start to
+    goal exists. Where ``p`` is so low that redrawing keeps failing, a random
+    monotone path is thawed into the last draw, so every map has a path.
+    ``is_slippery`` uses gymnasium's dynamics: the move goes the intended way or
+    to either side of it, each with probability 1/3.
+
+    Text render, one row per line::
+
+        _  frozen tile     O  hole          G  goal
+        P  player          X  player in a hole     *  player on the goal
+
+    Vision render: light blue ice, dark blue holes, a gold goal, a red circle for
+    the player (a black cross when it fell in).
+
+    Actions: ``Left``, ``Down``, ``Right``, ``Up``.
+    """
 
     config_cls: ClassVar[type] = FrozenLakeConfig
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)

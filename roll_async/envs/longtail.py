@@ -3,32 +3,7 @@
 Agentic rollouts are dominated by their tails: most episodes take a couple of
 turns, a few take many; most tool calls return in a fraction of a second, a
 few take seconds. This env reproduces that shape with no task logic, so
-throughput benchmarks (``benchmarks/env_grouping.py``) measure scheduling, not
-an env's quirks:
-
-* **turns**: each episode terminates after ``T`` turns, drawn from a discrete
-  Pareto law: ``T = min(max_turns, floor(min_turns * U ** (-1 / turns_alpha)))``
-  (``P(T >= k) ~ (min_turns / k) ** turns_alpha``). ``turns_alpha: 0`` gives
-  every episode exactly ``min_turns`` turns.
-* **step latency**: lognormal with median ``step_latency_s`` and sigma
-  ``step_latency_sigma`` (0: fixed), capped at ``max_step_latency_s``; with
-  probability ``slow_step_prob`` a step takes ``slow_step_s`` more (the "few
-  very slow steps": a sandbox cold start, a timeout-and-retry). The sleep is
-  blocking, as a local simulator computing would be, so it runs in the env
-  thread pool like any sync env.
-* **observation size**: ``observation_words`` words (times a lognormal factor
-  with sigma ``observation_words_sigma``), like tool outputs of varying size.
-
-Answer lengths are not the env's to choose: they come from the model and the
-tag's ``max_tokens_per_step`` and ``stop`` strings (see benchmarks/README.md).
-
-Randomness. Every draw is a function of the episode seed and, when
-``vary_within_group`` is true (default), of the text of the model's actions:
-the turn count from (seed, first action), each step's latency from (seed,
-turn, action). So a seed reproduces an episode given the same actions, and the
-members of a GRPO group (same seed, different sampled answers) still get
-different lengths and latencies, as real tasks do. With
-``vary_within_group: false`` everything depends on the seed only.
+throughput benchmarks measure scheduling, not an env's quirks.
 """
 
 from __future__ import annotations
@@ -118,7 +93,32 @@ def _text_key(text: str) -> int:
 
 
 class LongTailEnv:
-    """See the module docstring. Sync API; one instance plays many episodes (``reset`` starts one)."""
+    """Sync API; one instance plays many episodes (``reset`` starts one).
+
+    * **turns**: each episode terminates after ``T`` turns, drawn from a discrete
+      Pareto law: ``T = min(max_turns, floor(min_turns * U ** (-1 / turns_alpha)))``
+      (``P(T >= k) ~ (min_turns / k) ** turns_alpha``). ``turns_alpha: 0`` gives
+      every episode exactly ``min_turns`` turns.
+    * **step latency**: lognormal with median ``step_latency_s`` and sigma
+      ``step_latency_sigma`` (0: fixed), capped at ``max_step_latency_s``; with
+      probability ``slow_step_prob`` a step takes ``slow_step_s`` more (the "few
+      very slow steps": a sandbox cold start, a timeout-and-retry). The sleep is
+      blocking, as a local simulator computing would be, so it runs in the env
+      thread pool like any sync env.
+    * **observation size**: ``observation_words`` words (times a lognormal factor
+      with sigma ``observation_words_sigma``), like tool outputs of varying size.
+
+    Answer lengths are not the env's to choose: they come from the model and the
+    tag's ``max_tokens_per_step`` and ``stop`` strings (see benchmarks/README.md).
+
+    Randomness. Every draw is a function of the episode seed and, when
+    ``vary_within_group`` is true (default), of the text of the model's actions:
+    the turn count from (seed, first action), each step's latency from (seed,
+    turn, action). So a seed reproduces an episode given the same actions, and the
+    members of a GRPO group (same seed, different sampled answers) still get
+    different lengths and latencies, as real tasks do. With
+    ``vary_within_group: false`` everything depends on the seed only.
+    """
 
     config_cls = LongTailEnvConfig
 

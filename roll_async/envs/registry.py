@@ -1,17 +1,10 @@
 """Build envs by name: the registry of env classes and ``make_env``.
 
-``env_type`` is a registered name (``sokoban``, ``frozen_lake``,
-``sliding_puzzle``, ``countdown``, ``retrieval_qa``, ``delayed`` (any of them
-with added latency), ``faulty`` (any of them with injected hangs/crashes),
-``code`` (sandboxed Python tasks) or one added with
-:func:`register_env`) or a dotted path ``package.module:ClassName`` to an env
-that lives outside the project, or an adapter prefix for an env library the
-user already has: ``gymnasium:<EnvId>``, ``textarena:<EnvId>``,
-``reasoning_gym:<task>`` (:mod:`roll_async.envs.adapters`, the
-``roll-async[envs]`` extra). An env class with a dataclass ``config_cls``
-(every :class:`~roll_async.envs.base.BaseEnv`) gets its ``env_config`` checked
-against that dataclass; any other class is called with ``**env_config``, its
-keys checked against the constructor's signature.
+Configs name an env by ``env_type`` (a registered name, a dotted path
+``package.module:ClassName``, or an adapter prefix such as ``gymnasium:<EnvId>``),
+and this is the one place that turns that name and its ``env_config`` into an
+instance, checking the config so a wrong key fails naming the accepted ones, and
+building the inner env of a wrapper.
 """
 
 from __future__ import annotations
@@ -34,9 +27,11 @@ from roll_async.envs.delayed import DelayedEnv
 from roll_async.envs.faulty import FaultyEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
 from roll_async.envs.longtail import LongTailEnv
+from roll_async.envs.math_qa import MathQAEnv
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
 from roll_async.envs.sokoban import SokobanEnv
+from roll_async.envs.wrapper import EnvWrapper
 
 #: The one piece of module state: registered name -> env class.
 _REGISTRY: dict[str, type] = {
@@ -49,6 +44,7 @@ _REGISTRY: dict[str, type] = {
     "longtail": LongTailEnv,
     "faulty": FaultyEnv,
     "code": CodeEnv,
+    "math": MathQAEnv,
 }
 
 
@@ -104,13 +100,23 @@ def resolve_env_class(env_type: str) -> type:
 
 
 def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
-    """Build an env instance; bad names and unknown config keys raise ``ValueError`` saying what is accepted."""
+    """Build an env instance; bad names and unknown config keys raise ``ValueError`` saying what is accepted.
+
+    A class with a dataclass ``config_cls`` (every :class:`~roll_async.envs.base.BaseEnv`) gets its
+    ``env_config`` checked against that dataclass; any other class is called with ``**env_config``, its
+    keys checked against the constructor's signature. A :class:`~roll_async.envs.wrapper.EnvWrapper`
+    gets the env its config names in ``inner_env_type`` / ``inner_env_config``, built here first.
+    """
     if split_adapter_env_type(env_type) is not None:
         return make_adapter_env(env_type, dict(env_config or {}))
     cls = resolve_env_class(env_type)
     config_cls = getattr(cls, "config_cls", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
-        return cls(build_config(config_cls, env_config, env_type))
+        config = build_config(config_cls, env_config, env_type)
+        if issubclass(cls, EnvWrapper):
+            inner = make_env(config.inner_env_type, dict(config.inner_env_config))
+            return cls(inner, config)
+        return cls(config)
     kwargs = dict(env_config or {})
     _check_kwargs(cls.__init__, kwargs, env_type)
     return cls(**kwargs)

@@ -1,31 +1,7 @@
 """Retrieval QA: a tool-use env where the model searches a small corpus before answering.
 
-The shipped corpus (``data/retrieval_qa.json``) describes a made-up world of
-towns, people and mountains, so the model cannot answer from memory; some
-questions need two hops (e.g. the birthplace of whoever first climbed a
-mountain). ``corpus_path`` points to another file of the same shape::
-
-    {"passages": [{"id", "title", "text"}],
-     "questions": [{"id", "question", "answers": [str], "passage_ids": [str], "split": "train"|"val"}]}
-
-Each turn the model either searches with ``<search>query</search>`` and sees
-the ``top_k`` passages ranked by BM25 (implemented here, no dependency), or
-answers with ``<answer>...</answer>``, which ends the episode. When a response
-holds both, the one that comes first counts (what follows it was written
-without seeing the results). At most ``max_searches`` searches are allowed.
-
-Text render: ``Question: ...`` first; after a search::
-
-    Search results for "query":
-    [1] Title: passage text
-    [2] ...
-    Searches left: 2
-
-Rewards: the answer earns ``answer_reward`` (1) times its exact match (0 or 1)
-or, with ``reward_metric: f1``, its token F1 against the gold answers (SQuAD
-normalisation); a search earns ``search_reward`` (0). A missing tag, an empty
-query or a search past the limit adds ``format_penalty`` (-0.1). ``success``
-means exact match.
+Search-then-answer is the simplest tool-use loop; the shipped corpus describes
+a made-up world, so the model cannot answer from memory and has to search.
 """
 
 from __future__ import annotations
@@ -155,7 +131,24 @@ def f1_score(prediction: str, answers: list[str]) -> float:
 
 
 class RetrievalQAEnv(BaseEnv):
-    """Search-then-answer QA over a BM25-indexed corpus."""
+    """Search-then-answer QA over a BM25-indexed corpus.
+
+    The shipped corpus (``data/retrieval_qa.json``) describes a made-up world of
+    towns, people and mountains, so the model cannot answer from memory; some
+    questions need two hops (e.g. the birthplace of whoever first climbed a
+    mountain). ``corpus_path`` points to another file of the same shape::
+
+        {"passages": [{"id", "title", "text"}],
+         "questions": [{"id", "question", "answers": [str], "passage_ids": [str], "split": "train"|"val"}]}
+
+    Each turn the model either searches with ``<search>query</search>`` and sees
+    the ``top_k`` passages ranked by BM25 (implemented here, no dependency), or
+    answers with ``<answer>...</answer>``, which ends the episode. When a response
+    holds both, the one that comes first counts (what follows it was written
+    without seeing the results). At most ``max_searches`` searches are allowed.
+
+    Text render: ``Question: ...`` first; after a search::
+    """
 
     config_cls: ClassVar[type] = RetrievalQAConfig
     multi_action: ClassVar[bool] = False

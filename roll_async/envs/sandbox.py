@@ -1,31 +1,9 @@
 """Run untrusted Python in a child process with CPU-time, memory, process, output and network limits.
 
-``run_python(code, limits)`` starts ``python -I -S`` (isolated, no site
-packages) in a new session; the runner sets its own rlimits before it runs
-the code, so no ``preexec_fn`` is needed (that is unsafe in threaded
-processes such as a Ray worker):
-
-* **CPU time** ``RLIMIT_CPU``: past it the kernel sends SIGXCPU; a wall-clock
-  limit (``wall_s``) kills the whole process group for code that sleeps or blocks.
-* **Memory** ``RLIMIT_AS``: an allocation past it raises MemoryError.
-* **Processes** ``RLIMIT_NPROC``: root ignores it, so when we run as root the
-  runner first drops to uid/gid ``nobody`` (65534); a fork bomb then fails with
-  "Resource temporarily unavailable". The limit counts every process of that uid,
-  so sandboxes running at once share it. Standard modules the code may need
-  are imported before the drop (``_PRELOAD``): where the interpreter lives in
-  a private directory (``/root/.pyenv``) ``nobody`` cannot read others.
-* **Output** ``RLIMIT_FSIZE`` on stdout/stderr (they go to temp files): a write
-  past ``max_output_bytes`` fails (Python ignores SIGXFSZ, so it raises
-  ``OSError: File too large``); what we read back is capped too.
-* **Network**: where ``unshare --net`` works (root, or a kernel allowing user
-  namespaces; checked once) the child gets a fresh network namespace with no
-  interface up, so every connect fails in the kernel, whatever the code does.
-  Elsewhere the runner replaces ``socket.socket`` and friends with a function
-  that raises: a guard, not a wall (ctypes could get round it); which one is in
-  use is ``network_isolation()``.
-
-Whatever happens, the process group is SIGKILLed before returning, so nothing
-the code started outlives the call.
+Code written by a model may loop, allocate without bound, fork, flood its
+output or reach the network; the code env and its grader run it here so none
+of that can touch the host, and the whole process group is killed before a
+call returns.
 """
 
 from __future__ import annotations
@@ -82,7 +60,7 @@ exec(compile(source, "solution.py", "exec"), {"__name__": "__main__", "__builtin
 
 @dataclass
 class SandboxLimits:
-    """Limits of one sandboxed run (see the module docstring for how each is enforced)."""
+    """Limits of one sandboxed run (see :func:`run_python` for how each is enforced)."""
 
     cpu_s: float = 2.0
     wall_s: float = 5.0
@@ -138,7 +116,32 @@ def network_isolation() -> str:
 
 
 def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` under ``limits``; never raises for anything the code does."""
+    """Run ``code`` under ``limits``; never raises for anything the code does.
+
+    ``run_python(code, limits)`` starts ``python -I -S`` (isolated, no site
+    packages) in a new session; the runner sets its own rlimits before it runs
+    the code, so no ``preexec_fn`` is needed (that is unsafe in threaded
+    processes such as a Ray worker):
+
+    * **CPU time** ``RLIMIT_CPU``: past it the kernel sends SIGXCPU; a wall-clock
+      limit (``wall_s``) kills the whole process group for code that sleeps or blocks.
+    * **Memory** ``RLIMIT_AS``: an allocation past it raises MemoryError.
+    * **Processes** ``RLIMIT_NPROC``: root ignores it, so when we run as root the
+      runner first drops to uid/gid ``nobody`` (65534); a fork bomb then fails with
+      "Resource temporarily unavailable". The limit counts every process of that uid,
+      so sandboxes running at once share it. Standard modules the code may need
+      are imported before the drop (``_PRELOAD``): where the interpreter lives in
+      a private directory (``/root/.pyenv``) ``nobody`` cannot read others.
+    * **Output** ``RLIMIT_FSIZE`` on stdout/stderr (they go to temp files): a write
+      past ``max_output_bytes`` fails (Python ignores SIGXFSZ, so it raises
+      ``OSError: File too large``); what we read back is capped too.
+    * **Network**: where ``unshare --net`` works (root, or a kernel allowing user
+      namespaces; checked once) the child gets a fresh network namespace with no
+      interface up, so every connect fails in the kernel, whatever the code does.
+      Elsewhere the runner replaces ``socket.socket`` and friends with a function
+      that raises: a guard, not a wall (ctypes could get round it); which one is in
+      use is ``network_isolation()``.
+    """
     limits = limits or SandboxLimits()
     fsize = max(1, int(limits.max_output_bytes))
     guard_net = 0

@@ -1,23 +1,7 @@
 """Sliding puzzle (the 8- or 15-puzzle): put the tiles in order with the empty cell last.
 
-The board is scrambled by ``num_scramble`` random legal moves from the solved
-state (never undoing the move just made), so it is solvable and needs at most
-``num_scramble`` moves.
-
-Text render: one row per line, tiles right-aligned and separated by a space,
-the empty cell as ``_``; the solved 3x3 board is::
-
-    1 2 3
-    4 5 6
-    7 8 _
-
-Actions move the empty cell: ``Up`` swaps it with the tile above it, and so on
-for ``Down``, ``Left``, ``Right``. A move off the board is valid but not
-effective.
-
-Rewards per action: ``step_penalty`` (-0.1); +``success_reward`` (+10) when the
-board is solved, which ends the episode. A turn with a missing or unknown
-action adds ``format_penalty`` (-0.1).
+A planning task with a solvable scramble and an exact solver, for multi-step
+RL with a known optimum.
 """
 
 from __future__ import annotations
@@ -61,7 +45,23 @@ class SlidingPuzzleConfig(EnvConfig):
 
 
 class SlidingPuzzleEnv(BaseEnv):
-    """n x n sliding puzzle with an A* solver (Manhattan distance)."""
+    """n x n sliding puzzle with an A* solver (Manhattan distance).
+
+    The board is scrambled by ``num_scramble`` random legal moves from the solved
+    state (never undoing the move just made), so it is solvable and needs at most
+    ``num_scramble`` moves.
+
+    Text render: one row per line, tiles right-aligned and separated by a space,
+    the empty cell as ``_``; the solved 3x3 board is::
+
+        1 2 3
+        4 5 6
+        7 8 _
+
+    Actions move the empty cell: ``Up`` swaps it with the tile above it, and so on
+    for ``Down``, ``Left``, ``Right``. A move off the board is valid but not
+    effective.
+    """
 
     config_cls: ClassVar[type] = SlidingPuzzleConfig
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)

@@ -1,28 +1,7 @@
 """Sokoban: push every box onto a target in a procedurally generated room.
 
-Rooms are solvable by construction: a random room topology is carved, boxes are
-placed on their targets, and the player then plays *backwards* from that solved
-state (moving and pulling boxes) for ``search_depth`` moves; every pull undone
-is a legal push, so the state reached can be pushed back to the solved one. Of
-the states visited, the one whose boxes lie farthest from their targets is kept.
-
-Text render, one row per line (``dim_room`` rows by columns, border included)::
-
-    #  wall            _  floor
-    O  target          X  box           *  box on a target
-    P  player          S  player standing on a target
-
-Vision render: the same grid drawn as coloured cells (dark wall, light floor,
-red ring target, orange box, green box on target, blue player).
-
-Actions: ``Up``, ``Down``, ``Left``, ``Right`` (Up moves toward the first row).
-
-Rewards per action: ``step_penalty`` (-0.1); +``box_on_target_reward`` (+1) for
-a box pushed onto a target and the same amount taken away for a box pushed off
-one; +``success_reward`` (+10) when every box is on a target, which ends the
-episode. A turn with a missing or unknown action adds ``format_penalty`` (-0.1).
-Walking into a wall or an immovable box is valid but not effective (the state
-stays, the step penalty applies).
+The classic agentic RL benchmark (RAGEN, VAGEN), built in with text and vision
+renders, rooms solvable by construction and a solver for expert turns.
 """
 
 from __future__ import annotations
@@ -99,7 +78,25 @@ class SokobanConfig(EnvConfig):
 
 
 class SokobanEnv(BaseEnv):
-    """Sokoban with reverse-play room generation and a BFS solver."""
+    """Sokoban with reverse-play room generation and a BFS solver.
+
+    Rooms are solvable by construction: a random room topology is carved, boxes are
+    placed on their targets, and the player then plays *backwards* from that solved
+    state (moving and pulling boxes) for ``search_depth`` moves; every pull undone
+    is a legal push, so the state reached can be pushed back to the solved one. Of
+    the states visited, the one whose boxes lie farthest from their targets is kept.
+
+    Text render, one row per line (``dim_room`` rows by columns, border included)::
+
+        #  wall            _  floor
+        O  target          X  box           *  box on a target
+        P  player          S  player standing on a target
+
+    Vision render: the same grid drawn as coloured cells (dark wall, light floor,
+    red ring target, orange box, green box on target, blue player).
+
+    Actions: ``Up``, ``Down``, ``Left``, ``Right`` (Up moves toward the first row).
+    """
 
     config_cls: ClassVar[type] = SokobanConfig
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)

@@ -1,20 +1,10 @@
 """``roll-async check-model DIR``: will this model work here?
 
-Runs, in order, and prints one table row per check:
-
-1. the chat template: can every turn be derived (closure, next user turn),
-   is it append-only, what it rewrites (``ChatPromptBuilder.describe``);
-2. transformers loads the model (the trainer's view);
-3. vLLM (CPU or GPU, whatever is installed) loads it (the engine's view);
-4. a sampled three-turn conversation at the given sampling settings: each
-   turn's prompt is exactly the ids built so far (token-in/token-out), and how
-   a fresh render of the conversation's text compares with those ids;
-5. engine vs trainer logprobs on the generated tokens (same settings);
-6. weight sync round trip: perturb the trainer's weights, sync them into the
-   engine, and check the engine's outputs change *and* its logprobs on the
-   same prompt now match the perturbed trainer (no stale weights or prefix).
-
-Exit status 0 when every check passes, 1 otherwise; each failure names the fix.
+A model that loads is not yet one that trains: its chat template may not be
+append-only, vLLM and transformers may disagree on logprobs, or a weight sync
+may leave the engine stale. This runs each of those checks against the real
+engine and trainer, prints one table row per check with the fix for a failure,
+and exits 0 only when every check passes.
 """
 
 from __future__ import annotations
@@ -26,6 +16,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from roll_async.config.schema import EngineConfig, TrainerConfig
+from roll_async.engine.vllm_engine import VLLMEngine
+from roll_async.errors import ChatTemplateError, EngineStartupError
+from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.sampling import SamplingSettings
+from roll_async.trainer.collate import collate_trajectories
+from roll_async.trainer.grpo_trainer import GRPOTrainer
+from roll_async.trajectory import GenerationRequest, Trajectory
 
 #: Engine vs trainer agreement on per-token logprobs of generated tokens (float32 on both sides).
 LOGPROB_MAX_ABS_TOLERANCE = 1e-3
@@ -100,8 +101,6 @@ async def sample_conversation(
     engine: Any, builder: Any, settings: CheckSettings, request_prefix: str = "check"
 ) -> SampledConversation:
     """Play ``settings.turns`` turns against ``engine`` (a VLLMEngine or EngineClient) the way an EnvManager does."""
-    from roll_async.trajectory import GenerationRequest
-
     conversation = SampledConversation(user_texts=list(_USER_TURNS[: settings.turns]))
     conversation.append(
         builder.first_turn_ids(conversation.user_texts[0]), generated=False
@@ -142,10 +141,6 @@ def trainer_logprob_gap(
 
     The trainer scores under ``sampling`` (a SamplingSettings: the engine's temperature/top-p/top-k), as in training.
     """
-    from roll_async.sampling import SamplingSettings
-    from roll_async.trainer.collate import collate_trajectories
-    from roll_async.trajectory import Trajectory
-
     trajectory = Trajectory(
         tag="check",
         group_id=0,
@@ -171,8 +166,6 @@ def trainer_logprob_gap(
 
 def perturb_weights(model: Any, seed: int, scale: float = PERTURB_SCALE) -> None:
     """Add seeded noise to every parameter, relative to its own magnitude (norm weights of 1 included)."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.parameters():
@@ -184,8 +177,6 @@ def perturb_weights(model: Any, seed: int, scale: float = PERTURB_SCALE) -> None
 
 
 def _sampling_settings(settings: CheckSettings) -> Any:
-    from roll_async.sampling import SamplingSettings
-
     return SamplingSettings.from_generation(settings)
 
 
@@ -197,9 +188,6 @@ def check_template(
     tokenizer: Any, settings: CheckSettings
 ) -> tuple[list[CheckRow], Any]:
     """The template rows and a ChatPromptBuilder (None when the template is unusable)."""
-    from roll_async.errors import ChatTemplateError
-    from roll_async.prompts.prompt_builder import ChatPromptBuilder
-
     try:
         builder = ChatPromptBuilder(
             tokenizer,
@@ -236,15 +224,15 @@ async def run_checks(
 ) -> list[CheckRow]:
     """Every check in order; later checks are skipped (not failed) when an earlier one leaves nothing to test.
 
+    In order: the chat template (can every turn be derived, is it append-only, what it rewrites);
+    transformers loads the model (the trainer's view); vLLM loads it (the engine's view); a sampled
+    multi-turn conversation whose every prompt is exactly the ids built so far, compared with a fresh
+    render of its text; engine vs trainer logprobs on the generated tokens; and a weight-sync round
+    trip (perturb the trainer's weights, sync them, check the engine's outputs change and its logprobs
+    match the perturbed trainer: no stale weights or prefix).
+
     ``also_sampling``: more sampling settings to sample a conversation at and compare logprobs (same engine).
     """
-    from roll_async.config.schema import EngineConfig, TrainerConfig
-    from roll_async.engine.vllm_engine import VLLMEngine
-    from roll_async.errors import EngineStartupError
-    from roll_async.prompts.prompt_builder import load_tokenizer
-    from roll_async.trainer.grpo_trainer import GRPOTrainer
-    from roll_async.trajectory import GenerationRequest
-
     path = Path(model_dir).expanduser()
     if not (path / "config.json").is_file():
         return [

@@ -1,29 +1,11 @@
-"""The family zoo: offline random-init tiny models of real architectures, each with a chat template
-that renders the way that family's published template does.
+"""The family zoo: offline random-init tiny models of real architectures, each with its family's chat template.
 
-``roll-async make-tiny-model --family NAME`` builds one. Each family reuses the
-tiny model's tokenizer recipe (byte-level BPE trained locally on env text, see
-``tiny.py``) with the family's own special tokens, BOS and EOS, and a config of
-the family's architecture class at tiny size (hidden 128, head_dim 64 because
-vLLM's CPU attention rejects smaller heads, 2 layers). The templates are
-written here from the families' documented renderings, reduced to what a
-text-only agent conversation uses (system/user/assistant/tool roles, no tool
-schemas), and keep the behaviours that matter for token-exact multi-turn RL:
-
-* ``qwen2_5``: ChatML; a default system prompt when none is given; tool
-  results wrapped in ``<tool_response>`` inside a user turn.
-* ``qwen3`` / ``qwen3_moe``: ChatML with think handling: an assistant turn
-  after the last user query keeps (or, as the last message, gains an empty)
-  ``<think>`` block, earlier ones lose it; ``enable_thinking=False`` puts an
-  empty think block into the generation prompt.
-* ``llama3``: BOS ``<|begin_of_text|>``, header tokens, a system turn with the
-  knowledge-cutoff lines always present, ``<|eot_id|>`` closes turns, content trimmed.
-* ``mistral``: BOS ``<s>``, ``[INST] ... [/INST]``, the system prompt merged into
-  the *last* user message, ``</s>`` after each reply, strict user/assistant alternation.
-* ``gemma3``: BOS ``<bos>``, no system role (the system prompt is prefixed to
-  the first user message), ``model`` as the assistant role, ``<end_of_turn>``.
-* ``phi3``: ``<|system|>``/``<|user|>``/``<|assistant|>`` + ``<|end|>``; a render
-  without generation prompt ends with ``<|endoftext|>``.
+Token-exact multi-turn RL breaks in family-specific ways (think blocks dropped
+from earlier turns, system prompts merged into a user turn, BOS and turn
+closers), so ``roll-async make-tiny-model --family NAME`` builds a tiny model of
+each family's architecture class with its special tokens and a template written
+from the family's documented rendering, reduced to what a text-only agent
+conversation uses, to test against those behaviours without a download.
 """
 
 from __future__ import annotations
@@ -34,18 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roll_async.model.tiny import (
-    _train_tokenizer,
-    default_tiny_model_dir,
+from roll_async.model.tiny_build import (
     is_current_build,
+    model_cache_dir,
     tiny_shape,
     write_model_dir,
 )
+from roll_async.model.tiny_tokenizer import train_tokenizer
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
 ZOO_BUILD_ID = "zoo-v1"
 HEAD_DIM = 64
 
+#: ChatML; a default system prompt when none is given; tool results wrapped in
+#: ``<tool_response>`` inside a user turn.
 QWEN2_5_TEMPLATE = (
     "{%- if messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
@@ -64,6 +48,9 @@ QWEN2_5_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+#: ChatML with think handling (also qwen3_moe): an assistant turn after the last user query keeps
+#: (or, as the last message, gains an empty) ``<think>`` block, earlier ones lose it;
+#: ``enable_thinking=False`` puts an empty think block into the generation prompt.
 QWEN3_TEMPLATE = (
     "{%- if messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
@@ -104,6 +91,8 @@ QWEN3_TEMPLATE = (
     "{%- endif %}"
 )
 
+#: BOS ``<|begin_of_text|>``, header tokens, a system turn with the knowledge-cutoff lines always
+#: present, ``<|eot_id|>`` closes turns, content trimmed.
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
     "{%- if messages[0].role == 'system' %}{%- set system_message = messages[0].content | trim %}"
@@ -121,6 +110,8 @@ LLAMA3_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
 
+#: BOS ``<s>``, ``[INST] ... [/INST]``, the system prompt merged into the *last* user message,
+#: ``</s>`` after each reply, strict user/assistant alternation.
 MISTRAL_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
@@ -138,6 +129,8 @@ MISTRAL_TEMPLATE = (
     "{%- endfor %}"
 )
 
+#: BOS ``<bos>``, no system role (the system prompt is prefixed to the first user message),
+#: ``model`` as the assistant role, ``<end_of_turn>``.
 GEMMA3_TEMPLATE = (
     "{{- bos_token }}"
     "{%- if messages[0]['role'] == 'system' %}{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}"
@@ -153,6 +146,8 @@ GEMMA3_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
 )
 
+#: ``<|system|>``/``<|user|>``/``<|assistant|>`` + ``<|end|>``; a render without generation
+#: prompt ends with ``<|endoftext|>``.
 PHI3_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' and message['content'] %}{{- '<|system|>\\n' + message['content'] + '<|end|>\\n' }}"
@@ -201,6 +196,7 @@ def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[st
     )
 
 
+# Each config maker imports transformers itself: it is heavy and needed only when a model is built.
 def _qwen2(tokenizer, family, hidden, layers):
     from transformers import Qwen2Config
 
@@ -388,7 +384,7 @@ def get_family(name: str) -> Family:
 
 def default_family_dir(name: str) -> Path:
     """Beside the default tiny model (``$ROLL_ASYNC_CACHE`` or ~/.cache/roll_async), one directory per family."""
-    return default_tiny_model_dir().parent / f"{ZOO_BUILD_ID}-{name}"
+    return model_cache_dir() / f"{ZOO_BUILD_ID}-{name}"
 
 
 def build_family_model(
@@ -401,7 +397,11 @@ def build_family_model(
     seed: int = 0,
     force: bool = False,
 ) -> Path:
-    """Build (or reuse) the tiny model of family ``name`` and return its directory."""
+    """Build (or reuse) the tiny model of family ``name`` and return its directory.
+
+    Hidden 128 and head_dim 64 (vLLM's CPU attention rejects smaller heads), 2 layers by default.
+    """
+    # torch and transformers are heavy: loaded only when a model is built.
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -417,7 +417,7 @@ def build_family_model(
     }
     if not force and is_current_build(out, build_info):
         return out
-    tokenizer = _train_tokenizer(
+    tokenizer = train_tokenizer(
         vocab_size,
         special_tokens=family.special_tokens,
         chat_template=family.chat_template,

@@ -1,19 +1,11 @@
 """The offline tiny vision-language model: a random-init Idefics3 (SigLIP-style vision tower + Llama LM).
 
-Why Idefics3 and not Qwen2.5-VL: on the CPU build here torchvision cannot be
-installed (PyPI's wheels link CUDA torch; ``operator torchvision::nms does not
-exist``), and transformers' ``Qwen2_5_VLProcessor`` requires a video processor
-whose base class needs torchvision, while vLLM's ``qwen2_vl``, ``qwen2_5_vl``,
-``llava``, ``gemma3_mm`` and ``internvl`` modules import torchvision-backed image
-processors at import time. vLLM's ``idefics3`` module and transformers'
-``Idefics3Processor`` with its PIL image processor need no torchvision, and
-both run the same architecture (checked: engine and HF forward agree).
-
-The recipe: the byte-level BPE tokenizer of :mod:`roll_async.model.tiny` plus
-Idefics3's image special tokens; 64x64 images in 16-pixel patches, pixel
-shuffle by 2, so one image becomes ``<fake_token_around_image><global-img>``
-+ 4 x ``<image>`` + ``<fake_token_around_image>`` (7 ids). Heads are 64 wide in
-both towers (vLLM's CPU attention rejects 16).
+Vision tests and demos need a VL model that runs offline on the CPU build, and
+Idefics3 is the family that can: Qwen2-VL/Qwen2.5-VL, LLaVA, Gemma3 and InternVL
+need torchvision (in transformers' processors or vLLM's modules), which has no
+build for this CPU torch, while vLLM's ``idefics3`` module and transformers'
+``Idefics3Processor`` with its PIL image processor run the same architecture
+without it.
 """
 
 from __future__ import annotations
@@ -21,13 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from roll_async.model.tiny import (
-    _train_tokenizer,
-    default_tiny_model_dir,
+from roll_async.model.tiny_build import (
     is_current_build,
+    model_cache_dir,
     tiny_shape,
     write_model_dir,
 )
+from roll_async.model.tiny_tokenizer import train_tokenizer
 
 #: Bump when the recipe changes, so caches rebuild.
 BUILD_ID = "tiny-idefics3-vl-v1"
@@ -45,7 +37,7 @@ IMAGE_SPECIAL_TOKENS = [
 
 
 def default_tiny_vl_model_dir() -> Path:
-    return default_tiny_model_dir().parent / BUILD_ID
+    return model_cache_dir() / BUILD_ID
 
 
 def build_tiny_vl_model(
@@ -59,7 +51,14 @@ def build_tiny_vl_model(
     seed: int = 0,
     force: bool = False,
 ) -> Path:
-    """Build (or reuse) the tiny VL model directory (weights, tokenizer, processor) and return its path."""
+    """Build (or reuse) the tiny VL model directory (weights, tokenizer, processor) and return its path.
+
+    The tokenizer is the tiny model's plus Idefics3's image tokens; with the defaults a 64x64 image in
+    16-pixel patches, pixel-shuffled by 2, becomes ``<fake_token_around_image><global-img>`` + 4 x
+    ``<image>`` + ``<fake_token_around_image>`` (7 ids). Heads are 64 wide in both towers (vLLM's CPU
+    attention rejects 16).
+    """
+    # torch and transformers are heavy: loaded only when a model is built.
     import torch
     from transformers import (
         GenerationConfig,
@@ -88,7 +87,7 @@ def build_tiny_vl_model(
     if not force and is_current_build(out, build_info):
         return out
 
-    tokenizer = _train_tokenizer(vocab_size)
+    tokenizer = train_tokenizer(vocab_size)
     tokenizer.add_special_tokens(
         {"additional_special_tokens": ["<|im_start|>", *IMAGE_SPECIAL_TOKENS]}
     )

@@ -1,30 +1,14 @@
 """Images in a token-in/token-out conversation: expand once, never re-render.
 
-An env in ``render_mode: vision`` returns an :class:`~roll_async.envs.base.Observation`
-whose text holds one placeholder per image. The chat template renders that text
-like any other observation (the placeholder is the model's image token, a
-special token, so it is one id). Then :meth:`VisionProcessor.expand` replaces
-each image-token id by the ids the model's own processor produces for that
-image (for Idefics3: ``<fake_token_around_image><global-img>`` + N x
-``<image>`` + ``<fake_token_around_image>``). Those expanded ids are appended to
-the trajectory once and are what the trainer scores; the image's span in the
-trajectory is recorded next to the image.
-
-vLLM 0.32 always applies its own placeholder expansion to a token prompt with
-multimodal data (given pre-expanded ids it expands again: measured, the prompt
-grew from 31 to 43 ids for two images). So the engine request carries the
-*compact* form, :func:`compact_prompt`: each recorded span collapsed back to
-the single image token, plus all images so far in placeholder order. vLLM's
-expansion of that is the trajectory's ids again; the EnvManager checks the
-engine's prompt length against the trajectory on every turn, and the
-integration test checks the ids themselves.
-
-The trainer gets the same images (``Trajectory.images``) and runs the same
-processor's image part to get pixel values (:meth:`VisionProcessor.pixel_inputs`).
+The trainer must score exactly the ids the engine saw, but a model's processor
+turns each image into many ids and vLLM expands images itself; so each image is
+expanded once into the trajectory by the model's own processor, and the engine
+gets a compact form whose expansion gives those same ids.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,8 +68,6 @@ def check_observation_mode(observation: Any, vision: bool) -> None:
 
 
 def _model_config(model_path: str) -> dict[str, Any]:
-    import json
-
     config_file = Path(model_path) / "config.json"
     return json.loads(config_file.read_text()) if config_file.is_file() else {}
 
@@ -118,7 +100,21 @@ def input_only_logit_bias(model_path: str) -> dict[int, float]:
 
 
 class VisionProcessor:
-    """The model's own processor, used once per observation image and again by the trainer."""
+    """The model's own processor, used once per observation image and again by the trainer.
+
+    An env in ``render_mode: vision`` returns an :class:`~roll_async.envs.base.Observation`
+    whose text holds one placeholder per image. The chat template renders that text
+    like any other observation (the placeholder is the model's image token, a
+    special token, so it is one id). Then :meth:`VisionProcessor.expand` replaces
+    each image-token id by the ids the model's own processor produces for that
+    image (for Idefics3: ``<fake_token_around_image><global-img>`` + N x
+    ``<image>`` + ``<fake_token_around_image>``). Those expanded ids are appended to
+    the trajectory once and are what the trainer scores; the image's span in the
+    trajectory is recorded next to the image.
+
+    The trainer gets the same images (``Trajectory.images``) and runs the same
+    processor's image part to get pixel values (:meth:`VisionProcessor.pixel_inputs`).
+    """
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
@@ -131,7 +127,7 @@ class VisionProcessor:
     @classmethod
     def load(cls, model_path: str, trust_remote_code: bool = False) -> VisionProcessor:
         """Load the processor from a local model directory (no hub access: ``local_files_only``)."""
-        from transformers import AutoProcessor
+        from transformers import AutoProcessor  # heavy: loaded only for vision models
 
         processor = AutoProcessor.from_pretrained(
             model_path, trust_remote_code=trust_remote_code, local_files_only=True
@@ -281,7 +277,16 @@ def append_images(
 def compact_prompt(
     token_ids: list[int], spans: list[tuple[int, int]], image_token_id: int
 ) -> list[int]:
-    """The engine's form of a prompt: each expanded image span collapsed to one image token (vLLM expands it)."""
+    """The engine's form of a prompt: each expanded image span collapsed to one image token (vLLM expands it).
+
+    vLLM always applies its own placeholder expansion to a token prompt with
+    multimodal data (given pre-expanded ids it expands again). So the engine request carries the
+    *compact* form, :func:`compact_prompt`: each recorded span collapsed back to
+    the single image token, plus all images so far in placeholder order. vLLM's
+    expansion of that is the trajectory's ids again; the EnvManager checks the
+    engine's prompt length against the trajectory on every turn, and the
+    integration test checks the ids themselves.
+    """
     out: list[int] = []
     previous = 0
     for start, end in spans:

@@ -1,45 +1,9 @@
 """Incremental, token-exact prompt building from any chat template.
 
-Token-in/token-out: a conversation's ids are built once and only ever appended
-to. The first turn goes through the chat template (system, then the user
-message with instruction and observation, then the generation prompt). After
-each model turn the engine's output ids are appended exactly as returned, then
-two pieces that come from the template, never from re-tokenizing history:
-
-* the turn closure: what the template puts after an assistant message's
-  content when another message follows (ChatML: ``<|im_end|>\\n``). If the
-  model already ended on the closure's first token (its EOS) only the rest is
-  appended; if it stopped on a stop string or ran out of tokens the whole
-  closure is appended. These tokens were not generated: response_mask 0.
-* the continuation: the next non-assistant message(s) and the generation
-  prompt, i.e. what the template renders for one more user (or tool) turn.
-
-Both are found by *locating sentinel messages inside one longer render*, not
-by requiring the longer render to start with the shorter one, so templates
-that rewrite other parts of the conversation still give exact pieces:
-
-* think stripping (Qwen3): earlier assistant turns lose their ``<think>``
-  block in a fresh render. The model's own generated ids stay in the context
-  (token-in/token-out); only the closure and the next user turn come from the
-  template. ``rollout/prefix_mismatch_rate`` reports how often a fresh render
-  differs.
-* a system prompt merged into the last user message (Mistral) or into the
-  first one (Gemma, no system role): the first turn is rendered as the template
-  renders it; later user turns are rendered as the template renders a user
-  message *followed by a reply*, so the system prompt is not repeated per turn.
-* BOS (Llama-3, Gemma, Mistral) belongs to the first render only; a
-  generation prompt that varies (``enable_thinking``) is taken from the
-  template's own ``add_generation_prompt`` output for the message's role.
-
-How a continuation is cut out of a render of ``H + messages + [reply2]``
-(``H`` = system, sentinel user, sentinel reply): the text between the end of
-the sentinel reply and the start of ``reply2`` is ``closure + messages + tail``,
-where ``tail`` (end of the last message plus the next assistant header) is
-measured once per role on a sentinel message; the generation-prompt ending is
-measured the same way from ``H + [sentinel message]`` with
-``add_generation_prompt=True``. A template that drops assistant content or
-cannot render the pieces consistently raises ``ChatTemplateError`` naming the
-behaviour; ``model.chat_template`` (a file) overrides the tokenizer's template.
+Re-rendering a conversation through its chat template does not reproduce the
+ids the engine generated (templates strip think blocks, merge system prompts,
+re-tokenize text), so a conversation's ids are built once and only appended to,
+with the pieces between turns cut exactly out of the template's own renders.
 """
 
 from __future__ import annotations
@@ -97,6 +61,47 @@ class ChatPromptBuilder:
     themselves. ``chat_template`` overrides the tokenizer's template (the text of
     ``model.chat_template``); ``template_kwargs`` go to every render (e.g.
     ``{"enable_thinking": False}``). Thread-safe for reads; holds no per-conversation state.
+
+    Token-in/token-out: a conversation's ids are built once and only ever appended
+    to. The first turn goes through the chat template (system, then the user
+    message with instruction and observation, then the generation prompt). After
+    each model turn the engine's output ids are appended exactly as returned, then
+    two pieces that come from the template, never from re-tokenizing history:
+
+    * the turn closure: what the template puts after an assistant message's
+      content when another message follows (ChatML: ``<|im_end|>\\n``). If the
+      model already ended on the closure's first token (its EOS) only the rest is
+      appended; if it stopped on a stop string or ran out of tokens the whole
+      closure is appended. These tokens were not generated: response_mask 0.
+    * the continuation: the next non-assistant message(s) and the generation
+      prompt, i.e. what the template renders for one more user (or tool) turn.
+
+    Both are found by *locating sentinel messages inside one longer render*, not
+    by requiring the longer render to start with the shorter one, so templates
+    that rewrite other parts of the conversation still give exact pieces:
+
+    * think stripping (Qwen3): earlier assistant turns lose their ``<think>``
+      block in a fresh render. The model's own generated ids stay in the context
+      (token-in/token-out); only the closure and the next user turn come from the
+      template. ``rollout/prefix_mismatch_rate`` reports how often a fresh render
+      differs.
+    * a system prompt merged into the last user message (Mistral) or into the
+      first one (Gemma, no system role): the first turn is rendered as the template
+      renders it; later user turns are rendered as the template renders a user
+      message *followed by a reply*, so the system prompt is not repeated per turn.
+    * BOS (Llama-3, Gemma, Mistral) belongs to the first render only; a
+      generation prompt that varies (``enable_thinking``) is taken from the
+      template's own ``add_generation_prompt`` output for the message's role.
+
+    How a continuation is cut out of a render of ``H + messages + [reply2]``
+    (``H`` = system, sentinel user, sentinel reply): the text between the end of
+    the sentinel reply and the start of ``reply2`` is ``closure + messages + tail``,
+    where ``tail`` (end of the last message plus the next assistant header) is
+    measured once per role on a sentinel message; the generation-prompt ending is
+    measured the same way from ``H + [sentinel message]`` with
+    ``add_generation_prompt=True``. A template that drops assistant content or
+    cannot render the pieces consistently raises ``ChatTemplateError`` naming the
+    behaviour; ``model.chat_template`` (a file) overrides the tokenizer's template.
     """
 
     def __init__(
@@ -290,7 +295,7 @@ class ChatPromptBuilder:
         return tuple(self.render_ids(messages, add_generation_prompt=True))
 
     def closure_ids_after(self, generated_ids: list[int]) -> list[int]:
-        """Ids that close the assistant turn after ``generated_ids`` (see module docstring)."""
+        """Ids that close the assistant turn after ``generated_ids`` (see the class docstring)."""
         if (
             generated_ids
             and self.closure_ids
@@ -473,6 +478,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     through ``AutoTokenizer``.
     """
     local = Path(path).expanduser()
+    # transformers is heavy: loaded only when a tokenizer is.
     if not trust_remote_code and (local / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from roll_async.scheduler.layout import env_layout
+
 #: Curves drawn when the run has them: (chart title, [(metric key, label)]).
 CURVES: list[tuple[str, list[tuple[str, str]]]] = [
     ("Throughput (trajectories/s)", [("rollout/trajectories_per_s", "trajectories/s")]),
@@ -109,8 +111,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def configured_env_ids(config: dict[str, Any]) -> dict[int, str]:
     """env_id -> tag of every train env instance the config creates (the scheduler's layout)."""
-    from roll_async.scheduler.group_queue import env_layout
-
     em = config.get("train_env_manager") or {}
     tags = list(em.get("tags") or [])
     if not tags:

@@ -1,19 +1,9 @@
 """Where log lines go: the console keeps the progress bar, one line per step and real errors; the rest goes to RUN_DIR/logs/.
 
-Driver process: one root handler on the console that passes roll-async's own
-loggers (``roll_async``, ``pipelines``, ``env_managers``) at ``logging.level``
-and every other library (vLLM, Ray, transformers, ...) only at ERROR; one file
-handler, ``RUN_DIR/logs/driver.log``, that keeps everything at INFO and above.
-Ray and transformers install their own stream handlers on import; those are
-removed so their records reach the root handlers like everyone else's.
-
-Ray workers (engine actors, env workers) and their children (vLLM's
-EngineCore) print to their own stdout/stderr. ``init_ray(log_dir=...)`` turns
-off Ray's log_to_driver and installs :func:`setup_worker_process` as the
-worker_process_setup_hook: each worker process points its file descriptors 1
-and 2 at ``RUN_DIR/logs/ray-worker-<pid>.log``, so vLLM's engine lines (and
-anything a child process prints) land there. Errors from workers still reach
-the console: they come back as exceptions of the calls that failed.
+vLLM, Ray and transformers print a lot from the driver and from worker
+processes; routing every library's records through the project's own handlers,
+and each Ray worker's output to a file, keeps the console readable while
+nothing is lost.
 """
 
 from __future__ import annotations
@@ -22,6 +12,8 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from roll_async.errors import ConfigError
 
 #: The environment variable that tells a Ray worker process where to write its log.
 LOG_DIR_ENV = "ROLL_ASYNC_LOG_DIR"
@@ -37,8 +29,6 @@ def _level(level: str | int) -> int:
         return level
     value = logging.getLevelName(str(level).upper())
     if not isinstance(value, int):
-        from roll_async.errors import ConfigError
-
         raise ConfigError(
             f"logging.level={level!r} is not a log level; use DEBUG, INFO, WARNING or ERROR"
         )
@@ -84,7 +74,15 @@ def _route_library_loggers() -> None:
 
 
 def configure_console(level: str | int = "INFO") -> None:
-    """The driver's console handler (replaces any earlier one of ours); safe to call again with a new level."""
+    """The driver's console handler (replaces any earlier one of ours); safe to call again with a new level.
+
+    Driver process: one root handler on the console that passes roll-async's own
+    loggers (``roll_async``, ``pipelines``, ``env_managers``) at ``logging.level``
+    and every other library (vLLM, Ray, transformers, ...) only at ERROR; one file
+    handler, ``RUN_DIR/logs/driver.log``, that keeps everything at INFO and above.
+    Ray and transformers install their own stream handlers on import; those are
+    removed so their records reach the root handlers like everyone else's.
+    """
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_roll_async_console", False):
@@ -117,7 +115,16 @@ def attach_run_logs(run_root: str | Path, level: str | int = "WARNING") -> Path:
 
 
 def setup_worker_process() -> None:
-    """Ray worker_process_setup_hook: send this process's (and its children's) output to the run's log directory."""
+    """Ray worker_process_setup_hook: send this process's (and its children's) output to the run's log directory.
+
+    Ray workers (engine actors, env workers) and their children (vLLM's
+    EngineCore) print to their own stdout/stderr. ``init_ray(log_dir=...)`` turns
+    off Ray's log_to_driver and installs :func:`setup_worker_process` as the
+    worker_process_setup_hook: each worker process points its file descriptors 1
+    and 2 at ``RUN_DIR/logs/ray-worker-<pid>.log``, so vLLM's engine lines (and
+    anything a child process prints) land there. Errors from workers still reach
+    the console: they come back as exceptions of the calls that failed.
+    """
     log_dir = os.environ.get(LOG_DIR_ENV)
     if not log_dir:
         return

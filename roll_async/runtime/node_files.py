@@ -1,16 +1,9 @@
 """Getting a driver-side directory to every node: a checked shared path, or the object store.
 
-EnvManagerWorkers load the tokenizer from the model directory; engine replicas
-load the whole model from it. On a cluster that directory is often on the
-driver's disk only. The driver reads the directory's files once
-(``tokenizer_files`` for workers: the small tokenizer files; ``model_files`` for
-engines: every file), ``ray.put``s them once, and the process on the other node
-calls ``local_dir``: if the path exists on its node (a shared filesystem, or one
-machine) it is used as is; otherwise the files are written to a per-content
-cache directory on that node and that is used. Model weights go through the
-object store only to an engine whose node lacks the path
-(``engine_actor.launch_engines`` asks each replica first): for a large model a
-shared path is far cheaper (see docs/architecture.md "Placement across nodes").
+Workers load the tokenizer and engines the whole model from a directory that,
+on a cluster, is often on the driver's disk only; the driver ``ray.put``s the
+files once and a process on another node uses the path where it exists there,
+or a per-content cache of the files where it does not.
 """
 
 from __future__ import annotations
@@ -74,7 +67,20 @@ def path_is_on_this_node(directory: str) -> bool:
 
 
 def local_dir(directory: str, files: Mapping[str, bytes] | None) -> str:
-    """``directory`` if it exists on this node, else ``files`` written to a node-local cache dir (see module doc)."""
+    """``directory`` if it exists on this node, else ``files`` written to a node-local cache dir (see module doc).
+
+    EnvManagerWorkers load the tokenizer from the model directory; engine replicas
+    load the whole model from it. On a cluster that directory is often on the
+    driver's disk only. The driver reads the directory's files once
+    (``tokenizer_files`` for workers: the small tokenizer files; ``model_files`` for
+    engines: every file), ``ray.put``s them once, and the process on the other node
+    calls ``local_dir``: if the path exists on its node (a shared filesystem, or one
+    machine) it is used as is; otherwise the files are written to a per-content
+    cache directory on that node and that is used. Model weights go through the
+    object store only to an engine whose node lacks the path
+    (``engine_actor.launch_engines`` asks each replica first): for a large model a
+    shared path is far cheaper (see docs/architecture.md "Placement across nodes").
+    """
     if Path(directory).expanduser().is_dir() or not files:
         return directory  # shared or local path (a hub id or a missing path fails in load_tokenizer, naming it)
     digest = hashlib.sha256()

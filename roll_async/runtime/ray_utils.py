@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+from roll_async.run_output.logs import LOG_DIR_ENV
+
+# Ray is imported inside the functions: importing this module must not import Ray.
+
 
 def actor_death_errors() -> tuple[type[BaseException], ...]:
     """Ray's errors for a call on an actor whose process is gone (killed, crashed), as opposed to one that raised."""
@@ -51,8 +55,6 @@ def init_ray(
     }
     quiet: dict = {}
     if log_dir is not None:
-        from roll_async.run_output.logs import LOG_DIR_ENV
-
         runtime_env["env_vars"][LOG_DIR_ENV] = str(os.path.abspath(log_dir))
         runtime_env["worker_process_setup_hook"] = (
             "roll_async.run_output.logs.setup_worker_process"

@@ -1,26 +1,10 @@
 """The Linux scheduling policy of the rollout's own processes: ``batch`` keeps them off vLLM's critical path.
 
-Where env loops share CPU cores with the engine (a CPU engine, a small node, many
-workers per GPU node), every turn wakes a rollout thread: a reply arrives, an env
-step returns, a hand-over is answered. Under the default policy (``SCHED_OTHER``) a
-waking thread may preempt the task running on its core. On a core shared with
-vLLM that task is often the EngineCore scheduling the next step or the model
-worker running it, and every engine step waits on both; so each wake-up can add
-a slice of rollout work to the step. ``SCHED_BATCH`` keeps the same fair share
-(unlike ``nice``, which starves the rollout against vLLM's busy-polling processes)
-but tells the kernel not to preempt on wake-up: the rollout thread runs when the
-engine's processes yield (vLLM's processes poll with ``sched_yield`` between
-steps) or at the end of their time slice.
-
-Measured on the 2-core VM, zero-latency workload, 5 paired runs per series
-(``benchmarks/README.md``): per-env ÷ barrier 0.83× with ``normal``; 1.05×, 0.94×
-and 1.03× in three ``batch`` series. The price is up to one scheduler slice (a few ms) of wake-up delay for
-a rollout thread on a busy core, nothing against an LLM turn.
-
-Applied by each EnvManagerWorker and the GroupQueueActor at start, to every
-thread of their process (threads they start later inherit it; so do env child
-processes). The driver and the engine's processes are never changed. Linux only;
-elsewhere it is a no-op that says so.
+Where env loops share CPU cores with the engine, a waking rollout thread may
+preempt the EngineCore or model worker on its core and delay every engine step;
+``SCHED_BATCH`` keeps the rollout's fair share (unlike ``nice``) but stops it
+preempting on wake-up, at the price of up to one scheduler slice of wake-up
+delay for a rollout thread on a busy core.
 """
 
 from __future__ import annotations
@@ -38,6 +22,15 @@ def apply_to_process(policy: str) -> str:
     """Set ``policy`` (``batch`` | ``normal``) on every thread of this process; returns what is in force.
 
     Returns ``"unsupported"`` where the platform has no such policy (not Linux).
+
+    The rollout thread then runs when the engine's processes yield (vLLM's processes poll
+    with ``sched_yield`` between steps) or at the end of their time slice; ``nice`` instead
+    would starve the rollout against vLLM's busy-polling processes.
+
+    Applied by each EnvManagerWorker and the GroupQueueActor at start, to every
+    thread of their process (threads they start later inherit it; so do env child
+    processes). The driver and the engine's processes are never changed. Linux only;
+    elsewhere it is a no-op that says so.
     """
     if policy not in POLICIES:
         raise ValueError(

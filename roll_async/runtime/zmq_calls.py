@@ -1,37 +1,11 @@
 """Async actor methods over ZMQ: the rollout's data plane, with Ray kept as the control plane.
 
-A Ray actor call costs about 1.3 ms of CPU, caller and callee together
-(``benchmarks/ray_call_cost.py``). The rollout makes one engine request per turn
-and one queue hand-over per episode; on a machine where the rollout shares cores
-with the engine, that CPU is taken from the engine's steps, and the queue actor,
-one process serving every worker, saturates on it. Here a call goes over a ZMQ
-DEALER/ROUTER pair instead (a pickled ``(method, args)`` tuple; the same Python
-objects as over Ray), over an IPC socket when caller and actor share a node and
-TCP otherwise. vLLM's own front-end talks to its EngineCore the same way. Ray
-keeps the control plane: the endpoint is asked once over Ray, and liveness is
-checked over Ray.
-
-* ``CallServer`` serves a fixed set of ``async`` methods of one object on a
-  ROUTER socket, on the actor's event loop, one task per call (calls run
-  concurrently, as concurrent Ray calls do).
-* ``ZmqCaller`` is the caller's side: ``await caller.call(method, *args)``.
-
-No silent hangs: the caller watches its connection (a ZMQ socket monitor). When
-the actor's process goes away the connection drops; the caller then runs its
-``probe`` (a Ray call) and, if that says the actor is dead, fails every call in
-flight with the caller's ``dead_error``. A first call that gets no answer within
-``connect_timeout_s`` (a TCP port blocked between nodes: ZMQ would retry
-silently forever) fails with ``ZmqConnectError`` naming the address and the
-setting that avoids ZMQ. A call cancelled by its caller is cancelled on the
-server too when the server was opened with ``cancellable=True``; otherwise the
-server finishes it, as Ray does with an abandoned actor call.
-
-Sockets are plain (blocking-API) ZMQ sockets driven by the event loop
-(``_LoopSocket``): one reader callback drains every message that is ready, and a
-send goes out at once without blocking. pyzmq's ``zmq.asyncio`` sockets cost a
-future, a poller registration and several enum operations per message; on the
-rollout's path (one message per turn each way) that was a fifth of an env
-worker's CPU.
+A Ray actor call costs CPU on both sides, and the rollout makes one engine
+request per turn and one queue hand-over per episode, on cores it may share with
+the engine; here a call goes over a ZMQ DEALER/ROUTER pair instead (the same
+pickled Python objects, IPC on one node, TCP across nodes), as vLLM's own
+front-end talks to its EngineCore, while the endpoint and liveness are still
+asked over Ray.
 """
 
 from __future__ import annotations
@@ -95,6 +69,11 @@ class _LoopSocket:
     checked again; a socket is also checked once when it is made (a pipe signals a message only after
     a read found it empty). Sends never block: queues are unbounded (a message per request in flight), and a
     full queue (zmq.Again) is retried on the next loop iterations.
+
+    Sockets are plain (blocking-API) ZMQ sockets driven by the event loop
+    (``_LoopSocket``): one reader callback drains every message that is ready, and a
+    send goes out at once without blocking: pyzmq's ``zmq.asyncio`` sockets cost a future, a
+    poller registration and several enum operations per message.
     """
 
     def __init__(
@@ -258,7 +237,7 @@ def serve_calls(
     target: Any, methods: Collection[str], *, name: str, cancellable: bool = True
 ) -> CallServer:
     """Open ``target``'s call socket inside its Ray actor (node id and IP from Ray's runtime context)."""
-    import ray
+    import ray  # only inside a Ray actor; importing this module must not import Ray
 
     return CallServer(
         target,
@@ -308,6 +287,16 @@ class ZmqCaller:
     ``dead_errors`` when the actor is gone; then every call in flight, and every later one, fails with
     ``dead_error(reason)``. ``what`` names the actor and ``fallback`` the setting that avoids ZMQ, for the
     connect error.
+
+    No silent hangs: the caller watches its connection (a ZMQ socket monitor). When
+    the actor's process goes away the connection drops; the caller then runs its
+    ``probe`` (a Ray call) and, if that says the actor is dead, fails every call in
+    flight with the caller's ``dead_error``. A first call that gets no answer within
+    ``connect_timeout_s`` (a TCP port blocked between nodes: ZMQ would retry
+    silently forever) fails with ``ZmqConnectError`` naming the address and the
+    setting that avoids ZMQ. A call cancelled by its caller is cancelled on the
+    server too when the server was opened with ``cancellable=True``; otherwise the
+    server finishes it, as Ray does with an abandoned actor call.
     """
 
     def __init__(

@@ -1,10 +1,10 @@
 """Group filters, chosen by name in config (``<env_manager>.group_filter``).
 
 A filter sees one complete group (``group_size`` trajectories of the same env
-config and seed) and returns True to KEEP it. A dropped group is counted
-(``rollout/filtered_groups``) and the GroupQueueManager creates a replacement,
-so ``get_batch`` still returns whole, kept groups. This module imports only the
-protocol so that ``config.py`` can check names without pulling in Ray or torch.
+config and seed) and returns True to KEEP it; a dropped group is counted
+(``rollout/filtered_groups``) and replaced, so batches stay whole, kept groups.
+It imports only the trajectory type, so the config schema can check filter
+names without pulling in Ray or torch.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """LocalRolloutScheduler: the whole rollout in this process and event loop, no Ray.
 
-Same API as the Ray-based RolloutScheduler (``get_batch``, ``suspend``,
-``resume``, ``run_fixed_round``, ``shutdown``), built from the same pieces
-(GroupQueueManager, EnvManagerHost, Router), with engines passed in as objects:
-a FakeEngine for fast tests, or an in-process real engine for debugging and
-single-process benchmarks.
+Fast tests, debugging and single-process benchmarks need the real rollout path
+(queue, env managers, router) without actors; this module assembles the same
+pieces as the Ray-based RolloutScheduler, with the same API, in one event loop
+over engines passed in as objects (a FakeEngine or an in-process engine).
 """
 
 from __future__ import annotations
@@ -15,57 +14,51 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from roll_async.config.schema import PipelineConfig, validate_config
+from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.engine.router import EngineClient, Router
 from roll_async.env_managers.worker import (
     EnvFactory,
     EnvManagerHost,
     build_env_managers,
-    env_manager_config,
 )
 from roll_async.errors import RolloutFatalError
-from roll_async.scheduler.group_queue import GroupQueueManager, ServedBatch, env_layout
+from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.layout import rollout_layout
+from roll_async.scheduler.served_batch import ServedBatch
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
 class LocalRolloutScheduler:
-    """In-process rollout over ``engines`` (one object or a list of replicas)."""
+    """In-process rollout of one rollout side (a RolloutSpec) over ``engines`` (one object or a list of replicas).
+
+    Same API as the Ray-based RolloutScheduler (``get_batch``, ``suspend``, ``resume``, ``run_fixed_round``,
+    ``shutdown``), built from the same pieces (GroupQueueManager, EnvManagerHost, Router).
+    """
 
     def __init__(
         self,
-        config: PipelineConfig,
+        spec: RolloutSpec,
         *,
         engines: EngineClient | Sequence[EngineClient],
         tokenizer: Any,
-        which: str = "train",
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
     ) -> None:
-        validate_config(config)  # config mistakes fail here, before any env starts
-        em = env_manager_config(config, which)
-        self.config = config
-        self.which = which
+        em = spec.env_manager
+        self.spec = spec
         self.engines = (
             list(engines) if isinstance(engines, (list, tuple)) else [engines]
         )
-        self.group_queue = GroupQueueManager.from_config(
-            config, which, on_cancel=self._cancel, start_step=start_step
+        self.group_queue = GroupQueueManager.from_spec(
+            spec, on_cancel=self._cancel, start_step=start_step
         )
         self.router = Router(self.engines)
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
         )
-        layout = env_layout(
-            em.tags,
-            em.num_env_groups,
-            em.num_groups_partition,
-            em.group_size,
-            em.group_size_redundancy,
-        )
         self.managers = build_env_managers(
-            config,
-            which,
-            layout,
+            spec,
+            rollout_layout(spec),
             scheduler=self.group_queue,
             engine_for=self.router.client_for,
             tokenizer=tokenizer,

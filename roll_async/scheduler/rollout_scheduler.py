@@ -1,33 +1,9 @@
-"""RolloutScheduler: the driver-side handle on a distributed rollout (Ray).
+"""RolloutScheduler: the driver-side handle on a distributed rollout over Ray actors.
 
-It creates one GroupQueueManager actor (the rules live in
-``roll_async.scheduler.group_queue``; read its docstring for episode
-assignment, seeds, quota, sync/async, staleness, redundancy, refills and the
-watchdog) and ``ceil(num_envs / max_env_num_per_worker)`` EnvManagerWorker
-actors, each hosting its share of EnvManagers as asyncio tasks with its own
-Router over the engine replicas. Ray places the workers, so with a cluster
-address they spread over nodes.
-
-Typical use::
-
-    scheduler = RolloutScheduler(config, engine_handles=engines, tokenizer_path=path)
-    for step in range(num_steps):
-        batch = await scheduler.get_batch(config.rollout_batch_size, step)   # blocks
-        metrics = scheduler.last_metrics
-        ...train, update weights to version step + 1...
-        await scheduler.resume()        # sync mode: loops were suspended when get_batch returned
-    await scheduler.shutdown()
-
-``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but
-calling it right after the weight update lets generation for the next step
-start while the pipeline does other work. ``get_batch`` raises
-RolloutFatalError with the root cause if the env loops die (an engine request
-fails after its retries, every env keeps failing, an env server is gone)
-instead of waiting forever. A worker whose process dies (``kill -9``, a crash)
-is restarted instead: a new actor with the same envs, whose in-flight episodes
-end ``env_error`` and are refilled (``rollout/worker_restarts`` counts it); only
-past ``max_worker_restarts`` restarts does ``get_batch`` fail, naming the
-budget and the cause.
+The group queue and the env loops must run outside the driver, spread over
+nodes and restartable when a process dies, while the pipeline still asks for
+batches with one awaitable call; this module builds and supervises those
+actors (one GroupQueueActor, several EnvManagerWorkers) behind that call.
 """
 
 from __future__ import annotations
@@ -38,12 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from roll_async.config.schema import PipelineConfig, validate_config
-from roll_async.env_managers.worker import (
-    EnvFactory,
-    EnvManagerWorker,
-    env_manager_config,
-)
+from roll_async.config.rollout_spec import RolloutSpec
+from roll_async.env_managers.worker import EnvFactory, EnvManagerWorker
 from roll_async.errors import RolloutFatalError
 from roll_async.metrics import replica_metrics
 from roll_async.runtime import node_files, sched_policy
@@ -53,7 +25,9 @@ from roll_async.runtime.ray_utils import (
     unwrap_ray_error,
 )
 from roll_async.runtime.zmq_calls import ServesCallsOverZmq
-from roll_async.scheduler.group_queue import GroupQueueManager, ServedBatch, env_layout
+from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.layout import rollout_layout
+from roll_async.scheduler.served_batch import ServedBatch
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -76,8 +50,8 @@ class GroupQueueActor(ServesCallsOverZmq):
     Every method is ``async`` so all of them run on the actor's event loop (the
     manager is not thread-safe). The per-episode hand-overs can also come over its
     ZMQ call socket (``call_endpoint``, roll_async/runtime/zmq_calls.py): one process serves
-    every worker, and it spent 1.44 ms of CPU per episode over Ray calls, 0.79 ms over
-    ZMQ (benchmarks/README.md, "Episode hand-overs over ZMQ too"). Those calls are not
+    every worker, and a ZMQ call costs it less CPU than a Ray call (benchmarks/README.md,
+    "Episode hand-overs over ZMQ too"). Those calls are not
     cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
     caller gave up, and a seat handed to a dead worker's call is returned by the incarnation
     check. The socket closes (``close_call_socket``) once the workers have stopped.
@@ -89,23 +63,20 @@ class GroupQueueActor(ServesCallsOverZmq):
 
     def __init__(
         self,
-        config: PipelineConfig,
-        which: str,
+        spec: RolloutSpec,
         start_step: int,
         seed_state: dict[str, Any] | None = None,
     ) -> None:
         self._workers_by_env: dict[int, Any] = {}
         #: env_id -> incarnation of the worker that hosts it now (bumped on each restart).
         self._incarnation: dict[int, int] = {}
-        self.queue = GroupQueueManager.from_config(
-            config, which, on_cancel=self._cancel, start_step=start_step
+        self.queue = GroupQueueManager.from_spec(
+            spec, on_cancel=self._cancel, start_step=start_step
         )
         if seed_state:
             self.queue.load_seed_state(seed_state)
         # Every hand-over wakes this process; like the workers, it must not preempt vLLM's steps.
-        sched_policy.apply_to_process(
-            env_manager_config(config, which).rollout_sched_policy
-        )
+        sched_policy.apply_to_process(spec.env_manager.rollout_sched_policy)
 
     async def ping(self) -> None:
         """A liveness probe for ZMQ callers whose connection dropped."""
@@ -213,26 +184,42 @@ async def _gather_quietly(refs: list[Any]) -> list[Any]:
 
 
 class RolloutScheduler:
-    """Creates and drives the rollout actors; see the module docstring."""
+    """Creates and drives the rollout actors of one rollout side (a RolloutSpec).
+
+    It creates one GroupQueueActor around a GroupQueueManager (the rules: ``roll_async.scheduler.group_queue``)
+    and ``ceil(num_envs / max_env_num_per_worker)`` EnvManagerWorker actors, each hosting its share of
+    EnvManagers as asyncio tasks with its own Router over the engine replicas. Ray places the workers, so
+    with a cluster address they spread over nodes. Typical use::
+
+        scheduler = RolloutScheduler(rollout_spec(config, "train"), engine_handles=engines, tokenizer_path=path)
+        for step in range(num_steps):
+            batch = await scheduler.get_batch(config.rollout_batch_size, step)   # blocks
+            metrics = scheduler.last_metrics
+            ...train, update weights to version step + 1...
+            await scheduler.resume()        # sync mode: loops were suspended when get_batch returned
+        await scheduler.shutdown()
+
+    ``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but calling it right after the
+    weight update lets generation for the next step start while the pipeline does other work. ``get_batch``
+    raises RolloutFatalError with the root cause if the env loops die instead of waiting forever. A worker
+    whose process dies is restarted instead: a new actor with the same envs, whose in-flight episodes end
+    ``env_error`` and are refilled (``rollout/worker_restarts``); only past ``max_worker_restarts`` restarts
+    does ``get_batch`` fail, naming the budget and the cause.
+    """
 
     def __init__(
         self,
-        config: PipelineConfig,
+        spec: RolloutSpec,
         *,
         engine_handles: Sequence[Any],
         tokenizer_path: str,
-        which: str = "train",
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
         seed_state: dict[str, Any] | None = None,
     ) -> None:
         if not engine_handles:
             raise ValueError("RolloutScheduler needs at least one engine actor handle")
-        validate_config(
-            config
-        )  # config mistakes fail here, before any actor or env starts
-        self.config = config
-        self.which = which
+        self.spec = spec
         self.engine_handles = list(engine_handles)
         self.tokenizer_path = str(tokenizer_path)
         self.env_factory = env_factory
@@ -258,21 +245,14 @@ class RolloutScheduler:
             return
         import ray
 
-        em = env_manager_config(self.config, self.which)
-        layout = env_layout(
-            em.tags,
-            em.num_env_groups,
-            em.num_groups_partition,
-            em.group_size,
-            em.group_size_redundancy,
-        )
-        per_worker = em.max_env_num_per_worker
+        layout = rollout_layout(self.spec)
+        per_worker = self.spec.env_manager.max_env_num_per_worker
         chunks = [layout[i : i + per_worker] for i in range(0, len(layout), per_worker)]
         assert len(chunks) == math.ceil(len(layout) / per_worker)
         self._queue = (
             ray.remote(GroupQueueActor)
             .options(num_cpus=0, max_concurrency=2 * len(layout) + 64)
-            .remote(self.config, self.which, self.start_step, self.initial_seed_state)
+            .remote(self.spec, self.start_step, self.initial_seed_state)
         )
         self._chunks = chunks
         self._incarnations = [0] * len(chunks)
@@ -301,7 +281,7 @@ class RolloutScheduler:
         self._started = True
         logger.info(
             "%s rollout: %d envs on %d EnvManagerWorkers",
-            self.which,
+            self.spec.role,
             len(layout),
             len(self._workers),
         )
@@ -309,7 +289,7 @@ class RolloutScheduler:
     def _create_worker(self, index: int) -> Any:
         import ray
 
-        em = env_manager_config(self.config, self.which)
+        em = self.spec.env_manager
         chunk = self._chunks[index]
         strategy = "SPREAD" if em.worker_placement == "spread" else "DEFAULT"
         return (
@@ -321,8 +301,7 @@ class RolloutScheduler:
             )
             .remote(
                 index,
-                self.config,
-                self.which,
+                self.spec,
                 chunk,
                 self._queue,
                 self.engine_handles,
@@ -345,7 +324,7 @@ class RolloutScheduler:
             index,
             reason.splitlines()[0],
             self.worker_restarts,
-            env_manager_config(self.config, self.which).max_worker_restarts,
+            self.spec.env_manager.max_worker_restarts,
         )
         try:
             ray.kill(self._workers[index], no_restart=True)
@@ -433,19 +412,16 @@ class RolloutScheduler:
             if reported:
                 result_future.cancel()
                 raise RolloutFatalError(reported) from exc
-            budget = env_manager_config(self.config, self.which).max_worker_restarts
+            budget = self.spec.env_manager.max_worker_restarts
             if isinstance(exc, actor_death_errors()) and self.worker_restarts < budget:
                 await self._restart_worker(index, exc)
                 continue
             result_future.cancel()
             reason = describe_ray_error(exc) if exc else "its env loops exited"
             if isinstance(exc, actor_death_errors()):
-                which = (
-                    "train_env_manager" if self.which == "train" else "val_env_manager"
-                )
                 raise RolloutFatalError(
                     f"EnvManagerWorker {index} died after {self.worker_restarts} worker restarts, the budget "
-                    f"{which}.max_worker_restarts={budget} (raise it to tolerate more): {reason}"
+                    f"{self.spec.section}.max_worker_restarts={budget} (raise it to tolerate more): {reason}"
                 ) from exc
             raise RolloutFatalError(
                 f"EnvManagerWorker {index} stopped: {reason}"

@@ -1,11 +1,4 @@
-"""Training: the ``Trainer`` interface, the built-in GRPO trainer, advantages, losses, checkpoints, SFT warm start.
-
-``build_trainer(config.trainer, model_path)`` returns the configured trainer;
-``trainer.train_step(batch, step)`` trains on a
-:class:`~roll_async.trainer.collate.TrajectoryBatch`, ``state_dict_for_engine()``
-gives weights for ``engine.update_weights``. See :mod:`.losses` for the exact
-loss and which ratio is clipped and which is truncated.
-"""
+"""Training: the ``Trainer`` interface and its factory, the built-in GRPO trainer, advantages, losses, checkpoints, the SFT warm start, and where the trainer runs."""
 
 from roll_async.errors import NonFiniteLossError
 from roll_async.trainer.advantages import (
@@ -13,7 +6,7 @@ from roll_async.trainer.advantages import (
     grpo_advantages,
     rloo_advantages,
 )
-from roll_async.trainer.base import Trainer, build_trainer, load_trainer_class
+from roll_async.trainer.base import Trainer
 from roll_async.trainer.checkpoint import (
     checkpoint_dir,
     checkpoint_state_dict,
@@ -22,6 +15,7 @@ from roll_async.trainer.checkpoint import (
     prune_checkpoints,
     resolve_resume_dir,
 )
+from roll_async.trainer.factory import build_trainer, load_trainer_class
 from roll_async.trainer.grpo_trainer import GradientStats, GRPOTrainer
 from roll_async.trainer.losses import (
     LossNormalizer,

@@ -1,19 +1,8 @@
 """Group-relative advantages: one scalar per trajectory, from the episode rewards of its group.
 
-A group is the set of trajectories that played the same env config and seed
-(``TrajectoryBatch.group_index``). Comparing a trajectory only with its own
-group removes the difficulty of the seed from the signal, so no value network
-is needed.
-
-* ``grpo``: ``A_i = r_i - mean(r_group)``, divided by ``std(r_group) + eps``
-  when ``normalize_std`` (the unbiased, Bessel-corrected std, as verl/TRL use).
-* ``rloo``: ``A_i = r_i - mean(r_j for j != i)`` (leave-one-out baseline; an
-  unbiased REINFORCE baseline). ``normalize_std`` does not apply to it.
-
-Rule for groups of size 1: the advantage is 0. A lone trajectory has no peer
-to form a baseline from; using its raw reward instead would mix the reward
-scale into the gradient and bias it toward whatever the env pays on average.
-A group whose rewards are all equal also gets 0 (nothing to prefer).
+A group is the set of trajectories that played the same env config and seed;
+comparing a trajectory only with its own group removes the difficulty of the
+seed from the signal, so no value network is needed.
 """
 
 from __future__ import annotations
@@ -79,7 +68,18 @@ def compute_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Advantages ([batch]) by the named estimator (``grpo`` or ``rloo``)."""
+    """Advantages ([batch]) by the named estimator (``grpo`` or ``rloo``).
+
+    * ``grpo``: ``A_i = r_i - mean(r_group)``, divided by ``std(r_group) + eps``
+      when ``normalize_std`` (the unbiased, Bessel-corrected std, as verl/TRL use).
+    * ``rloo``: ``A_i = r_i - mean(r_j for j != i)`` (leave-one-out baseline; an
+      unbiased REINFORCE baseline). ``normalize_std`` does not apply to it.
+
+    Rule for groups of size 1: the advantage is 0. A lone trajectory has no peer
+    to form a baseline from; using its raw reward instead would mix the reward
+    scale into the gradient and bias it toward whatever the env pays on average.
+    A group whose rewards are all equal also gets 0 (nothing to prefer).
+    """
     if rewards.shape != group_index.shape or rewards.dim() != 1:
         raise ValueError(
             f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must be 1-D and the same shape"

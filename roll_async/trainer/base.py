@@ -1,10 +1,10 @@
-"""The small ``Trainer`` interface the pipeline talks to, and the factory that picks an implementation.
+"""The small ``Trainer`` interface the pipeline talks to.
 
 Four methods are the whole contract, so a user can plug in their own trainer
-(an FSDP or DeepSpeed one, say) with ``trainer.trainer_cls=pkg.mod:Class``. The
-class is constructed as ``Class(config: TrainerConfig, model_path: str)``.
-Optional extra: a ``model`` attribute holding the HF causal LM lets the SFT
-warm start (:mod:`roll_async.trainer.sft`) train it.
+(an FSDP or DeepSpeed one, say) with ``trainer.trainer_cls=pkg.mod:Class``,
+constructed as ``Class(config: TrainerConfig, model_path: str)``; a ``model``
+attribute holding the HF causal LM is optional and lets the SFT warm start
+train it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from roll_async.config.dotted_paths import resolve_dotted
-from roll_async.config.schema import TrainerConfig
-from roll_async.errors import ConfigError
 from roll_async.trainer.collate import TrajectoryBatch
 
 #: The methods every trainer must have; checked when a custom class is loaded.
@@ -57,45 +54,3 @@ class Trainer(Protocol):
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore model and optimizer from ``directory``; return the ``extra_state`` saved with them."""
         ...
-
-
-def load_trainer_class(dotted_path: str) -> type:
-    """Import ``package.module:ClassName`` and check it has the Trainer methods; ConfigError otherwise."""
-    key = "trainer.trainer_cls"
-    module_name, sep, attr = dotted_path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"{key}={dotted_path!r} is not a dotted path; write it as package.module:ClassName "
-            "(or leave it empty for the built-in GRPO trainer)"
-        )
-    try:
-        obj = resolve_dotted(dotted_path, f"{key}={dotted_path!r}")
-    except ValueError as exc:
-        raise ConfigError(
-            f"{exc}; check the name and that the package is installed or on PYTHONPATH"
-        ) from exc
-    if not isinstance(obj, type):
-        raise ConfigError(
-            f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class"
-        )
-    missing = [m for m in TRAINER_METHODS if not callable(getattr(obj, m, None))]
-    if missing:
-        raise ConfigError(
-            f"{key}={dotted_path!r}: class {obj.__name__} lacks the Trainer method(s) {', '.join(missing)}; "
-            "see roll_async.trainer.base.Trainer"
-        )
-    return obj
-
-
-def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
-    """The configured trainer: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
-    if config.simulate_step_s > 0:
-        from roll_async.trainer.simulated import SimulatedTrainer
-
-        return SimulatedTrainer(config, model_path)
-    if config.trainer_cls:
-        cls = load_trainer_class(config.trainer_cls)
-        return cls(config, model_path)
-    from roll_async.trainer.grpo_trainer import GRPOTrainer
-
-    return GRPOTrainer(config, model_path)

@@ -1,11 +1,8 @@
 """Dump and replay of training batches: ``RUN_DIR/batches/step_NNNNNN.pt``, one file per step.
 
-A file holds the collated :class:`~roll_async.trainer.collate.TrajectoryBatch` exactly as
-the trainer received it, saved field by field from the dataclass (so a field a
-later version adds, e.g. per-token weight versions, rides along without a
-change here), plus each trajectory's oldest/newest weight version. Loading
-keeps the fields the current TrajectoryBatch knows and reports the others.
-``torch.load(weights_only=True)`` reads it: tensors and plain lists only.
+A training problem is easiest to study on the exact batch the trainer received,
+so each step's collated batch can be saved and loaded back later, even by a
+version whose batch has fields added.
 """
 
 from __future__ import annotations
@@ -35,7 +32,15 @@ def save_batch(
     batch: TrajectoryBatch,
     trajectories: list[Trajectory] | None = None,
 ) -> Path:
-    """Write one step's batch (atomically: a killed run never leaves a half-written file under the final name)."""
+    """Write one step's batch (atomically: a killed run never leaves a half-written file under the final name).
+
+    A file holds the collated :class:`~roll_async.trainer.collate.TrajectoryBatch` exactly as
+    the trainer received it, saved field by field from the dataclass (so a field a
+    later version adds, e.g. per-token weight versions, rides along without a
+    change here), plus each trajectory's oldest/newest weight version. Loading
+    keeps the fields the current TrajectoryBatch knows and reports the others.
+    ``torch.load(weights_only=True)`` reads it: tensors and plain lists only.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # Nested records (e.g. the sampling settings) are stored as plain dicts: weights_only loading reads no classes.

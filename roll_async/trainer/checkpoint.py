@@ -1,19 +1,8 @@
 """Checkpoint directories: atomic writes, HF-format weights, and finding the one to resume from.
 
-A checkpoint is one directory (``<run>/checkpoints/step_<N>``) holding:
-
-* the HF model (``save_pretrained``: ``config.json`` + ``*.safetensors``) and the
-  tokenizer, so the directory is itself a model vLLM or transformers can load;
-* ``optimizer.pt``: the optimizer state dict;
-* ``extra_state.pt``: whatever the caller passed (the pipeline's step and
-  scheduler seed state), pickled with ``torch.save``;
-* ``trainer_state.json``: the trainer's step counters and config, for humans and
-  for :func:`is_checkpoint` (it is what makes a directory a checkpoint).
-
-Everything is written into a hidden sibling directory that is renamed into
-place at the end, so a crash mid-save never leaves a half checkpoint where
-``resume_from`` would find it. ``extra_state.pt`` is unpickled on load: only
-resume from checkpoints you wrote.
+A run must resume after a crash from a checkpoint that is whole, and a
+checkpoint should itself be a model vLLM or transformers can load; this module
+writes, recognises, lists and prunes such directories.
 """
 
 from __future__ import annotations
@@ -110,7 +99,23 @@ def write_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory atomically (temp sibling, then rename); replaces an existing one."""
+    """Write a checkpoint directory atomically (temp sibling, then rename); replaces an existing one.
+
+    A checkpoint is one directory (``<run>/checkpoints/step_<N>``) holding:
+
+    * the HF model (``save_pretrained``: ``config.json`` + ``*.safetensors``) and the
+      tokenizer, so the directory is itself a model vLLM or transformers can load;
+    * ``optimizer.pt``: the optimizer state dict;
+    * ``extra_state.pt``: whatever the caller passed (the pipeline's step and
+      scheduler seed state), pickled with ``torch.save``;
+    * ``trainer_state.json``: the trainer's step counters and config, for humans and
+      for :func:`is_checkpoint` (it is what makes a directory a checkpoint).
+
+    Everything is written into a hidden sibling directory that is renamed into
+    place at the end, so a crash mid-save never leaves a half checkpoint where
+    ``resume_from`` would find it. ``extra_state.pt`` is unpickled on load: only
+    resume from checkpoints you wrote.
+    """
     target = Path(directory).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -138,7 +143,7 @@ def write_checkpoint(
 
 def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of the (possibly sharded) safetensors files in ``directory``."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # loaded only when weights are read
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:

@@ -1,23 +1,8 @@
 """Trajectories to training tensors: right-padded token tensors plus identifier lists.
 
-For a trajectory of L tokens, row i holds ``input_ids[i, :L]`` (then
-``pad_token_id``), ``attention_mask`` 1 on those L tokens, ``position_ids``
-0..L-1 (0 on padding), ``response_mask`` 1 on tokens the model generated,
-``old_logprobs`` the engine's behaviour logprobs there (0 elsewhere), and
-``rewards[i]`` the episode reward. ``group_index`` maps each row to a
-contiguous group number (0..num_groups-1, first appearance order) for
-group-relative advantages; identifiers come along as plain lists. Right
-padding, because training computes per-token losses over whole sequences.
-
-``token_versions`` holds the weight version that sampled each generated
-token (-1 on prompt, env and padding tokens, and where a trajectory recorded
-none); ``policy_version`` is the version of the trainer's weights the batch is
-trained with (set by the pipeline), so ``trainer.max_token_lag`` can mask
-tokens sampled too many versions ago.
-
-``sampling`` names the distribution the behaviour logprobs are of (the
-training rollouts' ``generation.*`` temperature / top_p / top_k); the trainer
-scores the batch under the same transformation (``roll_async.sampling``).
+Rollouts produce variable-length trajectories; the trainer computes per-token
+losses over whole sequences, so this turns a batch of them into padded tensors,
+keeping the group, weight-version and sampling information the loss needs.
 """
 
 from __future__ import annotations
@@ -33,7 +18,27 @@ from roll_async.trajectory import Trajectory
 
 @dataclass
 class TrajectoryBatch:
-    """A padded batch. Tensors are [batch, seq] except ``rewards``/``group_index`` ([batch])."""
+    """A padded batch. Tensors are [batch, seq] except ``rewards``/``group_index`` ([batch]).
+
+    For a trajectory of L tokens, row i holds ``input_ids[i, :L]`` (then
+    ``pad_token_id``), ``attention_mask`` 1 on those L tokens, ``position_ids``
+    0..L-1 (0 on padding), ``response_mask`` 1 on tokens the model generated,
+    ``old_logprobs`` the engine's behaviour logprobs there (0 elsewhere), and
+    ``rewards[i]`` the episode reward. ``group_index`` maps each row to a
+    contiguous group number (0..num_groups-1, first appearance order) for
+    group-relative advantages; identifiers come along as plain lists. Right
+    padding, because training computes per-token losses over whole sequences.
+
+    ``token_versions`` holds the weight version that sampled each generated
+    token (-1 on prompt, env and padding tokens, and where a trajectory recorded
+    none); ``policy_version`` is the version of the trainer's weights the batch is
+    trained with (set by the pipeline), so ``trainer.max_token_lag`` can mask
+    tokens sampled too many versions ago.
+
+    ``sampling`` names the distribution the behaviour logprobs are of (the
+    training rollouts' ``generation.*`` temperature / top_p / top_k); the trainer
+    scores the batch under the same transformation (``roll_async.sampling``).
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor

@@ -1,18 +1,8 @@
 """The built-in trainer: GRPO/RLOO advantages, clipped PPO loss with truncated importance sampling, AdamW.
 
-It trains the same HF causal LM the engine serves, on one device (CUDA when
-present, else CPU). One ``train_step`` = ``ppo_epochs`` optimizer steps over the
-whole rollout batch, each accumulating gradients over micro-batches of
-``micro_batch_size`` trajectories; the loss formula and the meaning of the
-three log-probabilities are in :mod:`roll_async.trainer.losses`.
-
-``trainer.max_token_lag`` (off by default) drops from the loss every token
-whose weight version (``TrajectoryBatch.token_versions``) lags the batch's
-``policy_version`` by more than the bound; the loss is averaged over the tokens
-kept, and ``train/token_lag/masked_fraction`` reports the share dropped.
-
-Dropout is switched off: the PPO ratio and the importance weights compare the
-same policy across passes, which random masks would break.
+A run needs a trainer that works out of the box on the same HF causal LM the
+engine serves, on one device (CUDA when present, else CPU); custom trainers
+plug in through :class:`~roll_async.trainer.base.Trainer` instead.
 """
 
 from __future__ import annotations
@@ -89,6 +79,7 @@ def load_causal_lm(
     trust_remote_code: bool = False,
 ) -> Any:
     """An HF causal LM on ``device`` with dropout off."""
+    # transformers is heavy: loaded only when a model is.
     import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -139,7 +130,22 @@ class GradientStats:
 
 
 class GRPOTrainer:
-    """The built-in :class:`~roll_async.trainer.base.Trainer`."""
+    """The built-in :class:`~roll_async.trainer.base.Trainer`.
+
+    It trains the same HF causal LM the engine serves, on one device (CUDA when
+    present, else CPU). One ``train_step`` = ``ppo_epochs`` optimizer steps over the
+    whole rollout batch, each accumulating gradients over micro-batches of
+    ``micro_batch_size`` trajectories; the loss formula and the meaning of the
+    three log-probabilities are in :mod:`roll_async.trainer.losses`.
+
+    ``trainer.max_token_lag`` (off by default) drops from the loss every token
+    whose weight version (``TrajectoryBatch.token_versions``) lags the batch's
+    ``policy_version`` by more than the bound; the loss is averaged over the tokens
+    kept, and ``train/token_lag/masked_fraction`` reports the share dropped.
+
+    Dropout is switched off: the PPO ratio and the importance weights compare the
+    same policy across passes, which random masks would break.
+    """
 
     def __init__(
         self,
@@ -531,7 +537,7 @@ def _scored_mask(response_mask: torch.Tensor) -> torch.Tensor:
 def _try_load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
     """The model's tokenizer, saved with checkpoints when there is one; None if the directory has none."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: loaded only when needed
 
         return AutoTokenizer.from_pretrained(
             model_path, trust_remote_code=trust_remote_code

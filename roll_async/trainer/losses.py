@@ -1,38 +1,9 @@
 """Token-level policy-gradient loss: clipped PPO surrogate, truncated importance sampling, k3 KL.
 
-Three log-probabilities of each response token meet here:
-
-* ``logp``       current policy, with gradient (the trainer's forward pass now);
-* ``prox_logp``  the trainer's own policy *before this step's update*
-  (detached). PPO's "old" policy. With ``ppo_epochs == 1`` it equals ``logp``
-  in value, so it costs no extra forward pass;
-* ``behav_logp`` the behaviour policy: what the engine reported while sampling
-  (``TrajectoryBatch.old_logprobs``). It differs from ``prox_logp`` because
-  the engine's kernels differ from the trainer's and, in async mode, because
-  the engine may have run older weights.
-
-The per-token loss (decoupled PPO, as in AReaL, with verl's TIS weight) is::
-
-    r    = exp(logp - prox_logp)                              # clipped: the PPO trust region
-    w    = min(exp(prox_logp - behav_logp), tis_cap)          # truncated: the off-policy correction
-    L_t  = -w * min(r * A, clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high) * A)
-    L_t += kl_coef * (exp(ref_logp - logp) - (ref_logp - logp) - 1)   # k3 KL, only when kl_coef > 0
-
-``r`` is the ratio that is *clipped*; ``w`` is the ratio that is *truncated*
-(and detached: it reweights samples, it is not optimised). The clip is taken
-around the trainer's proximal policy rather than around the behaviour policy
-so the mismatch is counted once: clipping against ``behav_logp`` *and*
-weighting by ``w`` would apply the correction twice. With one PPO epoch, ``r``
-is 1 in value and its gradient is ``A * grad logp``, so the whole off-policy
-correction is ``w``, the truncated ratio of Yao et al., "Your Efficient RL
-Framework Secretly Brings You Off-Policy RL Training" (verl's TIS). ``tis_cap
-== 0`` turns the correction off (``w = 1``).
-
-Aggregation over ``response_mask``: ``token_mean`` divides the sum over all
-response tokens of the whole batch by their count; ``seq_mean`` averages each
-sequence's token mean over the sequences that have response tokens. Both take
-the full-batch denominator explicitly, so micro-batch losses add up to exactly
-the full-batch loss.
+In async RL the engine that sampled a token may have run older weights and
+different kernels than the trainer, so the loss must correct for that mismatch
+exactly once; the pieces here (and :func:`clipped_surrogate`'s docstring, the
+formula) keep that correction and the batch aggregation in one place.
 """
 
 from __future__ import annotations
@@ -143,6 +114,34 @@ def clipped_surrogate(
 
     Returns ``(loss, ratio, clipped)`` where ``clipped`` marks tokens whose
     gradient the clip removed (A > 0 with r > 1 + high, or A < 0 with r < 1 - low).
+
+    Three log-probabilities of each response token meet here:
+
+    * ``logp``       current policy, with gradient (the trainer's forward pass now);
+    * ``prox_logp``  the trainer's own policy *before this step's update*
+      (detached). PPO's "old" policy. With ``ppo_epochs == 1`` it equals ``logp``
+      in value, so it costs no extra forward pass;
+    * ``behav_logp`` the behaviour policy: what the engine reported while sampling
+      (``TrajectoryBatch.old_logprobs``). It differs from ``prox_logp`` because
+      the engine's kernels differ from the trainer's and, in async mode, because
+      the engine may have run older weights.
+
+    The per-token loss (decoupled PPO, as in AReaL, with verl's TIS weight) is::
+
+        r    = exp(logp - prox_logp)                              # clipped: the PPO trust region
+        w    = min(exp(prox_logp - behav_logp), tis_cap)          # truncated: the off-policy correction
+        L_t  = -w * min(r * A, clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high) * A)
+        L_t += kl_coef * (exp(ref_logp - logp) - (ref_logp - logp) - 1)   # k3 KL, only when kl_coef > 0
+
+    ``r`` is the ratio that is *clipped*; ``w`` is the ratio that is *truncated*
+    (and detached: it reweights samples, it is not optimised). The clip is taken
+    around the trainer's proximal policy rather than around the behaviour policy
+    so the mismatch is counted once: clipping against ``behav_logp`` *and*
+    weighting by ``w`` would apply the correction twice. With one PPO epoch, ``r``
+    is 1 in value and its gradient is ``A * grad logp``, so the whole off-policy
+    correction is ``w``, the truncated ratio of Yao et al., "Your Efficient RL
+    Framework Secretly Brings You Off-Policy RL Training" (verl's TIS). ``tis_cap
+    == 0`` turns the correction off (``w = 1``).
     """
     ratio = torch.exp(logp - prox_logp.detach())
     unclipped = -advantages * ratio
@@ -182,7 +181,14 @@ class LossNormalizer:
 def aggregate(
     values: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: LossNormalizer
 ) -> torch.Tensor:
-    """Reduce per-token ``values`` over ``mask`` by ``token_mean`` or ``seq_mean`` (see module docstring)."""
+    """Reduce per-token ``values`` over ``mask`` by ``token_mean`` or ``seq_mean``.
+
+    Aggregation over ``response_mask``: ``token_mean`` divides the sum over all
+    response tokens of the whole batch by their count; ``seq_mean`` averages each
+    sequence's token mean over the sequences that have response tokens. Both take
+    the full-batch denominator explicitly, so micro-batch losses add up to exactly
+    the full-batch loss.
+    """
     weights = mask.to(values.dtype)
     if agg == "token_mean":
         return (values * weights).sum() / normalizer.num_tokens

@@ -1,12 +1,9 @@
 """Score an engine generation with the trainer's model: the trainer's side of "engine vs trainer logprobs".
 
-:func:`score_generated_tokens` gives, for each generated token, the
-log-probability the trainer assigns it under the sampling distribution the
-engine used (:mod:`roll_async.sampling`), computed by the same
-:func:`~roll_async.trainer.losses.token_logprobs` the loss uses. Compare it
-with the engine's ``GenerationResult.logprobs`` for the same ids: right after
-a weight sync they agree up to kernel noise (see tests/integration/
-test_behaviour_logprobs.py for the measured tolerance).
+Checking that engine and trainer agree on the logprobs of the same tokens is
+how weight syncs and sampling settings are verified; this computes the
+trainer's side with the same :func:`~roll_async.trainer.losses.token_logprobs`
+the loss uses.
 """
 
 from __future__ import annotations
@@ -30,6 +27,11 @@ def score_generated_tokens(
 
     ``model`` is an HF causal LM (e.g. ``GRPOTrainer.model`` or ``grpo_trainer.load_causal_lm``);
     ``sampling`` the settings the engine sampled with (None: temperature 1, no top-k/top-p).
+
+    Each generated token gets the log-probability the trainer assigns it under the
+    sampling distribution the engine used (:mod:`roll_async.sampling`). Compare it
+    with the engine's ``GenerationResult.logprobs`` for the same ids: right after
+    a weight sync they agree up to kernel noise.
     """
     if not prompt_token_ids:
         raise ValueError(

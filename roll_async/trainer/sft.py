@@ -1,19 +1,8 @@
 """Supervised warm start on env-solver demonstrations (how the offline demo gets a model that can act).
 
-A random tiny model cannot produce a well-formed action, so GRPO would see
-only zero rewards. :func:`build_sft_examples` plays each env's expert
-(``env.expert_responses()``, which follows the env's solver) and keeps only the
-first ``demo_fraction`` of the turns: the model learns the answer format and
-some good moves, but initial success stays low, leaving room for RL to show
-improvement.
-
-Conversations are rendered token-exactly the way rollouts build them
-(:class:`~roll_async.prompts.prompt_builder.ChatPromptBuilder`: first turn through the
-chat template, then response ids, the turn closure, and the next user delta),
-with the same ``instruction_template``/``observation_template`` fields as the
-EnvManager (``instruction``, ``observation``, ``reward``, ``turn``). The loss
-mask covers the assistant's tokens plus the end-of-turn token that closes them
-(``<|im_end|>`` in ChatML), so the model also learns to stop.
+A random tiny model cannot produce a well-formed action, so GRPO would see only
+zero rewards; a short SFT on part of each env expert's turns teaches the answer
+format and some good moves while leaving room for RL to show improvement.
 """
 
 from __future__ import annotations
@@ -71,6 +60,13 @@ def build_sft_examples(
 
     Seeds the solver cannot solve (``expert_responses()`` returns None) are
     skipped. ``max_length`` cuts a conversation at that many tokens.
+
+    A random tiny model cannot produce a well-formed action, so GRPO would see
+    only zero rewards. :func:`build_sft_examples` plays each env's expert
+    (``env.expert_responses()``, which follows the env's solver) and keeps only the
+    first ``demo_fraction`` of the turns: the model learns the answer format and
+    some good moves, but initial success stays low, leaving room for RL to show
+    improvement.
     """
     builder = ChatPromptBuilder(tokenizer, system_prompt)
     env = make_env(env_type, dict(env_config or {}))
@@ -201,6 +197,14 @@ def run_sft(
     the warmed-up weights, because the KL should anchor to the policy RL starts
     from, not to the random init. Batches are drawn in a fixed order from
     ``seed`` (a local generator; global RNG untouched).
+
+    Conversations are rendered token-exactly the way rollouts build them
+    (:class:`~roll_async.prompts.prompt_builder.ChatPromptBuilder`: first turn through the
+    chat template, then response ids, the turn closure, and the next user delta),
+    with the same ``instruction_template``/``observation_template`` fields as the
+    EnvManager (``instruction``, ``observation``, ``reward``, ``turn``). The loss
+    mask covers the assistant's tokens plus the end-of-turn token that closes them
+    (``<|im_end|>`` in ChatML), so the model also learns to stop.
     """
     if not examples:
         raise ValueError(

@@ -1,14 +1,9 @@
 """SimulatedTrainer: a trainer that trains nothing, for measuring the rollout side (SkyRL-style).
 
-``trainer.simulate_step_s > 0`` selects it. ``train_step`` takes that many
-seconds without using CPU (it sleeps; the pipeline runs it in a thread), and the
-weight sync that follows takes ``trainer.simulate_sync_s`` seconds with the
-engines paused exactly as for a real sync, then advances their weight version
-(``advance_weight_version``; the prefix cache is reset as a real update would).
-So the pipeline's control flow, pauses and versions are the real ones, and a
-run measures what async overlap buys for a given step time, on a machine whose
-CPU the rollout needs (a real trainer would compete with the engine for it).
-No model is loaded and no weights move.
+On a machine whose CPU the rollout needs, a real trainer would compete with the
+engine; this one keeps the pipeline's control flow, pauses and weight versions
+real while no model is loaded and no weights move, so a run measures what async
+overlap buys for a given step time.
 """
 
 from __future__ import annotations
@@ -24,7 +19,18 @@ from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
 
 
 class SimulatedTrainer:
-    """Implements the Trainer methods; see the module docstring."""
+    """Implements the Trainer methods without training.
+
+    ``trainer.simulate_step_s > 0`` selects it. ``train_step`` takes that many
+    seconds without using CPU (it sleeps; the pipeline runs it in a thread), and the
+    weight sync that follows takes ``trainer.simulate_sync_s`` seconds with the
+    engines paused exactly as for a real sync, then advances their weight version
+    (``advance_weight_version``; the prefix cache is reset as a real update would).
+    So the pipeline's control flow, pauses and versions are the real ones, and a
+    run measures what async overlap buys for a given step time, on a machine whose
+    CPU the rollout needs (a real trainer would compete with the engine for it).
+    No model is loaded and no weights move.
+    """
 
     #: The pipeline checks this to sync versions instead of weights.
     simulated = True

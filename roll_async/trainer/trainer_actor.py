@@ -1,20 +1,9 @@
 """Where the trainer runs: in the driver process, or in a Ray actor holding the GPUs Ray gives it.
 
-``trainer.placement: driver`` (default) builds the trainer in the pipeline's
-process, as before. ``trainer.placement: ray_actor`` builds it inside a
-:class:`TrainerActor` created with ``num_gpus=trainer.num_gpus`` and one CPU, so
-on a cluster Ray puts the trainer on a node with a free GPU and assigns it one;
-the device is then chosen by :func:`~roll_async.trainer.grpo_trainer.resolve_device`
-from the GPUs Ray assigned (``trainer.device`` still wins when set explicitly).
-The pipeline holds a :class:`TrainerActorClient`, which has the Trainer methods,
-so its code is the same for both placements; the few operations that differ go
-through the functions below (one place for the placement decision):
-
-* :func:`engine_weight_refs`: the weights packed in safetensors buckets and
-  ``ray.put`` by the process holding the trainer; with an actor they go trainer ->
-  object store -> engine replicas, never through the driver.
-* :func:`sft_warm_start`: the SFT warm start runs where the model is.
-* :func:`release_trainer`: the actor is killed at the end of the run.
+On a cluster the trainer belongs on a node with a free GPU, not necessarily the
+driver's; the pipeline holds a :class:`TrainerActorClient` with the Trainer
+methods, so its code is the same for both placements, and the few operations
+that differ go through the functions at the end of this module.
 """
 
 from __future__ import annotations
@@ -26,10 +15,17 @@ from collections.abc import Callable
 from typing import Any
 
 from roll_async.config.schema import TrainerConfig
+from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
+from roll_async.errors import ConfigError
 from roll_async.runtime.ray_utils import unwrap_ray_error
-from roll_async.trainer.base import Trainer, build_trainer
+from roll_async.trainer.base import Trainer
+from roll_async.trainer.factory import build_trainer
+from roll_async.trainer.grpo_trainer import resolve_device
+from roll_async.trainer.sft import run_sft
 
 logger = logging.getLogger(__name__)
+
+# Ray is imported inside the functions that use it: a driver-placed trainer never needs it.
 
 #: CPUs the trainer actor reserves (it trains; it should not share its core with an env worker).
 TRAINER_ACTOR_CPUS = 1
@@ -37,8 +33,6 @@ TRAINER_ACTOR_CPUS = 1
 
 def pack_and_put_weights(trainer: Trainer) -> list[Any]:
     """The trainer's weights for the engines: safetensors buckets, each ``ray.put`` once by the calling process."""
-    from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
-
     return put_buckets(pack_weight_buckets(trainer.state_dict_for_engine()))
 
 
@@ -52,8 +46,6 @@ class TrainerActor:
     def build(self, config: TrainerConfig, model_path: str) -> dict[str, Any]:
         """Build the trainer on the device the GPUs Ray assigned this actor call for; return where it runs."""
         import ray
-
-        from roll_async.trainer.grpo_trainer import resolve_device
 
         gpu_ids = ray.get_gpu_ids()
         self.device = str(resolve_device(config.device, gpu_ids))
@@ -91,8 +83,6 @@ class TrainerActor:
         return self.trainer.load_checkpoint(directory)
 
     def run_sft(self, examples: list[Any], kwargs: dict[str, Any]) -> dict[str, float]:
-        from roll_async.trainer.sft import run_sft
-
         return run_sft(self.trainer, examples, **kwargs)
 
 
@@ -115,8 +105,6 @@ class TrainerActorClient:
     def start(cls, config: TrainerConfig, model_path: str) -> TrainerActorClient:
         """Create the actor with ``num_gpus=config.num_gpus`` and build the trainer in it (Ray must be up)."""
         import ray
-
-        from roll_async.errors import ConfigError
 
         cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
         if config.num_gpus > cluster_gpus:
@@ -195,7 +183,24 @@ def _call(method: Any, *args: Any) -> Any:
 def build_placed_trainer(
     config: TrainerConfig, model_path: str, ensure_ray: Callable[[], None]
 ) -> Trainer:
-    """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed."""
+    """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed.
+
+    ``trainer.placement: driver`` (default) builds the trainer in the pipeline's
+    process, as before. ``trainer.placement: ray_actor`` builds it inside a
+    :class:`TrainerActor` created with ``num_gpus=trainer.num_gpus`` and one CPU, so
+    on a cluster Ray puts the trainer on a node with a free GPU and assigns it one;
+    the device is then chosen by :func:`~roll_async.trainer.grpo_trainer.resolve_device`
+    from the GPUs Ray assigned (``trainer.device`` still wins when set explicitly).
+    The pipeline holds a :class:`TrainerActorClient`, which has the Trainer methods,
+    so its code is the same for both placements; the few operations that differ go
+    through the functions below (one place for the placement decision):
+
+    * :func:`engine_weight_refs`: the weights packed in safetensors buckets and
+      ``ray.put`` by the process holding the trainer; with an actor they go trainer ->
+      object store -> engine replicas, never through the driver.
+    * :func:`sft_warm_start`: the SFT warm start runs where the model is.
+    * :func:`release_trainer`: the actor is killed at the end of the run.
+    """
     if config.placement == "ray_actor":
         ensure_ray()
         return TrainerActorClient.start(config, model_path)
@@ -215,8 +220,6 @@ def sft_warm_start(
     """:func:`~roll_async.trainer.sft.run_sft` where the trainer's model is."""
     if isinstance(trainer, TrainerActorClient):
         return trainer.run_sft(examples, **kwargs)
-    from roll_async.trainer.sft import run_sft
-
     return run_sft(trainer, examples, **kwargs)
 
 

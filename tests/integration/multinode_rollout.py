@@ -17,6 +17,7 @@ async def main(tokenizer_dir: str) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    from roll_async.config.rollout_spec import rollout_spec
     from roll_async.config.schema import (
         CustomEnvConfig,
         EnvManagerConfig,
@@ -71,7 +72,7 @@ async def main(tokenizer_dir: str) -> None:
         from roll_async.testing.scripted_envs import scripted_env_factory
 
         scheduler = RolloutScheduler(
-            config,
+            rollout_spec(config, "train"),
             engine_handles=[engine],
             tokenizer_path=tokenizer_dir,
             env_factory=scripted_env_factory,

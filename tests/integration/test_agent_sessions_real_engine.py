@@ -61,10 +61,13 @@ def agent_config(agent: str, group_size: int) -> PipelineConfig:
 
 
 async def collect(config: PipelineConfig, engine, tokenizer):
+    from roll_async.config.rollout_spec import rollout_spec
     from roll_async.scheduler.local import LocalRolloutScheduler
 
     recording = RecordingEngine(engine)
-    scheduler = LocalRolloutScheduler(config, engines=recording, tokenizer=tokenizer)
+    scheduler = LocalRolloutScheduler(
+        rollout_spec(config, "train"), engines=recording, tokenizer=tokenizer
+    )
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(
             config.rollout_batch_size, 0

@@ -10,7 +10,7 @@ import pytest
 from roll_async.config.schema import EngineConfig
 from roll_async.engine import VLLMEngine
 from roll_async.errors import EngineStartupError
-from roll_async.model.tiny import resolve_model_path
+from roll_async.model.paths import resolve_model_path
 
 pytestmark = pytest.mark.integration
 

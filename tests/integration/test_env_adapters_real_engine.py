@@ -47,7 +47,8 @@ ADAPTER_ENVS = {
 async def test_each_adapter_plays_a_real_library_env_through_the_rollout(
     engine, tiny_model_path, tokenizer
 ):
-    from roll_async.scheduler import RolloutScheduler
+    from roll_async.config.rollout_spec import rollout_spec
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     config = PipelineConfig(
         custom_envs=ADAPTER_ENVS,
@@ -65,7 +66,9 @@ async def test_each_adapter_plays_a_real_library_env_through_the_rollout(
     )
     validate_config(config)
     scheduler = RolloutScheduler(
-        config, engine_handles=[engine], tokenizer_path=str(tiny_model_path)
+        rollout_spec(config, "train"),
+        engine_handles=[engine],
+        tokenizer_path=str(tiny_model_path),
     )
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(

@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EngineConfig,
@@ -67,10 +68,12 @@ def flaky_config(num_workers_envs: int = 8, **placement) -> PipelineConfig:
 async def collect(
     config: PipelineConfig, engine, tokenizer_path, steps: int, between=None
 ):
-    from roll_async.scheduler import RolloutScheduler
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     scheduler = RolloutScheduler(
-        config, engine_handles=[engine], tokenizer_path=str(tokenizer_path)
+        rollout_spec(config, "train"),
+        engine_handles=[engine],
+        tokenizer_path=str(tokenizer_path),
     )
     batches, metrics = [], []
     try:

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EngineConfig,
@@ -115,12 +116,12 @@ def _config(generation: GenerationConfig) -> PipelineConfig:
 
 
 async def _rollout(family, generation: GenerationConfig):
-    from roll_async.scheduler import LocalRolloutScheduler
+    from roll_async.scheduler.local import LocalRolloutScheduler
 
     _, _, engine, _, tokenizer = family
     client = RecordingClient(engine)
     scheduler = LocalRolloutScheduler(
-        _config(generation), engines=client, tokenizer=tokenizer
+        rollout_spec(_config(generation), "train"), engines=client, tokenizer=tokenizer
     )
     try:
         batch, metrics = await scheduler.get_batch_with_metrics(2, 0)

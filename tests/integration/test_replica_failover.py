@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EngineConfig,
@@ -100,11 +101,11 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(
 ):
     import ray
 
-    from roll_async.scheduler import RolloutScheduler
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     config = failover_config()
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine, victim_engine],
         tokenizer_path=str(tiny_model_path),
     )

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -102,7 +103,7 @@ async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(
     engine = fake_engine(ray, reply, latency_s=0.005)
     config = config_for(request_transport=request_transport)
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine],
         tokenizer_path=path,
         env_factory=scripted_env_factory,
@@ -155,7 +156,7 @@ async def test_async_rollout_keeps_staleness_within_the_bound(
     engine = fake_engine(ray, reply, latency_s=0.005)
     config = config_for(mode="async", max_staleness=1)
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine],
         tokenizer_path=path,
         env_factory=scripted_env_factory,
@@ -184,7 +185,7 @@ async def test_env_errors_redundancy_and_filter_on_ray(ray_session, tokenizer_se
         group_filter="zero_variance",
     )
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine],
         tokenizer_path=path,
         env_factory=scripted_env_factory,
@@ -229,7 +230,7 @@ async def test_an_engine_that_keeps_failing_surfaces_in_get_batch(
         generation=GenerationConfig(max_retries=1, retry_backoff_s=0.01)
     )
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine],
         tokenizer_path=path,
         env_factory=scripted_env_factory,
@@ -256,7 +257,7 @@ async def test_a_dead_worker_past_the_restart_budget_makes_get_batch_raise_inste
         0  # a dead worker is otherwise restarted (test_env_service_rollout)
     )
     scheduler = RolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engine_handles=[engine],
         tokenizer_path=path,
         env_factory=scripted_env_factory,
@@ -280,11 +281,15 @@ async def test_validation_on_ray_is_repeatable(ray_session, tokenizer_setup):
     config = config_for(
         env_config={"episode_length": 2, "reward": "seed_parity"}, val_episodes=3
     )
-    validation = ValidationScheduler.create(
-        config,
-        engine_handles=[engine],
-        tokenizer_path=path,
-        env_factory=scripted_env_factory,
+    val_spec = rollout_spec(config, "val")
+    validation = ValidationScheduler.for_spec(
+        val_spec,
+        RolloutScheduler(
+            val_spec,
+            engine_handles=[engine],
+            tokenizer_path=path,
+            env_factory=scripted_env_factory,
+        ),
     )
     try:
         first, metrics = await asyncio.wait_for(validation.evaluate(step=0), TIMEOUT_S)

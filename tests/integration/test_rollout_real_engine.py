@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EngineConfig,
@@ -74,10 +75,12 @@ def make_config(custom_envs: dict[str, CustomEnvConfig], **fields) -> PipelineCo
 async def run_batches(
     config: PipelineConfig, engine, tokenizer_path, steps: int, between=None
 ):
-    from roll_async.scheduler import RolloutScheduler
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 
     scheduler = RolloutScheduler(
-        config, engine_handles=[engine], tokenizer_path=str(tokenizer_path)
+        rollout_spec(config, "train"),
+        engine_handles=[engine],
+        tokenizer_path=str(tokenizer_path),
     )
     batches, metrics = [], []
     try:
@@ -274,7 +277,7 @@ class RecordingEngine:
 
 
 async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenizer):
-    from roll_async.scheduler import LocalRolloutScheduler
+    from roll_async.scheduler.local import LocalRolloutScheduler
 
     config = make_config(
         {"Sokoban": sokoban_env(max_steps=3, max_tokens=24)},
@@ -285,7 +288,9 @@ async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenize
         ),
     )
     recording = RecordingEngine(engine)
-    scheduler = LocalRolloutScheduler(config, engines=recording, tokenizer=tokenizer)
+    scheduler = LocalRolloutScheduler(
+        rollout_spec(config, "train"), engines=recording, tokenizer=tokenizer
+    )
     try:
         batch = await scheduler.get_batch(4, 0)
     finally:
@@ -387,7 +392,8 @@ async def test_redundant_envs_complete_groups_with_the_first_finishers(
 
 
 async def test_validation_is_deterministic(engine, tiny_model_path):
-    from roll_async.scheduler import ValidationScheduler
+    from roll_async.scheduler.rollout_scheduler import RolloutScheduler
+    from roll_async.scheduler.validation import ValidationScheduler
 
     config = make_config(
         {"Sokoban": sokoban_env()},
@@ -399,8 +405,12 @@ async def test_validation_is_deterministic(engine, tiny_model_path):
             num_env_groups=3, group_size=1, tags=["Sokoban"]
         ),
     )
-    validation = ValidationScheduler.create(
-        config, engine_handles=[engine], tokenizer_path=str(tiny_model_path)
+    val_spec = rollout_spec(config, "val")
+    validation = ValidationScheduler.for_spec(
+        val_spec,
+        RolloutScheduler(
+            val_spec, engine_handles=[engine], tokenizer_path=str(tiny_model_path)
+        ),
     )
     try:
         first, first_metrics = await validation.evaluate(0)

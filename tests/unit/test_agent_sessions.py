@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from roll_async import metrics
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -61,8 +62,7 @@ def agent_config(
 
 async def play_one(config: PipelineConfig, engine: FakeEngine, tokenizer):
     (manager,) = build_env_managers(
-        config,
-        "train",
+        rollout_spec(config, "train"),
         [(0, "Agent")],
         scheduler=None,
         engine_for=lambda _: engine,

@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from benchmarks.barrier_rollout import BarrierRollout
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -20,7 +21,7 @@ from roll_async.config.schema import (
     validate_config,
 )
 from roll_async.metrics import PREFIX_MISMATCH
-from roll_async.scheduler.group_queue import derive_seed
+from roll_async.scheduler.layout import derive_seed
 from roll_async.scheduler.local import LocalRolloutScheduler
 from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 from roll_async.testing.fake_engine import FakeEngine
@@ -78,7 +79,7 @@ async def test_barrier_trajectories_match_the_per_env_path_token_for_token(token
 
     per_env_engine = FakeEngine(lambda r: reply, logprob=-0.3)
     scheduler = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engines=per_env_engine,
         tokenizer=tokenizer,
         env_factory=scripted_env_factory,

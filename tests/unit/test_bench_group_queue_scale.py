@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.trajectory import Trajectory
 
 
@@ -20,12 +21,14 @@ def queue(
     num_envs: int, *, group_size: int = 2, groups_per_batch: int = 1, staleness: int = 1
 ) -> GroupQueueManager:
     return GroupQueueManager(
+        QueueRules(
+            tags=["t"],
+            group_size=group_size,
+            groups_per_batch=groups_per_batch,
+            mode="async",
+            staleness_bound=staleness,
+        ),
         env_tags={i: "t" for i in range(num_envs)},
-        tags=["t"],
-        group_size=group_size,
-        groups_per_batch=groups_per_batch,
-        mode="async",
-        staleness_bound=staleness,
     )
 
 

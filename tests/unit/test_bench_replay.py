@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from benchmarks.replay_rollout import ReplayRollout, ReplayTurn, replay_script
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -76,7 +77,7 @@ async def test_replay_of_a_per_env_run_sends_the_same_requests_and_rebuilds_the_
     validate_config(config)
     per_env_engine = FakeEngine(reply)
     scheduler = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engines=per_env_engine,
         tokenizer=tokenizer,
         env_factory=scripted_env_factory,

@@ -62,7 +62,7 @@ def test_replay_from_is_the_user_facing_key(tmp_path):
 def test_unknown_request_transport_names_the_key_and_the_choices():
     with pytest.raises(
         ConfigError,
-        match=r"engine\.request_transport='zeromq' is unknown.*Choose one of: zmq, ray",
+        match=r"engine\.request_transport='zeromq' is unknown; use zmq or ray\. Did you mean 'zmq'\?",
     ):
         load_config("configs/frozen_lake.yaml", ["engine.request_transport=zeromq"])
     assert (

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -88,7 +89,7 @@ def make_config(
 
 def local(config, engine, tokenizer, **kwargs) -> LocalRolloutScheduler:
     return LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engines=engine,
         tokenizer=tokenizer,
         env_factory=scripted_env_factory,
@@ -307,7 +308,7 @@ async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts
         spec.isolation = "inline"
     validate_config(config)
     scheduler = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engines=FakeEngine(lambda r: answer_ids),
         tokenizer=tokenizer,
         env_factory=factory,
@@ -544,7 +545,7 @@ async def test_watchdog_reports_an_env_stuck_in_generation(tokenizer, answer_ids
 def test_host_watchdog_reports_each_stall_once_and_then_recovery():
     class Manager:
         def __init__(self, env_id, phase, since):
-            from roll_async.env_managers.env_manager import EnvProgress
+            from roll_async.env_managers.env_status import EnvProgress
 
             self.env_id = env_id
             self.progress = EnvProgress(phase=phase, last_progress_at=since)
@@ -658,16 +659,15 @@ async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(
 ):
     """Over Ray each scheduler call is a round trip: after its first episode an env makes one call per episode."""
     from roll_async.env_managers.worker import build_env_managers
-    from roll_async.scheduler.group_queue import env_layout
+    from roll_async.scheduler.layout import env_layout
     from roll_async.scheduler.rollout_scheduler import GroupQueueActor
 
     config = make_config(num_env_groups=2, group_size=2, mode="async", max_staleness=1)
-    actor = GroupQueueActor(config, "train", start_step=0)
+    actor = GroupQueueActor(rollout_spec(config, "train"), start_step=0)
     client = _QueueActorInProcess(actor)
     em = config.train_env_manager
     managers = build_env_managers(
-        config,
-        "train",
+        rollout_spec(config, "train"),
         env_layout(
             em.tags,
             em.num_env_groups,
@@ -710,7 +710,7 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
     from roll_async.scheduler.rollout_scheduler import GroupQueueActor
 
     config = make_config(num_env_groups=1, group_size=1, mode="async", max_staleness=1)
-    actor = GroupQueueActor(config, "train", start_step=0)
+    actor = GroupQueueActor(rollout_spec(config, "train"), start_step=0)
     spec = await actor.next_episode(0, 0)
     await actor.restart_envs(
         [0], "worker died", incarnation=1

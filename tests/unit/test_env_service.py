@@ -297,6 +297,7 @@ def chatml_tokenizer():
 
 
 def local_scheduler(config, tokenizer):
+    from roll_async.config.rollout_spec import rollout_spec
     from roll_async.scheduler.local import LocalRolloutScheduler
     from roll_async.testing.fake_engine import FakeEngine
 
@@ -304,7 +305,9 @@ def local_scheduler(config, tokenizer):
         "input_ids"
     ] + [tokenizer.eos_token_id]
     return LocalRolloutScheduler(
-        config, engines=FakeEngine(lambda r: reply), tokenizer=tokenizer
+        rollout_spec(config, "train"),
+        engines=FakeEngine(lambda r: reply),
+        tokenizer=tokenizer,
     )
 
 
@@ -369,7 +372,7 @@ async def test_env_timeout_counts_the_call_not_the_wait_for_a_thread():
     """A 0.3 s call that waited 1 s for the only thread still fits a 0.8 s timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from roll_async.env_managers.env_manager import _ThreadCall
+    from roll_async.env_managers.env_calls import ThreadCall as _ThreadCall
 
     pool = ThreadPoolExecutor(max_workers=1)
     blocker = asyncio.get_running_loop().run_in_executor(pool, time.sleep, 1.0)
@@ -388,7 +391,7 @@ async def test_env_timeout_counts_the_call_not_the_wait_for_a_thread():
 async def test_an_env_interrupted_mid_call_is_closed_once_the_call_returns():
     from concurrent.futures import ThreadPoolExecutor
 
-    from roll_async.env_managers.env_manager import _ThreadCall
+    from roll_async.env_managers.env_calls import ThreadCall as _ThreadCall
 
     class SlowEnv:
         closed_after_step = None

@@ -146,6 +146,7 @@ async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_st
     template, expected, tmp_path
 ):
     """The Qwen3 template comes in through model.chat_template (a file), as a user would override one."""
+    from roll_async.config.rollout_spec import rollout_spec
     from roll_async.metrics import PREFIX_MISMATCH_RATE
     from roll_async.scheduler.local import LocalRolloutScheduler
     from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
@@ -172,7 +173,7 @@ async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_st
         config.model.chat_template = str(tmp_path / "qwen3.jinja")
     validate_config(config)
     scheduler = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "train"),
         engines=FakeEngine(lambda r: reply),
         tokenizer=tokenizer,
         env_factory=scripted_env_factory,

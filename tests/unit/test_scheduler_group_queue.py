@@ -7,26 +7,23 @@ import asyncio
 import pytest
 
 from roll_async.errors import RolloutFatalError
-from roll_async.scheduler.group_queue import (
-    GroupQueueManager,
-    derive_seed,
-    env_layout,
-    split_by_weights,
-)
+from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.layout import derive_seed, env_layout, split_by_weights
+from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
-def make_queue(num_envs: int = 4, **kwargs) -> GroupQueueManager:
-    params = dict(
-        env_tags={i: "a" for i in range(num_envs)},
-        tags=["a"],
-        group_size=2,
-        groups_per_batch=1,
-        mode="sync",
-        seed=7,
+def make_queue(
+    num_envs: int = 4, *, env_tags=None, start_step=0, on_cancel=None, **rules
+) -> GroupQueueManager:
+    params = dict(tags=["a"], group_size=2, groups_per_batch=1, mode="sync", seed=7)
+    params.update(rules)
+    return GroupQueueManager(
+        QueueRules(**params),
+        env_tags if env_tags is not None else {i: "a" for i in range(num_envs)},
+        start_step=start_step,
+        on_cancel=on_cancel,
     )
-    params.update(kwargs)
-    return GroupQueueManager(**params)
 
 
 def finished(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import CustomEnvConfig, EnvManagerConfig, PipelineConfig
 from roll_async.errors import ConfigError
 from roll_async.scheduler.rollout_scheduler import RolloutScheduler
@@ -38,13 +39,17 @@ def test_bad_config_fails_before_any_actor_starts(bad, message):
     was_up = ray.is_initialized()
     with pytest.raises(ConfigError, match=message):
         RolloutScheduler(
-            config(**bad), engine_handles=[object()], tokenizer_path="/nonexistent"
+            rollout_spec(config(**bad), "train"),
+            engine_handles=[object()],
+            tokenizer_path="/nonexistent",
         )
     assert ray.is_initialized() == was_up
 
 
 def test_a_good_config_builds_without_starting_anything():
     scheduler = RolloutScheduler(
-        config(), engine_handles=[object()], tokenizer_path="/nonexistent"
+        rollout_spec(config(), "train"),
+        engine_handles=[object()],
+        tokenizer_path="/nonexistent",
     )
     assert scheduler.num_workers == 0

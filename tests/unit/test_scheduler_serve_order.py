@@ -17,6 +17,7 @@ import pytest
 from roll_async.config.schema import validate_config
 from roll_async.errors import ConfigError
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
@@ -27,10 +28,9 @@ class SimulatedEnvLoops:
         self.tasks: dict[int, asyncio.Task] = {}
         self.playing: dict[int, tuple[int, int, asyncio.Task]] = {}
         self.queue = GroupQueueManager(
+            QueueRules(tags=["t"], **queue_kwargs),
             env_tags={i: "t" for i in range(num_envs)},
-            tags=["t"],
             on_cancel=self._cancel,
-            **queue_kwargs,
         )
         self.duration = duration
         self.num_envs = num_envs
@@ -223,9 +223,8 @@ def test_serve_order_is_validated():
         )
     with pytest.raises(ValueError, match="serve_order"):
         GroupQueueManager(
+            QueueRules(
+                tags=["t"], group_size=1, groups_per_batch=1, serve_order="lifo"
+            ),
             env_tags={0: "t"},
-            tags=["t"],
-            group_size=1,
-            groups_per_batch=1,
-            serve_order="lifo",
         )

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -68,15 +69,14 @@ async def test_every_val_episode_runs_once_greedily_and_evaluations_repeat_exact
     tokenizer,
 ):
     config = val_config(num_episodes=4)
-    episodes = build_validation_episodes(config)
+    episodes = build_validation_episodes(rollout_spec(config, "val"))
     assert [e.tag for e in episodes] == ["count", "count", "other", "other"]
     assert len({e.seed for e in episodes}) == 4
     engine = prompt_dependent_engine(tokenizer)
     runner = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "val"),
         engines=engine,
         tokenizer=tokenizer,
-        which="val",
         env_factory=scripted_env_factory,
     )
     validation = ValidationScheduler(runner, episodes)
@@ -119,16 +119,15 @@ async def test_val_episodes_from_an_env_config_parquet(tokenizer, tmp_path):
         ],
     )
     config = val_config(dataset=str(path))
-    episodes = build_validation_episodes(config)
+    episodes = build_validation_episodes(rollout_spec(config, "val"))
     assert [(e.tag, e.seed, e.env_config_override) for e in episodes] == [
         ("other", 10, {"episode_length": 1}),
         ("count", 11, {"episode_length": 3}),
     ]
     runner = LocalRolloutScheduler(
-        config,
+        rollout_spec(config, "val"),
         engines=prompt_dependent_engine(tokenizer),
         tokenizer=tokenizer,
-        which="val",
         env_factory=scripted_env_factory,
     )
     validation = ValidationScheduler(runner, episodes)
@@ -146,4 +145,4 @@ def test_a_dataset_row_without_a_matching_tag_is_a_clear_error(tmp_path):
         tmp_path / "val.parquet", [EnvDatasetRow("sokoban", {}, seed=1)]
     )
     with pytest.raises(ValueError, match="no val tag"):
-        build_validation_episodes(val_config(dataset=str(path)))
+        build_validation_episodes(rollout_spec(val_config(dataset=str(path)), "val"))

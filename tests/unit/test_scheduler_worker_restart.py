@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from roll_async.metrics import WORKER_RESTARTS
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.trajectory import Trajectory
 
 
@@ -22,10 +23,8 @@ def finished(spec, env_id: int) -> Trajectory:
 
 async def test_in_flight_episodes_of_a_dead_worker_fail_and_their_seats_are_refilled():
     queue = GroupQueueManager(
+        QueueRules(tags=["a"], group_size=4, groups_per_batch=1),
         env_tags={i: "a" for i in range(4)},
-        tags=["a"],
-        group_size=4,
-        groups_per_batch=1,
     )
     specs = {env_id: await queue.next_episode(env_id) for env_id in range(4)}
     await queue.put_trajectory(finished(specs[0], 0))

@@ -90,7 +90,7 @@ def test_build_is_idempotent_and_model_loads(tiny_model_path):
 
 @pytest.mark.parametrize("path", ["./nope/model", "/abs/missing", "a/b/c"])
 def test_missing_local_model_paths_are_rejected(path):
-    from roll_async.model.tiny import resolve_model_path
+    from roll_async.model.paths import resolve_model_path
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model_path(path)

@@ -1,11 +1,4 @@
-"""Adapters for env libraries users already have: ``gymnasium:<EnvId>``, ``textarena:<EnvId>``, ``reasoning_gym:<task>``.
-
-Each is a registry *prefix*: ``make_env("gymnasium:FrozenLake-v1", {...})`` builds
-:class:`~roll_async.envs.adapters.gymnasium_env.GymnasiumEnv` for that id. The
-libraries are optional (``pip install 'roll-async[envs]'``) and imported only
-when such an env is built, so the core install stays small and a missing
-library is a one-line error naming the extra, not an ImportError at start-up.
-"""
+"""Adapters for env libraries users already have, as registry prefixes (``gymnasium:<EnvId>``, ``textarena:<EnvId>``, ``reasoning_gym:<task>``); the libraries are optional (``pip install 'roll-async[envs]'``) and imported only when such an env is built, so a missing one is a one-line error naming the extra."""
 
 from __future__ import annotations
 

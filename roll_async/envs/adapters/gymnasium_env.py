@@ -1,21 +1,9 @@
 """``gymnasium:<EnvId>``: a gymnasium env with a discrete action space, played in text.
 
-The env is built by ``gymnasium.make(env_id, **env_config)`` (``render_mode``
-defaults to ``ansi`` where the env has it), so every gymnasium option
-(``is_slippery``, ``map_name``, ``max_episode_steps``, ...) works as written in
-gymnasium's docs. Adapter keys, not forwarded: ``action_pattern`` (default
-``<answer>(.*?)</answer>``) and ``format_penalty`` (default -0.1).
-
-The observation is text: for FrozenLake, Taxi, CliffWalking and Blackjack a
-description written for them (grid with the player marked, taxi and passenger
-positions, hand totals); for any other env its ``ansi`` render with the colour
-codes removed, or the raw observation. The action vocabulary is the env's own
-action names (FrozenLake ``Left Down Right Up``, Taxi ``South North East West
-Pickup Dropoff``, CliffWalking ``Up Right Down Left``, Blackjack ``Stick Hit``;
-other ``Discrete(n)`` envs: ``0`` .. ``n-1``), parsed from the reply by the
-shared :class:`~roll_async.envs.parsing.ActionParser`. A reply with no valid
-action does not step the env: it costs ``format_penalty`` and the observation
-repeats with the reason. Rewards, ``terminated`` and ``truncated`` are the env's.
+Users with a gymnasium env should not have to port it: the adapter builds it
+with ``gymnasium.make`` (every gymnasium option works as documented there),
+renders its observations as text and reads its actions from the model's reply
+with the shared action parser.
 """
 
 from __future__ import annotations
@@ -59,7 +47,25 @@ _RULES: dict[str, str] = {
 
 
 class GymnasiumEnv:
-    """A gymnasium env behind the project's text env contract (see the module docstring)."""
+    """A gymnasium env behind the project's text env contract.
+
+    The env is built by ``gymnasium.make(env_id, **env_config)`` (``render_mode``
+    defaults to ``ansi`` where the env has it), so every gymnasium option
+    (``is_slippery``, ``map_name``, ``max_episode_steps``, ...) works as written in
+    gymnasium's docs. Adapter keys, not forwarded: ``action_pattern`` (default
+    ``<answer>(.*?)</answer>``) and ``format_penalty`` (default -0.1).
+
+    The observation is text: for FrozenLake, Taxi, CliffWalking and Blackjack a
+    description written for them (grid with the player marked, taxi and passenger
+    positions, hand totals); for any other env its ``ansi`` render with the colour
+    codes removed, or the raw observation. The action vocabulary is the env's own
+    action names (FrozenLake ``Left Down Right Up``, Taxi ``South North East West
+    Pickup Dropoff``, CliffWalking ``Up Right Down Left``, Blackjack ``Stick Hit``;
+    other ``Discrete(n)`` envs: ``0`` .. ``n-1``), parsed from the reply by the
+    shared :class:`~roll_async.envs.parsing.ActionParser`. A reply with no valid
+    action does not step the env: it costs ``format_penalty`` and the observation
+    repeats with the reason. Rewards, ``terminated`` and ``truncated`` are the env's.
+    """
 
     def __init__(
         self,

@@ -1,18 +1,7 @@
 """``reasoning_gym:<task>``: one reasoning-gym procedural task per episode, graded by the task's own scorer.
 
-``reset(seed)`` draws the task's item for that seed
-(``reasoning_gym.create_dataset(task, seed=seed, size=1, **env_config)``, so a
-seed reproduces the question exactly and every task option of reasoning-gym
-works as documented there). The reply's answer is taken from
-``<answer>...</answer>`` (``action_pattern``) by the shared
-:class:`~roll_async.envs.parsing.ActionParser` and graded by the dataset's
-``score_answer`` (a score in [0, 1]; a reply with no answer scores 0).
-
-With ``max_attempts: N`` (default 1) a wrong answer earns a retry turn: the
-observation says the answer was wrong and asks again, up to N answers in all.
-The reward of a turn is its score when the episode ends there, else 0, so the
-episode reward is the score of the last answer. Metrics: ``score``,
-``success`` (score == 1), ``attempts``, ``action_is_valid`` (an answer was found).
+reasoning-gym offers many procedurally generated tasks with exact graders; the
+adapter exposes any of them as a seeded, multi-turn text env without porting.
 """
 
 from __future__ import annotations
@@ -24,7 +13,22 @@ from roll_async.envs.parsing import ActionParser
 
 
 class ReasoningGymEnv:
-    """A reasoning-gym task (see the module docstring)."""
+    """A reasoning-gym task.
+
+    ``reset(seed)`` draws the task's item for that seed
+    (``reasoning_gym.create_dataset(task, seed=seed, size=1, **env_config)``, so a
+    seed reproduces the question exactly and every task option of reasoning-gym
+    works as documented there). The reply's answer is taken from
+    ``<answer>...</answer>`` (``action_pattern``) by the shared
+    :class:`~roll_async.envs.parsing.ActionParser` and graded by the dataset's
+    ``score_answer`` (a score in [0, 1]; a reply with no answer scores 0).
+
+    With ``max_attempts: N`` (default 1) a wrong answer earns a retry turn: the
+    observation says the answer was wrong and asks again, up to N answers in all.
+    The reward of a turn is its score when the episode ends there, else 0, so the
+    episode reward is the score of the last answer. Metrics: ``score``,
+    ``success`` (score == 1), ``attempts``, ``action_is_valid`` (an answer was found).
+    """
 
     def __init__(
         self,

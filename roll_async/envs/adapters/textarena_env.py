@@ -1,31 +1,8 @@
 """``textarena:<EnvId>``: a TextArena single-player game behind the project's text env contract.
 
-``textarena.make(env_id, **env_config)`` builds the game; the adapter plays the
-game object itself, below TextArena's default wrappers (which re-send the whole
-history each turn: here the chat history already holds it, token-exact).
-
-* Observations: TextArena hands the player a list of ``(from_id, message,
-  observation_type)`` tuples. The game's prompt (``PROMPT``) is the first
-  turn's instruction; every other message from the game is rendered as a text
-  line; the echo of the player's own action is dropped (it is already in the
-  conversation as the model's reply).
-* Actions: the model's whole reply goes to ``env.step`` (TextArena games parse
-  their own ``[move]`` syntax).
-* Rewards: TextArena settles rewards at the end: when the game is done the
-  adapter calls ``close()`` and returns ``rewards[0]`` as that step's reward
-  (0 on every earlier step).
-* Invalid moves: every call of the game's ``state.set_invalid_move`` is counted
-  (``invalid_move`` this turn, ``invalid_moves`` so far in ``info["metrics"]``);
-  TextArena itself ends the game after its error allowance.
-
-Multi-player games are refused with a clear error. Some single-player games
-reach the network (Wordle, Hangman, WordLadder and WordSearch download NLTK
-word lists on first use; TwentyQuestions and GuessWho call an LLM through
-OpenRouter): they are refused unless ``allow_network: true`` is given.
-Offline, checked: GuessTheNumber, Minesweeper, TowerOfHanoi, FrozenLake,
-Sudoku, Mastermind, LightsOut, Countdown, FifteenPuzzle, Sokoban, Crosswords,
-Bandit, Blackjack, RushHour, PegJump, Set, Secretary, 2048, Cryptarithm,
-LogicPuzzle, ThreeCardMonte, Slitherlink.
+TextArena's games are ready-made text tasks; the adapter plays the game object
+itself, below TextArena's default wrappers (which re-send the whole history each
+turn, while here the chat history already holds it, token-exact).
 """
 
 from __future__ import annotations
@@ -46,7 +23,35 @@ NETWORKED_GAMES: dict[str, str] = {
 
 
 class TextArenaEnv:
-    """A single-player TextArena game (see the module docstring)."""
+    """A single-player TextArena game.
+
+    ``textarena.make(env_id, **env_config)`` builds the game; the adapter plays the
+    game object itself, below TextArena's default wrappers (which re-send the whole
+    history each turn: here the chat history already holds it, token-exact).
+
+    * Observations: TextArena hands the player a list of ``(from_id, message,
+      observation_type)`` tuples. The game's prompt (``PROMPT``) is the first
+      turn's instruction; every other message from the game is rendered as a text
+      line; the echo of the player's own action is dropped (it is already in the
+      conversation as the model's reply).
+    * Actions: the model's whole reply goes to ``env.step`` (TextArena games parse
+      their own ``[move]`` syntax).
+    * Rewards: TextArena settles rewards at the end: when the game is done the
+      adapter calls ``close()`` and returns ``rewards[0]`` as that step's reward
+      (0 on every earlier step).
+    * Invalid moves: every call of the game's ``state.set_invalid_move`` is counted
+      (``invalid_move`` this turn, ``invalid_moves`` so far in ``info["metrics"]``);
+      TextArena itself ends the game after its error allowance.
+
+    Multi-player games are refused with a clear error. Some single-player games
+    reach the network (Wordle, Hangman, WordLadder and WordSearch download NLTK
+    word lists on first use; TwentyQuestions and GuessWho call an LLM through
+    OpenRouter): they are refused unless ``allow_network: true`` is given.
+    Offline, checked: GuessTheNumber, Minesweeper, TowerOfHanoi, FrozenLake,
+    Sudoku, Mastermind, LightsOut, Countdown, FifteenPuzzle, Sokoban, Crosswords,
+    Bandit, Blackjack, RushHour, PegJump, Set, Secretary, 2048, Cryptarithm,
+    LogicPuzzle, ThreeCardMonte, Slitherlink.
+    """
 
     def __init__(
         self, env_id: str, *, allow_network: bool = False, **make_kwargs: Any

@@ -1,0 +1,182 @@
+"""Renders docs/config-reference.md from the schema, so the page lists exactly the keys a config can set.
+
+Each key's type and default come from the dataclasses in roll_async/config/sections.py and its meaning
+from the ``#:`` comment above the field; a unit test fails when the checked-in page differs from what
+this renders. Regenerate with ``python -m roll_async.config.reference --write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import MISSING
+
+from roll_async.config import sections
+from roll_async.config.sections import PipelineConfig
+
+REGENERATE_COMMAND = "python -m roll_async.config.reference --write"
+#: The page's place in a source checkout.
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
+#: Fields written under another name in YAML (``from`` is a Python keyword; see loading._replay_from_alias).
+_YAML_NAMES = {("ReplayConfig", "from_dir"): "from"}
+
+
+def field_comments() -> dict[tuple[str, str], str]:
+    """(class name, field name) -> its ``#:`` comment lines joined into one line."""
+    source = inspect.getsource(sections)
+    lines = source.splitlines()
+    comments: dict[tuple[str, str], str] = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for statement in node.body:
+            if not isinstance(statement, ast.AnnAssign) or not isinstance(
+                statement.target, ast.Name
+            ):
+                continue
+            above: list[str] = []
+            row = statement.lineno - 2  # 0-based index of the line above the field
+            while row >= 0 and lines[row].strip().startswith("#:"):
+                above.insert(0, lines[row].strip()[2:].strip())
+                row -= 1
+            comments[(node.name, statement.target.id)] = " ".join(above)
+    return comments
+
+
+def type_name(hint: Any) -> str:
+    """How a key's type reads in the page: ``int``, ``str | None``, ``list[str]``, ``sync | async``."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return " | ".join(str(choice) for choice in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(arg) for arg in typing.get_args(hint))
+    if origin is not None:
+        args = ", ".join(type_name(arg) for arg in typing.get_args(hint))
+        return f"{origin.__name__}[{args}]"
+    if hint is type(None):
+        return "None"
+    if hint is Any:
+        return "any"
+    return getattr(hint, "__name__", str(hint))
+
+
+def yaml_value(value: Any) -> str:
+    """A default as it would be written in YAML (``null``, ``true``, ``[0.9, 0.999]``)."""
+    if value is MISSING:
+        return "(required)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _cell(text: str) -> str:
+    """Table-cell safe: ``|`` would end the cell and ``<Tag>`` would read as an HTML tag."""
+    return text.replace("|", "\\|").replace("<", "\\<").replace("\n", " ")
+
+
+def _section_table(
+    cls: type, instance: Any, comments: dict[tuple[str, str], str]
+) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    rows = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        name = _YAML_NAMES.get((cls.__name__, f.name), f.name)
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            kind, default = "section", ""
+        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(
+            typing.get_args(hint)[1]
+        ):
+            kind, default = "sections by tag", "`{}`"
+        else:
+            kind = _cell(type_name(hint))
+            default = f"`{_cell(yaml_value(getattr(instance, f.name)))}`"
+        meaning = comments.get((cls.__name__, f.name), "")
+        rows.append(f"| `{name}` | {kind} | {default} | {_cell(meaning)} |")
+    return rows
+
+
+def _sections() -> list[tuple[str, type, Any, str]]:
+    """(heading, dataclass, instance with the defaults, note) per section, in PipelineConfig's order."""
+    top = PipelineConfig()
+    hints = typing.get_type_hints(PipelineConfig)
+    found: list[tuple[str, type, Any, str]] = [("Top level", PipelineConfig, top, "")]
+    seen: dict[type, int] = {}
+    for f in dataclasses.fields(PipelineConfig):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            if hint in seen:  # val_env_manager: same keys as train_env_manager
+                index = seen[hint]
+                heading, cls, instance, note = found[index]
+                differing = [
+                    f"{g.name}={yaml_value(getattr(getattr(top, f.name), g.name))}"
+                    for g in dataclasses.fields(hint)
+                    if getattr(getattr(top, f.name), g.name)
+                    != getattr(instance, g.name)
+                ]
+                note = f"`{f.name}` has the same keys; its defaults differ in: {', '.join(differing)}."
+                found[index] = (f"{heading}, `{f.name}`", cls, instance, note)
+                continue
+            seen[hint] = len(found)
+            found.append((f"`{f.name}`", hint, getattr(top, f.name), ""))
+        elif typing.get_origin(hint) is dict:
+            entry = typing.get_args(hint)[1]
+            if dataclasses.is_dataclass(entry):
+                note = "One entry per env tag; the tag is the key under `custom_envs`."
+                found.append((f"`{f.name}.<Tag>`", entry, entry(), note))
+    return found
+
+
+def render() -> str:
+    """The whole page, as markdown."""
+    comments = field_comments()
+    lines = [
+        "# Config reference",
+        "",
+        "<!-- Generated from roll_async/config/sections.py; do not edit by hand. Regenerate with:",
+        f"     {REGENERATE_COMMAND} -->",
+        "",
+        "Every key a config file or a `key=value` override can set, per section, with its type, default and",
+        "meaning. A key whose type lists words (`sync | async`) accepts exactly those. Config files include",
+        "others with `defaults: [base]`; `roll-async train CONFIG --check` loads and checks one without",
+        "starting anything.",
+    ]
+    for heading, cls, instance, note in _sections():
+        lines += ["", f"## {heading}", ""]
+        doc = inspect.getdoc(cls) or ""
+        intro = doc.split("\n\n")[0].replace("\n", " ")
+        if intro and not intro.startswith(cls.__name__ + "("):
+            lines += [intro, ""]
+        if note:
+            lines += [note, ""]
+        lines += _section_table(cls, instance, comments)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m roll_async.config.reference",
+        description="Print the config reference page (markdown), or write it to docs/config-reference.md.",
+    )
+    parser.add_argument(
+        "--write", action="store_true", help=f"write {PAGE} instead of printing"
+    )
+    args = parser.parse_args(argv)
+    if args.write:
+        PAGE.write_text(render())
+        print(PAGE)
+    else:
+        sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""The config's sections as dataclasses: every key, its type, its default, and its meaning in a ``#:`` comment.
+
+The fixed sets of words a key accepts are ``Literal`` types declared here, so one generic pass at load can
+check them all (roll_async/config/validation.py) and the reference page can list them
+(roll_async/config/reference.py renders docs/config-reference.md from this file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from omegaconf import MISSING
+
+# ---------------------------------------------------------------------------
+# Choices: the words a key accepts
+
+Mode = Literal["sync", "async"]
+#: engine.request_transport (roll_async/runtime/zmq_calls.py; ray: one actor call per request or hand-over).
+RequestTransport = Literal["zmq", "ray"]
+#: vLLM's dtype names (vllm.config.model.ModelDType).
+EngineDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+#: The trainer's dtype names (roll_async.trainer.grpo_trainer).
+TrainerDtype = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
+#: custom_envs.<Tag>.isolation (roll_async.env_service.process_env for ``process``).
+Isolation = Literal["none", "process", "inline"]
+#: <env_manager>.rollout_sched_policy (roll_async/runtime/sched_policy.py maps each to a Linux policy).
+RolloutSchedPolicy = Literal["batch", "normal"]
+WorkerPlacement = Literal["spread", "pack"]
+#: <env_manager>.group_filter (roll_async/scheduler/filters.py holds a predicate per name).
+GroupFilterName = Literal["none", "zero_variance"]
+ServeOrder = Literal["fifo", "first_complete"]
+AdvantageEstimator = Literal["grpo", "rloo"]
+LossAgg = Literal["token_mean", "seq_mean"]
+TrainerPlacement = Literal["driver", "ray_actor"]
+InFlightPolicy = Literal["abort", "wait", "keep"]
+
+
+# ---------------------------------------------------------------------------
+# Sections
+
+
+@dataclass
+class ModelConfig:
+    """The HF model that the engine serves and the trainer trains."""
+
+    #: Local HF model directory or hub id; None (or tiny) means the offline tiny model, tiny-vl the tiny vision-language one (built on first use).
+    path: str | None = None
+    #: Let transformers and vLLM run the model repository's own Python code (custom architectures).
+    trust_remote_code: bool = False
+    #: A Jinja chat template file that replaces the tokenizer's own (for templates that cannot be used as shipped).
+    chat_template: str | None = None
+    #: Extra variables for every chat-template render, e.g. {enable_thinking: false} for Qwen3.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EngineConfig:
+    """The vLLM engine replicas that generate every turn."""
+
+    #: Engine replicas (one vLLM AsyncLLM each); requests are spread over them by load.
+    num_replicas: int = 1
+    #: vLLM's weight and activation dtype; auto takes the model's (bfloat16 on vLLM's CPU backend).
+    dtype: EngineDtype = "auto"
+    #: Longest prompt + response, in tokens, a replica accepts (vLLM max_model_len).
+    max_model_len: int = 2048
+    #: Most sequences a replica runs in one engine step (vLLM max_num_seqs).
+    max_num_seqs: int = 64
+    #: Most tokens a replica processes in one engine step; None leaves vLLM's default (on CPU at least max_model_len).
+    max_num_batched_tokens: int | None = None
+    #: GPU: fraction of GPU memory for weights + KV cache. Ignored on CPU (see cpu_kv_cache_space_gib).
+    gpu_memory_utilization: float = 0.85
+    #: CPU only: GiB of host memory reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).
+    cpu_kv_cache_space_gib: float = 1.0
+    #: Reuse the KV cache of a shared prompt prefix (each turn extends the previous turn's prompt).
+    enable_prefix_caching: bool = True
+    #: Run the model eagerly, without CUDA graphs (faster start-up; needed on CPU).
+    enforce_eager: bool = True
+    #: GPUs each replica shards its model over.
+    tensor_parallel_size: int = 1
+    #: vLLM's random seed for sampling.
+    seed: int = 0
+    #: Seconds to wait for an engine replica to come up before failing with its log tail.
+    startup_timeout_s: float = 600.0
+    #: How EnvManagerWorkers send each turn's generate request to an engine replica, and each episode's
+    #: hand-over to the queue actor: zmq (the actor's ZMQ socket: IPC on its node, TCP across nodes; ~0.22 ms
+    #: of CPU per call) or ray (an actor call, ~1.35 ms; benchmarks/ray_call_cost.py). Control calls (abort,
+    #: stats, weights, get_batch) are Ray calls either way. See roll_async/runtime/zmq_calls.py.
+    request_transport: RequestTransport = "zmq"
+    #: Extra vllm.AsyncEngineArgs keyword arguments, passed through unchanged.
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationConfig:
+    """How each turn is sampled, and how a failed engine request is retried."""
+
+    #: Sampling temperature of every turn (the trainer scores under the same distribution).
+    temperature: float = 1.0
+    #: Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1.0: all).
+    top_p: float = 1.0
+    #: Keep only the top_k most likely tokens (-1: all).
+    top_k: int = -1
+    #: Retries of a failed engine request before the error surfaces (naming env, turn, request).
+    max_retries: int = 2
+    #: Seconds before the first retry of a failed engine request; doubled for each further retry.
+    retry_backoff_s: float = 0.5
+    #: Seconds an engine request may take before it counts as failed (and is retried).
+    request_timeout_s: float = 600.0
+
+
+@dataclass
+class CustomEnvConfig:
+    """One ``custom_envs.<Tag>`` entry: which env to build and how it talks to the model."""
+
+    #: Registered env name (e.g. sokoban, gymnasium:FrozenLake-v1), ``package.module:Class``, or agent.
+    env_type: str = MISSING
+    #: Keyword arguments of the env's constructor.
+    env_config: dict[str, Any] = field(default_factory=dict)
+    #: Turns per episode; the episode ends (truncated) after this many.
+    max_steps: int = 10
+    #: Most tokens the model may generate in one turn.
+    max_tokens_per_step: int = 64
+    #: System message of every episode ('' for none).
+    system_prompt: str = "You are an agent solving a task step by step. Reply with your action inside <answer></answer>."
+    #: First user message; fields: {instruction}, {observation}.
+    instruction_template: str = "{instruction}\n{observation}"
+    #: Later user messages; fields: {observation}, {reward}, {turn}.
+    observation_template: str = "{observation}"
+    #: Stop strings for this env's turns (NeMo-RL style per-env stops); kept in the output.
+    stop: list[str] = field(default_factory=lambda: ["</answer>"])
+    #: Agent session (``env_type: agent``): ``pkg.module:function`` naming ``async def agent(client, task)``;
+    #: the agent's requests set their own messages and stop strings (system_prompt, templates, stop unused).
+    agent: str | None = None
+    #: Run this tag's envs on env servers (``roll-async env-server``): one URL or a list, spread by load.
+    service_url: Any = None
+    #: Retries of transport errors per env-server call before the server counts as down.
+    service_max_retries: int = 3
+    #: none: envs run in the worker's threads; process: each env instance in its own child process
+    #: (a call past env_step_timeout_s kills it; a crash is contained); inline: sync env calls run on the
+    #: worker's event loop, no thread hop (for fast, trusted envs: a call past env_step_timeout_s fails
+    #: its episode only once it returns, and a hang stops every env of its worker).
+    isolation: Isolation = "none"
+
+
+@dataclass
+class EnvManagerConfig:
+    """The env groups of one scheduler: ``train_env_manager`` (rollouts) or ``val_env_manager`` (validation)."""
+
+    #: Env groups kept running; each group plays one episode specification (env config and seed).
+    num_env_groups: int = 4
+    #: Trajectories per group (GRPO's group: same env config and seed).
+    group_size: int = 4
+    #: Extra env instances per group; the group completes with the first group_size trajectories.
+    group_size_redundancy: int = 0
+    #: Env tags (keys of custom_envs) this manager plays.
+    tags: list[str] = field(default_factory=list)
+    #: Groups per tag, same length as ``tags``; empty means split num_env_groups evenly.
+    num_groups_partition: list[int] = field(default_factory=list)
+    #: Most env instances one EnvManagerWorker process runs; more envs start more workers.
+    max_env_num_per_worker: int = 16
+    #: Seconds an env reset or step may take before the episode ends as env_error.
+    env_step_timeout_s: float = 60.0
+    #: Threads per worker for synchronous env reset/step calls.
+    env_threads_per_worker: int = 8
+    #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
+    #: worker built (roll_async/runtime/gc_tuning.py); 0 keeps Python's default (700).
+    worker_gc_threshold: int = 250_000
+    #: Linux scheduling policy of the EnvManagerWorker and GroupQueueActor processes (roll_async/runtime/sched_policy.py):
+    #: batch (SCHED_BATCH: same CPU share, but their wake-ups do not preempt vLLM's steps on a shared core) | normal.
+    rollout_sched_policy: RolloutSchedPolicy = "batch"
+    #: Ray CPUs reserved by each EnvManagerWorker actor.
+    num_cpus_per_worker: float = 0.0
+    #: spread: Ray's SPREAD strategy puts workers on as many nodes as it can; pack: Ray's default (the driver's
+    #: node first). With num_cpus_per_worker > 0, each worker also holds its CPUs wherever it lands.
+    worker_placement: WorkerPlacement = "spread"
+    #: Group filter (see roll_async.scheduler.filters): none keeps every group; zero_variance drops groups whose rewards are all equal.
+    group_filter: GroupFilterName = "none"
+    #: An env that makes no progress for this long is reported by the watchdog.
+    watchdog_timeout_s: float = 300.0
+    #: EnvManagerWorkers that die (process killed, crash) are restarted this many times in total; one more fails the run.
+    max_worker_restarts: int = 3
+    #: Train only. fifo: serve the oldest groups (no bias to short episodes; envs may idle behind a slow group).
+    #: first_complete: serve the first groups to complete; the rest continue into later steps within the
+    #: staleness bound, and every env group is kept busy (see roll_async.scheduler.group_queue "Serving").
+    serve_order: ServeOrder = "fifo"
+    #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
+    dataset: str | None = None
+
+
+@dataclass
+class TrainerConfig:
+    """GRPO-style policy-gradient training of the same HF model the engine serves."""
+
+    #: Dotted path ``package.module:Class`` of a custom Trainer; empty means the built-in GRPO trainer.
+    trainer_cls: str = ""
+    #: Torch device of the trainer: auto (CUDA if available, else CPU), cpu, cuda, cuda:N.
+    device: str = "auto"
+    #: The trainer's weight dtype.
+    dtype: TrainerDtype = "float32"
+    #: AdamW learning rate.
+    lr: float = 1e-5
+    #: AdamW weight decay.
+    weight_decay: float = 0.0
+    #: AdamW betas (two values).
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    #: Gradient norm clip per optimizer step.
+    max_grad_norm: float = 1.0
+    #: Trajectories per forward/backward pass; gradients accumulate over the batch.
+    micro_batch_size: int = 8
+    #: Optimizer passes over each rollout batch (PPO epochs).
+    ppo_epochs: int = 1
+    #: grpo: (r - mean) / std within a group; rloo: leave-one-out baseline.
+    advantage_estimator: AdvantageEstimator = "grpo"
+    #: Divide group-relative advantages by the group's reward std (false: mean-centred only).
+    normalize_advantage_std: bool = True
+    #: PPO clip: the ratio pi_train/pi_behaviour is clipped below at 1 - clip_ratio_low.
+    clip_ratio_low: float = 0.2
+    #: PPO clip: the ratio is clipped above at 1 + clip_ratio_high (DAPO's clip-higher).
+    clip_ratio_high: float = 0.28
+    #: Truncated importance sampling cap on pi_train/pi_behaviour (off-policy correction); 0 disables.
+    tis_cap: float = 2.0
+    #: KL penalty to the initial (reference) policy; 0 disables and loads no reference model.
+    kl_coef: float = 0.0
+    #: token_mean: mean over all response tokens of the batch; seq_mean: mean of per-sequence means.
+    loss_agg: LossAgg = "token_mean"
+    #: Recompute activations in the backward pass (less memory, more compute).
+    gradient_checkpointing: bool = False
+    #: Drop from the loss tokens sampled by weights more than this many versions older than the
+    #: trainer's current ones (per-token versions; -1 disables). Masked share: train/token_lag/masked_fraction.
+    max_token_lag: int = -1
+    #: > 0: no model is trained; each step takes this many seconds without CPU and the version advances
+    #: (roll_async.trainer.simulated, SkyRL-style), for measuring the rollout side and async overlap.
+    simulate_step_s: float = 0.0
+    #: With simulate_step_s: seconds each weight sync takes (engines paused as for a real sync; no weights move).
+    simulate_sync_s: float = 0.0
+    #: Where the trainer runs: ``driver`` (in the pipeline's process, on ``device``) or ``ray_actor`` (a Ray actor
+    #: holding ``num_gpus`` GPUs that Ray assigns; weights go from it to the engines through the object store).
+    placement: TrainerPlacement = "driver"
+    #: ray_actor only: GPUs the trainer actor reserves (fractions allowed); 0 trains on the actor's CPU.
+    num_gpus: float = 0.0
+
+
+@dataclass
+class WeightSyncConfig:
+    """When the trainer's weights reach the engines, and what happens to turns in flight then."""
+
+    #: Push trainer weights to the engine every this many steps.
+    interval: int = 1
+    #: Async mode, what happens to turns in flight during an update: abort (and regenerate), wait, keep.
+    in_flight: InFlightPolicy = "abort"
+
+
+@dataclass
+class SFTWarmupConfig:
+    """Brief supervised warm start on env-solver demonstrations (the offline learning demo)."""
+
+    #: Run the warm start before the first RL step.
+    enabled: bool = False
+    #: Demonstrations (solver episodes on seeds disjoint from the rollout's) to train on.
+    num_demos: int = 64
+    #: Fraction of each demo's turns that are kept (partial demos keep initial success low).
+    demo_fraction: float = 0.5
+    #: Optimizer steps of the warm start.
+    steps: int = 50
+    #: Learning rate of the warm start.
+    lr: float = 1e-3
+    #: Demonstrations per warm-start step.
+    batch_size: int = 8
+
+
+@dataclass
+class CheckpointConfig:
+    """Trainer checkpoints in RUN_DIR/checkpoints/, and resuming from one."""
+
+    #: Save every this many steps (0: only at the end).
+    save_interval: int = 0
+    #: Keep this many most recent checkpoints.
+    keep_last: int = 2
+    #: A run directory (or its checkpoints/step_N) to continue from.
+    resume_from: str | None = None
+
+
+@dataclass
+class LoggingConfig:
+    """What a run prints and writes besides RUN_DIR/metrics.jsonl."""
+
+    #: Print one line per step.
+    console: bool = True
+    #: Show a progress bar of the steps.
+    progress_bar: bool = True
+    #: Write TensorBoard event files to RUN_DIR/tensorboard/.
+    tensorboard: bool = False
+    #: Log metrics to Weights & Biases.
+    wandb: bool = False
+    #: Weights & Biases project name.
+    wandb_project: str = "roll-async"
+    #: Write trajectories.jsonl (with decoded text) in the run directory.
+    save_trajectories: bool = True
+    #: Console level of roll-async's own messages (INFO adds start-up lines); vLLM, Ray and transformers reach
+    #: the console only at ERROR. Everything at INFO and above goes to RUN_DIR/logs/ (roll_async.run_output.logs).
+    level: str = "WARNING"
+    #: Write each step's collated training batch to RUN_DIR/batches/ (replay it with replay.from=RUN_DIR).
+    save_batches: bool = False
+
+
+@dataclass
+class ReplayConfig:
+    """Train on the batches a run saved (logging.save_batches) instead of rolling out: no engine, no env, no Ray.
+
+    Written ``replay.from=RUN_DIR`` (``from`` is the user-facing name of ``from_dir``).
+    """
+
+    #: A run directory whose batches/ to train on (written replay.from).
+    from_dir: str | None = None
+
+
+@dataclass
+class PipelineConfig:
+    """The top level of a config file: the run's shape, and one key per section."""
+
+    #: sync: every group is rolled out with the weights of the step it serves; async: rollout runs ahead of training.
+    mode: Mode = "sync"
+    #: Async only: how many steps a group may lag the consuming step. None means 1 in async mode.
+    max_staleness: int | None = None
+    #: Trajectories per training step (a multiple of train_env_manager.group_size).
+    rollout_batch_size: int = 16
+    #: Most tokens of one trajectory (prompt and every turn); an episode that reaches it ends.
+    sequence_length: int = 1024
+    #: Training steps of the run.
+    max_steps: int = 10
+    #: Rollout pipeline: how many batches to collect.
+    num_batches: int = 2
+    #: Run validation every this many steps (0: never).
+    eval_steps: int = 0
+    #: Run seed: every env group's seed derives from it (and the SFT warm start's demo seeds).
+    seed: int = 42
+    #: Run directory; None means runs/<train|rollout>-<timestamp>.
+    output_dir: str | None = None
+    #: A Ray cluster to join (e.g. auto); None starts a local Ray instance.
+    ray_address: str | None = None
+    #: CPUs of the local Ray instance; None means the machine's core count.
+    ray_num_cpus: int | None = None
+    #: The model (see the model section).
+    model: ModelConfig = field(default_factory=ModelConfig)
+    #: The engine replicas (see the engine section).
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    #: Sampling and request retries (see the generation section).
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    #: The training rollout's env groups (see the env manager section).
+    train_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    #: The validation env groups (see the env manager section); num_env_groups=0 disables validation.
+    val_env_manager: EnvManagerConfig = field(
+        default_factory=lambda: EnvManagerConfig(num_env_groups=0, group_size=1)
+    )
+    #: Env definitions by tag (see the custom_envs.<Tag> section).
+    custom_envs: dict[str, CustomEnvConfig] = field(default_factory=dict)
+    #: The trainer (see the trainer section).
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    #: Weight pushes to the engines (see the weight_sync section).
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    #: Supervised warm start (see the sft_warmup section).
+    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
+    #: Checkpoints and resuming (see the checkpoint section).
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    #: Console and run-directory output (see the logging section).
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: Training on saved batches (see the replay section).
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+    @property
+    def staleness_bound(self) -> int:
+        """Steps a group may lag; 0 in sync mode (every group is for the step it serves)."""
+        if self.mode == "sync":
+            return 0
+        return 1 if self.max_staleness is None else self.max_staleness

@@ -1,0 +1,337 @@
+"""The rules a loaded config must meet beyond its types: fixed word sets, ranges, and rules between fields.
+
+Every rule runs in :func:`validate_config` before any actor starts, so a mistake fails at load with the key
+and the fix rather than inside a worker. Keys typed with a ``Literal`` are checked by one generic pass
+(:func:`check_choices`) that reads the choices from the dataclasses' type hints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from roll_async.config.dotted_paths import check_not_moved
+from roll_async.config.sections import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    PipelineConfig,
+    TrainerConfig,
+)
+from roll_async.errors import ConfigError
+from roll_async.sampling import SamplingSettings
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest of ``choices``, or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _spoken_list(words: typing.Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+@functools.cache
+def _resolved_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+_ABSENT = object()
+
+
+def _value_of(values: Any, name: str) -> Any:
+    if dataclasses.is_dataclass(values):
+        return getattr(values, name, _ABSENT)
+    if isinstance(values, Mapping):
+        return values.get(name, _ABSENT)
+    return _ABSENT  # a wrong type for a section: the loader reports it
+
+
+def check_choices(cls: type, values: Any, prefix: str = "") -> None:
+    """Every ``Literal``-typed key of dataclass ``cls`` found in ``values`` holds one of its choices.
+
+    ``values`` is an instance of ``cls`` or a mapping of raw keys (a YAML file or the overrides, before
+    OmegaConf sees them); nested sections and ``custom_envs.<Tag>`` entries are checked too. Interpolations
+    (``${...}``) are left to the check of the loaded config.
+    """
+    hints = _resolved_hints(cls)
+    for f in dataclasses.fields(cls):
+        value = _value_of(values, f.name)
+        if value is _ABSENT:
+            continue
+        hint, key = hints[f.name], prefix + f.name
+        if typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+            interpolation = isinstance(value, str) and value.startswith("${")
+            if value not in choices and not interpolation:
+                raise ConfigError(
+                    f"{key}={value!r} is unknown; use {_spoken_list(choices)}."
+                    f"{did_you_mean(str(value), choices)}"
+                )
+        elif dataclasses.is_dataclass(hint):
+            check_choices(hint, value, key + ".")
+        elif typing.get_origin(hint) is dict and isinstance(value, Mapping):
+            entry_type = typing.get_args(hint)[1]
+            if dataclasses.is_dataclass(entry_type):
+                for name, entry in value.items():
+                    check_choices(entry_type, entry, f"{key}.{name}.")
+
+
+def _validate_env_manager(
+    name: str, em: EnvManagerConfig, config: PipelineConfig, *, train: bool
+) -> None:
+    if em.num_env_groups == 0 and not train:
+        return
+    if em.num_env_groups < 1:
+        raise ConfigError(
+            f"{name}.num_env_groups={em.num_env_groups}: needs at least 1 group"
+        )
+    if em.group_size < 1:
+        raise ConfigError(
+            f"{name}.group_size={em.group_size}: needs at least 1 env per group"
+        )
+    if em.group_size_redundancy < 0:
+        raise ConfigError(
+            f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0"
+        )
+    if em.max_env_num_per_worker < 1:
+        raise ConfigError(
+            f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1"
+        )
+    if em.max_worker_restarts < 0:
+        raise ConfigError(
+            f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0"
+        )
+    if em.worker_gc_threshold < 0:
+        raise ConfigError(
+            f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)"
+        )
+    if em.env_step_timeout_s <= 0:
+        raise ConfigError(
+            f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds"
+        )
+    if not em.tags:
+        raise ConfigError(
+            f"{name}.tags is empty; name at least one env tag from custom_envs "
+            f"({', '.join(sorted(config.custom_envs)) or 'none defined'})"
+        )
+    for tag in em.tags:
+        if tag not in config.custom_envs:
+            raise ConfigError(
+                f"{name}.tags names '{tag}', which is not defined under custom_envs.{did_you_mean(tag, list(config.custom_envs))} "
+                f"Defined tags: {', '.join(sorted(config.custom_envs)) or '(none)'}; add custom_envs.{tag} or fix the tag"
+            )
+    if em.num_groups_partition:
+        if len(em.num_groups_partition) != len(em.tags):
+            raise ConfigError(
+                f"{name}.num_groups_partition has {len(em.num_groups_partition)} entries but {name}.tags has "
+                f"{len(em.tags)}; give one group count per tag"
+            )
+        if sum(em.num_groups_partition) != em.num_env_groups:
+            raise ConfigError(
+                f"{name}.num_groups_partition={list(em.num_groups_partition)} sums to {sum(em.num_groups_partition)}, "
+                f"not {name}.num_env_groups={em.num_env_groups}; make them agree"
+            )
+        if any(n < 0 for n in em.num_groups_partition):
+            raise ConfigError(
+                f"{name}.num_groups_partition={list(em.num_groups_partition)}: counts must be >= 0"
+            )
+    elif em.num_env_groups < len(em.tags):
+        raise ConfigError(
+            f"{name}.num_env_groups={em.num_env_groups} is fewer than the {len(em.tags)} tags; "
+            f"raise num_env_groups or set num_groups_partition"
+        )
+
+
+def validate_config(config: PipelineConfig) -> None:
+    """Check every key with a fixed set of words, then every rule between fields; ConfigError names the key and the fix."""
+    check_choices(PipelineConfig, config)
+    if config.mode == "sync" and config.max_staleness is not None:
+        raise ConfigError(
+            f"max_staleness={config.max_staleness} only applies to mode=async; remove it or set mode=async"
+        )
+    if (
+        config.mode == "async"
+        and config.max_staleness is not None
+        and config.max_staleness < 1
+    ):
+        raise ConfigError(
+            f"max_staleness={config.max_staleness} with mode=async allows no overlap between rollout and training; "
+            "use mode=sync for on-policy training, or max_staleness>=1"
+        )
+    if config.sequence_length < 2:
+        raise ConfigError(
+            f"sequence_length={config.sequence_length}: must be at least 2 tokens"
+        )
+    if config.sequence_length > config.engine.max_model_len:
+        raise ConfigError(
+            f"sequence_length={config.sequence_length} exceeds engine.max_model_len={config.engine.max_model_len}; "
+            "lower sequence_length or raise engine.max_model_len"
+        )
+    if config.engine.num_replicas < 1:
+        raise ConfigError(
+            f"engine.num_replicas={config.engine.num_replicas}: must be >= 1"
+        )
+    if config.generation.max_retries < 0:
+        raise ConfigError(
+            f"generation.max_retries={config.generation.max_retries}: must be >= 0"
+        )
+    _validate_sampling(config)
+    for tag, env in config.custom_envs.items():
+        _validate_env_placement(tag, env)
+        if env.max_steps < 1:
+            raise ConfigError(
+                f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1"
+            )
+        if env.max_tokens_per_step < 1:
+            raise ConfigError(
+                f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step}: must be >= 1"
+            )
+        if env.max_tokens_per_step >= config.sequence_length:
+            raise ConfigError(
+                f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step} must be below "
+                f"sequence_length={config.sequence_length}; lower it or raise sequence_length"
+            )
+        check_not_moved(env.env_type, f"custom_envs.{tag}.env_type")
+        if env.agent:
+            check_not_moved(env.agent, f"custom_envs.{tag}.agent")
+        if (env.env_type == "agent") != bool(env.agent):
+            raise ConfigError(
+                f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "
+                f"(got env_type={env.env_type!r}, agent={env.agent!r})"
+            )
+    _validate_env_manager(
+        "train_env_manager", config.train_env_manager, config, train=True
+    )
+    _validate_env_manager(
+        "val_env_manager", config.val_env_manager, config, train=False
+    )
+    gs = config.train_env_manager.group_size
+    if config.rollout_batch_size < 1 or config.rollout_batch_size % gs != 0:
+        raise ConfigError(
+            f"rollout_batch_size={config.rollout_batch_size} is not a positive multiple of "
+            f"train_env_manager.group_size={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
+        )
+    if config.trainer.trainer_cls:
+        check_not_moved(config.trainer.trainer_cls, "trainer.trainer_cls")
+    _validate_training(config)
+    if config.num_batches < 1:
+        raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
+    if (
+        config.replay.from_dir is not None
+        and not (Path(config.replay.from_dir) / "batches").is_dir()
+    ):
+        raise ConfigError(
+            f"replay.from={config.replay.from_dir!r} has no batches/ directory; replay needs a run made with "
+            "logging.save_batches=true"
+        )
+
+
+def _validate_sampling(config: PipelineConfig) -> None:
+    """generation.* shape the sampling distribution; the engine must report logprobs of that distribution."""
+    problem = SamplingSettings.from_generation(config.generation).problem()
+    if problem:
+        raise ConfigError(f"generation.{problem}")
+    mode = config.engine.engine_kwargs.get("logprobs_mode")
+    if mode is not None and mode != "processed_logprobs":
+        raise ConfigError(
+            f"engine.engine_kwargs.logprobs_mode={mode!r}: behaviour logprobs must be those of the sampling "
+            "distribution the trainer scores under; remove the key (roll-async uses processed_logprobs)"
+        )
+
+
+def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:
+    """isolation and service_url of one custom env (see roll_async.env_service)."""
+    if env.service_url is None or env.service_url == "":
+        return
+    urls = [env.service_url] if isinstance(env.service_url, str) else env.service_url
+    if not isinstance(urls, (list, tuple)) or not urls:
+        raise ConfigError(
+            f"custom_envs.{tag}.service_url={env.service_url!r}: give a URL or a list of URLs"
+        )
+    for url in urls:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"custom_envs.{tag}.service_url has {url!r}; write each as http://host:port "
+                "(a roll-async env-server)"
+            )
+    if env.isolation != "none":
+        raise ConfigError(
+            f"custom_envs.{tag}: isolation='{env.isolation}' and service_url both set; the env server already runs "
+            "each env in its own process (its --isolation flag): remove isolation"
+        )
+    if env.service_max_retries < 0:
+        raise ConfigError(
+            f"custom_envs.{tag}.service_max_retries={env.service_max_retries}: must be >= 0"
+        )
+
+
+def _validate_training(config: PipelineConfig) -> None:
+    trainer = config.trainer
+    if trainer.micro_batch_size < 1:
+        raise ConfigError(
+            f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1"
+        )
+    if trainer.lr <= 0:
+        raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
+    if len(trainer.adam_betas) != 2:
+        raise ConfigError(
+            f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]"
+        )
+    if trainer.max_token_lag < -1:
+        raise ConfigError(
+            f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions"
+        )
+    if trainer.tis_cap < 0 or trainer.kl_coef < 0:
+        raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
+    if trainer.simulate_step_s < 0 or trainer.simulate_sync_s < 0:
+        raise ConfigError(
+            f"trainer.simulate_step_s={trainer.simulate_step_s} / simulate_sync_s={trainer.simulate_sync_s}: must be >= 0"
+        )
+    if trainer.simulate_step_s > 0 and (
+        config.sft_warmup.enabled or trainer.trainer_cls
+    ):
+        raise ConfigError(
+            "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
+            "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
+        )
+    _validate_trainer_placement(trainer)
+    if config.weight_sync.interval < 1:
+        raise ConfigError(
+            f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
+        )
+    if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
+        raise ConfigError(
+            f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
+        )
+
+
+def _validate_trainer_placement(trainer: TrainerConfig) -> None:
+    """trainer.placement / num_gpus: only an actor gets GPUs from Ray, and a GPU device needs one."""
+    if trainer.num_gpus < 0:
+        raise ConfigError(f"trainer.num_gpus={trainer.num_gpus}: must be >= 0")
+    if trainer.placement == "driver" and trainer.num_gpus > 0:
+        raise ConfigError(
+            f"trainer.num_gpus={trainer.num_gpus} needs trainer.placement=ray_actor (the driver process gets no GPU "
+            "from Ray); set trainer.placement=ray_actor, or trainer.num_gpus=0 to train in the driver"
+        )
+    if trainer.placement == "ray_actor" and trainer.simulate_step_s > 0:
+        raise ConfigError(
+            "trainer.placement=ray_actor with trainer.simulate_step_s > 0: the simulated trainer loads no model and "
+            "runs in the driver; set trainer.placement=driver"
+        )
+    if (
+        trainer.placement == "ray_actor"
+        and trainer.num_gpus == 0
+        and trainer.device.startswith("cuda")
+    ):
+        raise ConfigError(
+            f"trainer.device={trainer.device!r} with trainer.placement=ray_actor and trainer.num_gpus=0: Ray gives the "
+            "actor no GPU; set trainer.num_gpus (e.g. 1) or trainer.device=auto"
+        )

@@ -1,0 +1,39 @@
+"""Rewards from models: an LLM judge on its own engine, a batched reward-model actor, and the episode scorer."""
+
+from roll_async.rewards.episode_text import EpisodeText, episode_text
+from roll_async.rewards.judge import (
+    LLMJudge,
+    judge_engine_config,
+    launch_judge_engines,
+    parse_judge_score,
+)
+from roll_async.rewards.model_call import ModelScore, RewardClient, RewardCounters
+from roll_async.rewards.reward_config import RewardConfig
+from roll_async.rewards.reward_metrics import reward_batch_metrics
+from roll_async.rewards.reward_model import (
+    RewardModelActor,
+    RewardModelClient,
+    launch_reward_model,
+)
+from roll_async.rewards.scorer import EpisodeRewardScorer, RewardOutcome
+from roll_async.rewards.tiny_reward_model import build_tiny_reward_model
+
+__all__ = [
+    "EpisodeRewardScorer",
+    "EpisodeText",
+    "LLMJudge",
+    "ModelScore",
+    "RewardClient",
+    "RewardConfig",
+    "RewardCounters",
+    "RewardModelActor",
+    "RewardModelClient",
+    "RewardOutcome",
+    "build_tiny_reward_model",
+    "episode_text",
+    "judge_engine_config",
+    "launch_judge_engines",
+    "launch_reward_model",
+    "parse_judge_score",
+    "reward_batch_metrics",
+]

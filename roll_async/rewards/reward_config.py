@@ -1,0 +1,273 @@
+"""``custom_envs.<Tag>.reward``: which model scores a finished episode and how its score enters the reward.
+
+A reward from a model fails in ways an env reward never does (a missing
+checkpoint, a template without the response, a judge that never answers), so
+every key is checked before any engine starts and each error names the key and
+the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from roll_async.config.sections import EngineConfig
+from roll_async.errors import ConfigError
+
+#: judge: an LLM served by its own vLLM engine reads a rubric and writes a score; reward_model: a
+#: sequence-classification model scores the text directly.
+RewardKind = Literal["judge", "reward_model"]
+#: add: env reward + weight * score; replace: weight * score (the env reward is kept in metrics only).
+RewardMode = Literal["add", "replace"]
+
+#: model_path value meaning the offline tiny model (judge: the tiny policy; reward_model: the tiny reward model).
+TINY_MODEL = "tiny"
+
+#: Fields a prompt_template may use (filled from the episode, see rewards.episode_text).
+TEMPLATE_FIELDS = ("question", "response", "reference", "conversation")
+#: Fields a prompt_template must use.
+REQUIRED_TEMPLATE_FIELDS = ("response",)
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "You are grading an assistant's answer.\n\n"
+    "Question:\n{question}\n\n"
+    "Reference answer (may be empty):\n{reference}\n\n"
+    "Assistant's answer:\n{response}\n\n"
+    "Rate the answer's correctness and quality from 0 to 10. "
+    "End your reply with a line 'Score: <number>'."
+)
+DEFAULT_REWARD_MODEL_TEMPLATE = "{question}\n{response}"
+
+#: Default judge score patterns (the last match in the reply wins): ``Score: 7``, ``\\boxed{7}``.
+DEFAULT_SCORE_PATTERN = r"(?:score\s*[:=]\s*\**\s*|\\boxed\{\s*)([-+]?\d+(?:\.\d+)?)"
+
+
+@dataclass
+class RewardConfig:
+    """One ``custom_envs.<Tag>.reward`` entry (plain types, so OmegaConf can merge it)."""
+
+    #: judge or reward_model (RewardKind).
+    kind: str = "judge"
+    #: Local HF model directory of the judge / reward model, or ``tiny`` for the offline tiny one.
+    model_path: str | None = None
+    #: Text given to the model; fields {question}, {response}, {reference}, {conversation}; None: the kind's default.
+    prompt_template: str | None = None
+    #: add or replace (RewardMode).
+    mode: str = "add"
+    #: Multiplies the model's score before it enters the reward.
+    weight: float = 1.0
+    #: Most scoring calls in flight at once from one scorer (an asyncio.Semaphore).
+    max_concurrency: int = 8
+    #: Seconds one scoring call may take; past it the call is aborted and counted as a timeout.
+    timeout_s: float = 60.0
+    #: Retries of a call that timed out or failed (a reply without a score is not retried).
+    max_retries: int = 1
+    #: Seconds before the first retry; doubled for each further retry.
+    retry_backoff_s: float = 0.5
+    #: judge: most tokens of the judge's reply.
+    max_tokens: int = 256
+    #: judge: sampling temperature of the judge (0: greedy).
+    temperature: float = 0.0
+    #: judge: regex whose first group is the score (last match wins); None: ``Score: n`` or ``\\boxed{n}``.
+    score_pattern: str | None = None
+    #: judge: the rubric's score range, mapped to [0, 1]; a score outside it counts as a parse failure.
+    score_min: float = 0.0
+    score_max: float = 10.0
+    #: reward_model: most texts in one forward pass.
+    batch_size: int = 16
+    #: reward_model: seconds the actor waits for more texts before running a partial batch.
+    batch_window_s: float = 0.01
+    #: Score every turn instead of the finished episode (not supported yet: must be false).
+    per_turn: bool = False
+    #: judge: engine replicas serving the judge (never the policy's, never weight-synced).
+    num_replicas: int = 1
+    #: Longest prompt + reply, in tokens (judge engine max_model_len; reward_model truncation length).
+    max_model_len: int = 2048
+    #: judge: further EngineConfig keys of the judge engine (e.g. {dtype: float32, cpu_kv_cache_space_gib: 0.5}).
+    engine: dict[str, Any] = field(default_factory=dict)
+    #: Let transformers / vLLM run the model repository's own code.
+    trust_remote_code: bool = False
+
+    # -- derived -----------------------------------------------------------------------
+
+    def template(self) -> str:
+        """The prompt template in force (the kind's default when none is set)."""
+        if self.prompt_template is not None:
+            return self.prompt_template
+        return (
+            DEFAULT_JUDGE_TEMPLATE
+            if self.kind == "judge"
+            else DEFAULT_REWARD_MODEL_TEMPLATE
+        )
+
+    def pattern(self) -> re.Pattern[str]:
+        """The compiled judge score pattern (case-insensitive)."""
+        return re.compile(self.score_pattern or DEFAULT_SCORE_PATTERN, re.IGNORECASE)
+
+    # -- validation --------------------------------------------------------------------
+
+    def validate(self, tag: str) -> None:
+        """Raise ConfigError naming ``custom_envs.<tag>.reward.<key>`` and the fix for the first mistake found."""
+
+        def key(name: str) -> str:
+            return f"custom_envs.{tag}.reward.{name}"
+
+        kinds = get_args(RewardKind)
+        if self.kind not in kinds:
+            raise ConfigError(
+                f"{key('kind')}={self.kind!r} is not a reward kind; use one of {', '.join(kinds)}"
+            )
+        modes = get_args(RewardMode)
+        if self.mode not in modes:
+            raise ConfigError(
+                f"{key('mode')}={self.mode!r} is not a reward mode; use add (env reward + weight * score) "
+                "or replace (weight * score)"
+            )
+        if self.per_turn:
+            raise ConfigError(
+                f"{key('per_turn')}=true is not supported yet: a model scores the finished episode; set it to false"
+            )
+        self._validate_numbers(key)
+        self._validate_template(key)
+        if self.kind == "judge":
+            self._validate_judge(key)
+        self._validate_model_path(key)
+
+    def _validate_numbers(self, key: Any) -> None:
+        if self.max_concurrency < 1:
+            raise ConfigError(
+                f"{key('max_concurrency')}={self.max_concurrency} must be at least 1 (calls in flight at once)"
+            )
+        if not self.timeout_s > 0:
+            raise ConfigError(
+                f"{key('timeout_s')}={self.timeout_s} must be > 0 seconds (how long one scoring call may take)"
+            )
+        if self.max_retries < 0:
+            raise ConfigError(f"{key('max_retries')}={self.max_retries} must be >= 0")
+        if self.retry_backoff_s < 0:
+            raise ConfigError(
+                f"{key('retry_backoff_s')}={self.retry_backoff_s} must be >= 0"
+            )
+        if not math.isfinite(self.weight):
+            raise ConfigError(f"{key('weight')}={self.weight} must be a finite number")
+        if self.batch_size < 1:
+            raise ConfigError(
+                f"{key('batch_size')}={self.batch_size} must be at least 1"
+            )
+        if self.batch_window_s < 0:
+            raise ConfigError(
+                f"{key('batch_window_s')}={self.batch_window_s} must be >= 0"
+            )
+        if self.num_replicas < 1:
+            raise ConfigError(
+                f"{key('num_replicas')}={self.num_replicas} must be at least 1"
+            )
+        if self.max_model_len < 16:
+            raise ConfigError(
+                f"{key('max_model_len')}={self.max_model_len} is too small; give at least the prompt + reply length"
+            )
+
+    def _validate_template(self, key: Any) -> None:
+        template = self.template()
+        try:
+            used = {
+                name.split(".")[0].split("[")[0]
+                for _, name, _, _ in string.Formatter().parse(template)
+                if name is not None
+            }
+        except ValueError as exc:
+            raise ConfigError(
+                f"{key('prompt_template')} cannot be parsed ({exc}); write literal braces as {{{{ and }}}}"
+            ) from None
+        unknown = sorted(used - set(TEMPLATE_FIELDS))
+        if unknown:
+            raise ConfigError(
+                f"{key('prompt_template')} uses unknown field(s) {{{'}, {'.join(unknown)}}}; it may use "
+                f"{{{'}, {'.join(TEMPLATE_FIELDS)}}} (write literal braces as {{{{ and }}}})"
+            )
+        missing = [name for name in REQUIRED_TEMPLATE_FIELDS if name not in used]
+        if missing:
+            raise ConfigError(
+                f"{key('prompt_template')} lacks {{{'}, {'.join(missing)}}}: the model would never see the episode; "
+                "add it where the answer to score goes"
+            )
+
+    def _validate_judge(self, key: Any) -> None:
+        try:
+            pattern = self.pattern()
+        except re.error as exc:
+            raise ConfigError(
+                f"{key('score_pattern')}={self.score_pattern!r} is not a regex ({exc})"
+            ) from None
+        if pattern.groups < 1:
+            raise ConfigError(
+                f"{key('score_pattern')}={self.score_pattern!r} needs a capture group around the number, "
+                r"e.g. 'Score: ([0-9.]+)'"
+            )
+        if not self.score_max > self.score_min:
+            raise ConfigError(
+                f"{key('score_max')}={self.score_max} must be greater than {key('score_min')}={self.score_min}"
+            )
+        if self.max_tokens < 1:
+            raise ConfigError(
+                f"{key('max_tokens')}={self.max_tokens} must be at least 1"
+            )
+        if self.max_tokens >= self.max_model_len:
+            raise ConfigError(
+                f"{key('max_tokens')}={self.max_tokens} leaves no room for the prompt in "
+                f"{key('max_model_len')}={self.max_model_len}; lower it or raise max_model_len"
+            )
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(self.engine) - known)
+        if unknown:
+            raise ConfigError(
+                f"{key('engine')} has unknown key(s) {', '.join(unknown)}; it takes engine.* keys "
+                f"({', '.join(sorted(known))})"
+            )
+
+    def _validate_model_path(self, key: Any) -> None:
+        if not self.model_path:
+            raise ConfigError(
+                f"{key('model_path')} is not set; give a local HF model directory of the "
+                f"{'judge' if self.kind == 'judge' else 'reward model'}, or {TINY_MODEL} for the offline tiny one"
+            )
+        if self.model_path == TINY_MODEL:
+            return
+        path = Path(self.model_path).expanduser()
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            what = "does not exist" if not path.exists() else "has no config.json"
+            raise ConfigError(
+                f"{key('model_path')}={self.model_path!r} {what}; point it at a local HF model directory "
+                f"(save_pretrained output; nothing is downloaded at run time) or use {TINY_MODEL}"
+            )
+        if self.kind == "reward_model":
+            _check_reward_model_config(config_file, key("model_path"))
+
+
+def _check_reward_model_config(config_file: Path, key_name: str) -> None:
+    """A reward model needs a ``*ForSequenceClassification`` head with one label (the scalar reward)."""
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{key_name}: {config_file} cannot be read ({exc})") from None
+    architectures = config.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(
+            f"{key_name}={str(config_file.parent)!r} is not a reward model: its architectures "
+            f"{architectures} have no *ForSequenceClassification head; use a sequence-classification "
+            "checkpoint (or kind: judge for a generative model)"
+        )
+    num_labels = (
+        len(config["id2label"]) if "id2label" in config else config.get("num_labels", 2)
+    )
+    if num_labels != 1:
+        raise ConfigError(
+            f"{key_name}={str(config_file.parent)!r} has num_labels={num_labels}; a reward model outputs one "
+            "scalar (num_labels: 1)"
+        )

@@ -1,0 +1,136 @@
+"""The settings a group queue enforces, checked once when they are made.
+
+The queue's behaviour depends on a dozen settings (group shape, batch quota,
+mode and staleness, filter, error limits, serve order) that come from a
+rollout side's spec in a run and directly from tests and simulations; one
+frozen record with its own checks keeps the queue itself free of argument
+plumbing and lets a bad combination fail before any env asks for work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from roll_async.config.rollout_spec import RolloutSpec
+from roll_async.config.schema import Mode, ServeOrder
+from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
+from roll_async.scheduler.layout import (
+    env_groups_by_tag,
+    groups_per_tag,
+    split_by_weights,
+)
+from roll_async.scheduler.serve_order import check_serve_order
+
+
+@dataclass(frozen=True)
+class QueueRules:
+    """What a GroupQueueManager enforces (see its docstring for the rules themselves)."""
+
+    tags: Sequence[str]
+    group_size: int
+    groups_per_batch: int
+    #: Groups per tag, same length as ``tags``; empty means one each (the batch splits evenly).
+    num_groups_partition: Sequence[int] = ()
+    group_size_redundancy: int = 0
+    mode: Mode = "sync"
+    staleness_bound: int = 0
+    seed: int = 0
+    group_filter: str | GroupFilter = "none"
+    #: False: the queue creates no groups and plays given episodes only (``run_fixed_round``: validation).
+    auto_create: bool = True
+    #: Env errors a group may collect before it is dropped; None means 3 x seats.
+    max_errors_per_group: int | None = None
+    max_consecutive_env_errors: int = 100
+    #: Filter drops while waiting for one batch before groups are kept unfiltered; None means 10 x groups.
+    max_filter_drops_per_batch: int | None = None
+    serve_order: ServeOrder = "fifo"
+    #: first_complete: a tag may keep as many groups pending as it has env groups (over-provisioning is used).
+    env_groups_per_tag: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(
+            self, "num_groups_partition", tuple(self.num_groups_partition)
+        )
+        object.__setattr__(self, "env_groups_per_tag", dict(self.env_groups_per_tag))
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"mode={self.mode!r}: use 'sync' or 'async'")
+        check_serve_order(self.serve_order)
+        if self.group_size < 1 or self.group_size_redundancy < 0:
+            raise ValueError(
+                f"group_size={self.group_size} must be >= 1 and "
+                f"group_size_redundancy={self.group_size_redundancy} >= 0"
+            )
+        if len(self.partition) != len(self.tags):
+            raise ValueError(
+                f"num_groups_partition={list(self.num_groups_partition)} needs one entry per tag "
+                f"{list(self.tags)}"
+            )
+        resolve_group_filter(self.group_filter)  # an unknown name fails here
+        if self.group_filter == "zero_variance" and self.group_size < 2:
+            raise ValueError(
+                "group_filter='zero_variance' needs group_size >= 2 (a single reward has no variance)"
+            )
+
+    @classmethod
+    def for_spec(cls, spec: RolloutSpec) -> QueueRules:
+        """The rules of one rollout side."""
+        em = spec.env_manager
+        return cls(
+            tags=em.tags,
+            num_groups_partition=groups_per_tag(
+                em.tags, em.num_env_groups, em.num_groups_partition
+            ),
+            group_size=em.group_size,
+            group_size_redundancy=spec.seat_redundancy,
+            groups_per_batch=spec.groups_per_batch,
+            mode=spec.mode,
+            staleness_bound=spec.staleness_bound,
+            seed=spec.seed,
+            group_filter=spec.group_filter,
+            auto_create=not spec.fixed_rounds,
+            serve_order=spec.serve_order,
+            env_groups_per_tag=env_groups_by_tag(spec),
+        )
+
+    @property
+    def num_seats(self) -> int:
+        """Seats per group: group_size plus the redundant ones."""
+        return self.group_size + self.group_size_redundancy
+
+    @property
+    def pending_staleness_bound(self) -> int:
+        """Steps a pending group may lag the policy step: 0 in sync mode."""
+        return 0 if self.mode == "sync" else max(0, self.staleness_bound)
+
+    @property
+    def lookahead(self) -> int:
+        """Batches of groups a tag may have pending: 1 in sync mode, the staleness bound in async mode."""
+        return max(1, self.pending_staleness_bound)
+
+    @property
+    def partition(self) -> list[int]:
+        """Weights splitting a batch's groups between tags."""
+        return list(self.num_groups_partition) or [1] * len(self.tags)
+
+    @property
+    def errors_per_group_limit(self) -> int:
+        return (
+            self.max_errors_per_group
+            if self.max_errors_per_group is not None
+            else 3 * self.num_seats
+        )
+
+    def filter_drops_limit(self, groups_per_batch: int) -> int:
+        return (
+            self.max_filter_drops_per_batch
+            if self.max_filter_drops_per_batch is not None
+            else 10 * groups_per_batch
+        )
+
+    def shares(self, groups_per_batch: int) -> dict[str, int]:
+        """Groups per tag in a batch of ``groups_per_batch`` groups (largest remainder)."""
+        if groups_per_batch < 1:
+            raise ValueError(f"groups_per_batch={groups_per_batch} must be >= 1")
+        return dict(zip(self.tags, split_by_weights(groups_per_batch, self.partition)))

@@ -1,0 +1,53 @@
+"""Pick the trainer a config asks for: a user's class by dotted path, the simulated one, or the built-in GRPO trainer.
+
+The pipeline and the trainer actor build trainers only through here, so the
+choice and the check that a custom class really has the Trainer methods live in
+one place.
+"""
+
+from __future__ import annotations
+
+from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.config.schema import TrainerConfig
+from roll_async.errors import ConfigError
+from roll_async.trainer.base import TRAINER_METHODS, Trainer
+from roll_async.trainer.grpo_trainer import GRPOTrainer
+from roll_async.trainer.simulated import SimulatedTrainer
+
+
+def load_trainer_class(dotted_path: str) -> type:
+    """Import ``package.module:ClassName`` and check it has the Trainer methods; ConfigError otherwise."""
+    key = "trainer.trainer_cls"
+    module_name, sep, attr = dotted_path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"{key}={dotted_path!r} is not a dotted path; write it as package.module:ClassName "
+            "(or leave it empty for the built-in GRPO trainer)"
+        )
+    try:
+        obj = resolve_dotted(dotted_path, f"{key}={dotted_path!r}")
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc}; check the name and that the package is installed or on PYTHONPATH"
+        ) from exc
+    if not isinstance(obj, type):
+        raise ConfigError(
+            f"{key}={dotted_path!r} names a {type(obj).__name__}, not a class"
+        )
+    missing = [m for m in TRAINER_METHODS if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ConfigError(
+            f"{key}={dotted_path!r}: class {obj.__name__} lacks the Trainer method(s) {', '.join(missing)}; "
+            "see roll_async.trainer.base.Trainer"
+        )
+    return obj
+
+
+def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
+    """The configured trainer: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
+    if config.simulate_step_s > 0:
+        return SimulatedTrainer(config, model_path)
+    if config.trainer_cls:
+        cls = load_trainer_class(config.trainer_cls)
+        return cls(config, model_path)
+    return GRPOTrainer(config, model_path)

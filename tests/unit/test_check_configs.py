@@ -1,0 +1,50 @@
+"""``roll-async train|rollout CONFIG --check`` passes on every shipped config, without starting Ray or vLLM."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_async.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+#: Included by the others (``defaults: [base]``), not a runnable config: it names no env.
+INCLUDE_ONLY = {"base.yaml"}
+CONFIGS = sorted(
+    p for p in (REPO / "configs").glob("*.yaml") if p.name not in INCLUDE_ONLY
+)
+
+
+def _ray_started() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_passes_the_check(
+    config, capsys, monkeypatch, tiny_model_path
+):
+    monkeypatch.chdir(
+        REPO
+    )  # agent_frozen_lake names examples.agent_frozen_lake, run from the repo root
+    was_started = _ray_started()
+    rc = main(["train", str(config), "--check"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.startswith(f"OK {config}: train "), out
+    assert _ray_started() == was_started
+
+
+def test_rollout_check_and_a_broken_config_exits_one(capsys, tiny_model_path):
+    sokoban = str(REPO / "configs" / "sokoban.yaml")
+    assert main(["rollout", sokoban, "--check"]) == 0
+    assert "rollout mode=sync" in capsys.readouterr().out
+    assert main(["train", sokoban, "mode=asink", "--check"]) == 1
+    assert "mode='asink' is unknown; use sync or async" in capsys.readouterr().err
+
+
+def test_include_only_files_are_not_runnable(capsys):
+    assert main(["train", str(REPO / "configs" / "base.yaml"), "--check"]) == 1
+    assert "tags is empty" in capsys.readouterr().err
