@@ -275,7 +275,7 @@ class BarrierRollout:
     async def _generate(
         self, episode: _Episode, max_new_tokens: int
     ) -> tuple[list[int], list[float], str, list[int], float]:
-        """One turn's generation; like EnvManager._generate it continues after an 'abort' finish."""
+        """One turn's generation; like TurnGenerator.generate it continues after an 'abort' finish."""
         gen = self.config.generation
         t = episode.trajectory
         prompt = list(t.token_ids)
@@ -364,9 +364,8 @@ class BarrierRollout:
         """Play one episode on every env, with a barrier after every generate phase and every step phase."""
         episodes = self._new_episodes()
         started_at = time.time()
-        await asyncio.gather(
-            *(self._reset(e) for e in episodes)
-        )  # barrier: all envs reset
+        # barrier: all envs reset
+        await asyncio.gather(*(self._reset(e) for e in episodes))
         turns = 0
         while True:
             budgets = {id(e): e.max_new_tokens() for e in episodes if not e.done}
@@ -380,9 +379,8 @@ class BarrierRollout:
             stepping = [
                 e for e, reply in zip(active, replies) if e.after_generation(*reply)
             ]
-            await asyncio.gather(
-                *(self._step(e) for e in stepping)
-            )  # barrier: all env steps
+            # barrier: all env steps
+            await asyncio.gather(*(self._step(e) for e in stepping))
         self._round += 1
         return RoundResult(
             [e.trajectory for e in episodes], started_at, time.time(), turns

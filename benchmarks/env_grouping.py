@@ -461,9 +461,8 @@ async def run_per_env(
     notes: dict[str, Any] = {}
     try:
         creating = time.perf_counter()
-        await (
-            scheduler.start()
-        )  # actors are created (Ray) and the env loops start at the end of this call
+        # actors are created (Ray) and the env loops start at the end of this call
+        await scheduler.start()
         if warmup_s > 0:
             await _maybe_await(scheduler.suspend(cancel_in_flight=True))
             await asyncio.sleep(warmup_s)
@@ -539,9 +538,8 @@ async def run_barrier(ctx: BenchContext, config: Any) -> RunOutput:
         )
         for r in rounds
     ]
-    waits = [
-        r.finished_at - r.started_at for r in rounds
-    ]  # a trainer waits for the whole round
+    # a trainer waits for the whole round
+    waits = [r.finished_at - r.started_at for r in rounds]
     notes = {
         "rounds": len(rounds),
         "barrier_turns": sum(r.turns for r in rounds),

@@ -78,9 +78,8 @@ async def one_run(
     elapsed = time.perf_counter() - started
     await asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
     await EnvServiceClient.shared(url, max_retries=1).close()
-    requests = (
-        len(latencies) - sessions
-    )  # the prepare calls are not part of the timed window
+    # the prepare calls are not part of the timed window
+    requests = len(latencies) - sessions
     return {
         "sessions_held": held,
         "requests": requests,

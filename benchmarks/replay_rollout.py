@@ -101,9 +101,8 @@ class ReplayRollout:
         for (
             original,
             script,
-        ) in (
-            scripts
-        ):  # one shared iterator: each loop takes the next episode when it is free
+            # one shared iterator: each loop takes the next episode when it is free
+        ) in scripts:
             played.append(await self._play(original, script))
         return played
 

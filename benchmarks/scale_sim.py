@@ -96,9 +96,8 @@ class QueueCpuMeter:
                     meter.cpu_s += time.thread_time() - started
                     try:
                         value, error = (yield yielded), None
-                    except (
-                        BaseException
-                    ) as exc:  # cancellation is thrown into the coroutine
+                    except BaseException as exc:
+                        # cancellation is thrown into the coroutine
                         value, error = None, exc
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -126,9 +125,8 @@ def sim_pipeline_config(num_envs: int, args: argparse.Namespace) -> Any:
         group_size, (num_envs // args.batches_per_envs) // group_size * group_size
     )
     groups_per_batch = batch // group_size
-    staleness = (
-        math.ceil(num_env_groups / groups_per_batch) + 2
-    )  # every env can always find a seat
+    # every env can always find a seat
+    staleness = math.ceil(num_env_groups / groups_per_batch) + 2
     config = PipelineConfig(
         mode="async",
         max_staleness=staleness,
@@ -273,9 +271,8 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     last = marks[-1]
     d = whole = {k: last[k] - start[k] for k in last}
     rollout_cpu = d["cpu"] - d["engine_cpu"]
-    scheduler_cpu = (
-        rollout_cpu - d["env_cpu"]
-    )  # the env's own calls (LongTailEnv drawing text) are not the scheduler's
+    # the env's own calls (LongTailEnv drawing text) are not the scheduler's
+    scheduler_cpu = rollout_cpu - d["env_cpu"]
     mean_running = sum(in_flight) / len(in_flight) if in_flight else 0.0
     # The model's throughput at the batch the engine ran, in wall time (time_scale speeds the simulated clock up).
     sim_ceiling = (

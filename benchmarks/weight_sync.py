@@ -90,9 +90,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         ray.remote(ReplicaStandIn).options(num_cpus=0).remote()
         for _ in range(args.replicas)
     ]
-    await asyncio.gather(
-        *(a.update_from_buckets.remote([]) for a in actors)
-    )  # started and imported
+    # started and imported
+    await asyncio.gather(*(a.update_from_buckets.remote([]) for a in actors))
     rows = []
     try:
         for millions in args.params_m:

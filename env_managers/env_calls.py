@@ -88,14 +88,12 @@ class ThreadCall:
             def check() -> None:
                 nonlocal timer
                 started = self.started_at
-                if (
-                    started is None
-                ):  # still queued behind other calls: look again a timeout later
+                # still queued behind other calls: look again a timeout later
+                if started is None:
                     timer = loop.call_later(timeout, check)
                 else:
-                    scope.reschedule(
-                        started + timeout
-                    )  # in the past: the scope times out now
+                    # in the past: the scope times out now
+                    scope.reschedule(started + timeout)
 
             timer = loop.call_later(timeout, check)
             try:
@@ -238,9 +236,8 @@ class EnvCaller:
         thread_call: ThreadCall | None = None
         try:
             if inspect.iscoroutinefunction(fn):
-                async with asyncio.timeout(
-                    timeout
-                ):  # one deadline for the call; no extra Task per call
+                # one deadline for the call; no extra Task per call
+                async with asyncio.timeout(timeout):
                     result = await fn(*args)
             else:
                 if self._inline:
@@ -284,9 +281,8 @@ class EnvCaller:
         self.stats.env_cpu_s += time.thread_time() - cpu0
         if time.monotonic() - started > timeout:
             if env is None:
-                close_env_now(
-                    result
-                )  # make_env overran: the env it built is not used (a used env is discarded)
+                # make_env overran: the env it built is not used (a used env is discarded)
+                close_env_now(result)
             raise TimeoutError
         return result
 

@@ -264,9 +264,8 @@ class EnvManager:
             self._episode_task = None
             self.phases.episode = None
             end_episode = getattr(self.engine, "end_episode", None)
-            if (
-                end_episode is not None
-            ):  # a Router releases the episode's replica binding
+            # a Router releases the episode's replica binding
+            if end_episode is not None:
                 end_episode()
 
     def cancel_episode(self, group_id: int, episode_id: int) -> bool:
@@ -417,9 +416,8 @@ class EnvManager:
             except VisionInputError as exc:
                 return self._fail(trajectory, exc)
             room = seq_len - len(trajectory.token_ids)
-            if (
-                len(delta.token_ids) >= room
-            ):  # no room left for even one generated token after this observation
+            # no room left for even one generated token after this observation
+            if len(delta.token_ids) >= room:
                 delta = delta.fit(room)  # an image that does not fit whole is left out
                 append_images(trajectory, len(trajectory.token_ids), delta)
                 self._append(trajectory, delta.token_ids, generated=False)

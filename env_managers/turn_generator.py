@@ -200,9 +200,8 @@ class TurnGenerator:
             )
             error: Exception | None = None
             try:
-                async with asyncio.timeout(
-                    gen_cfg.request_timeout_s
-                ):  # no extra Task per request, unlike wait_for
+                # no extra Task per request, unlike wait_for
+                async with asyncio.timeout(gen_cfg.request_timeout_s):
                     result = await self.engine.generate(request)
             except asyncio.CancelledError:
                 await self._abort_quietly(request.request_id)
@@ -211,9 +210,8 @@ class TurnGenerator:
                 await self._abort_quietly(request.request_id)
                 error = exc
             else:
-                if (
-                    result.finish_reason == "error"
-                ):  # vLLM's retryable fault: its partial output is dropped
+                # vLLM's retryable fault: its partial output is dropped
+                if result.finish_reason == "error":
                     error = RuntimeError(
                         f"finish reason 'error' after {len(result.output_token_ids)} tokens"
                     )

@@ -199,9 +199,8 @@ class EnvManagerHost:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for task in (
-            self._tasks.values()
-        ):  # loops that died of the same cause as the one reported: seen, not lost
+        # loops that died of the same cause as the one reported: seen, not lost
+        for task in self._tasks.values():
             if task is not current and task.done() and not task.cancelled():
                 task.exception()
         # Envs elsewhere (a child process, an env server) must be closed before the worker goes away.
@@ -376,12 +375,10 @@ class EnvManagerWorker:
                 f"worker {worker_index}: {message}"
             ),
         )
-        tune_gc_for_env_loops(
-            em.worker_gc_threshold
-        )  # this process hosts env loops only (roll_async/runtime/gc_tuning.py)
-        sched_policy.apply_to_process(
-            em.rollout_sched_policy
-        )  # off vLLM's critical path; describe() reports it
+        # this process hosts env loops only (roll_async/runtime/gc_tuning.py)
+        tune_gc_for_env_loops(em.worker_gc_threshold)
+        # off vLLM's critical path; describe() reports it
+        sched_policy.apply_to_process(em.rollout_sched_policy)
 
     async def run(self) -> None:
         """Returns when every loop ended (scheduler shut down); raises when one died."""

@@ -120,9 +120,8 @@ class AgenticPipeline:
         examples = build_sft_examples(
             spec.env_type,
             dict(spec.env_config),
-            seeds=[
-                config.seed * 1000 + 7919 + i for i in range(warm.num_demos)
-            ],  # disjoint from rollout seeds
+            # disjoint from rollout seeds
+            seeds=[config.seed * 1000 + 7919 + i for i in range(warm.num_demos)],
             tokenizer=self.tokenizer,
             system_prompt=spec.system_prompt,
             instruction_template=spec.instruction_template,
@@ -164,9 +163,8 @@ class AgenticPipeline:
         self._ensure_ray()
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
-        self.fleet = EngineReplicaFleet(
-            self.engines
-        )  # weight syncs go on when a replica dies
+        # weight syncs go on when a replica dies
+        self.fleet = EngineReplicaFleet(self.engines)
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
         # versions equal steps. A caller's engine may already be further on.
         engine_version = await self.fleet.weight_version()

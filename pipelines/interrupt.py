@@ -91,8 +91,7 @@ class InterruptFlag:
         task.cancel()
         try:
             await task
-        except (
-            BaseException
-        ):  # the cancelled wait's own error is not the story; the interrupt is
+        except BaseException:
+            # the cancelled wait's own error is not the story; the interrupt is
             pass
         raise SignalReceived(self.signal_name)

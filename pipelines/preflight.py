@@ -165,9 +165,8 @@ def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(
             model_path, trust_remote_code=config.model.trust_remote_code
         )
-    except (
-        Exception
-    ) as exc:  # transformers raises OSError/ValueError/... for unusable paths
+    except Exception as exc:
+        # transformers raises OSError/ValueError/... for unusable paths
         raise ConfigError(
             f"model.path={config.model.path!r}: cannot load a tokenizer from {model_path!r}: {exc}"
         ) from None

@@ -29,9 +29,8 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     import ray
 
     configure_console(config.logging.level)
-    model_path, tokenizer = preflight(
-        config
-    )  # every config/env/model mistake fails here, before any actor
+    # every config/env/model mistake fails here, before any actor
+    model_path, tokenizer = preflight(config)
     run_dir = RunDirectory.create(config.output_dir, "rollout")
     run_dir.write_config(config)
     attach_run_logs(run_dir.root, config.logging.level)
@@ -61,9 +60,8 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
             if config.logging.console:
                 print(format_rollout_line(step, metrics), flush=True)
             if config.mode == "sync":
-                await (
-                    scheduler.resume()
-                )  # sync: loops paused at get_batch; nothing to train, so go on
+                # sync: loops paused at get_batch; nothing to train, so go on
+                await scheduler.resume()
     finally:
         if scheduler is not None:
             await scheduler.shutdown()

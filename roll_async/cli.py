@@ -74,9 +74,8 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
     except ConfigError as exc:
         print(f"roll-async: {args.config}: config error: {exc}", file=sys.stderr)
         return 1
-    except (
-        Exception
-    ) as exc:  # the check reports every failure as a result, not a traceback
+    except Exception as exc:
+        # the check reports every failure as a result, not a traceback
         print(
             f"roll-async: {args.config}: check failed: {type(exc).__name__}: {exc}",
             file=sys.stderr,
@@ -323,9 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     _importable_from_working_directory()
     from roll_async.run_output.logs import configure_console
 
-    configure_console(
-        "INFO"
-    )  # pipelines narrow it to logging.level and add RUN_DIR/logs/ once they know the run
+    # pipelines narrow it to logging.level and add RUN_DIR/logs/ once they know the run
+    configure_console("INFO")
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
@@ -334,9 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"roll-async: {exc}", file=sys.stderr)
         return 2
-    except (
-        KeyboardInterrupt
-    ):  # a Ctrl-C before a pipeline installed its own handling (e.g. during start-up)
+    except KeyboardInterrupt:
+        # a Ctrl-C before a pipeline installed its own handling (e.g. during start-up)
         print("roll-async: interrupted", file=sys.stderr)
         return 130
 

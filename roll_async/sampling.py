@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if (
-    TYPE_CHECKING
-):  # torch only where tensors are transformed: config validation imports this module
+# torch only where tensors are transformed: config validation imports this module
+if TYPE_CHECKING:
     import torch
 
 #: vLLM's ``_SAMPLING_EPS``: temperatures below it mean greedy decoding.

@@ -128,9 +128,8 @@ class AgentGateway:
             return _error(exc)
         except asyncio.CancelledError:
             raise
-        except (
-            Exception
-        ) as exc:  # an engine failure after its retries: the agent sees a server error
+        except Exception as exc:
+            # an engine failure after its retries: the agent sees a server error
             logger.warning("agent gateway: chat completion failed: %s", exc)
             return _error(
                 OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error")

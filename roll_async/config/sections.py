@@ -182,7 +182,7 @@ class EnvManagerConfig:
     max_worker_restarts: int = 3
     #: Train only. fifo: serve the oldest groups (no bias to short episodes; envs may idle behind a slow group).
     #: first_complete: serve the first groups to complete; the rest continue into later steps within the
-    #: staleness bound, and every env group is kept busy (see roll_async.scheduler.group_queue "Serving").
+    #: staleness bound, and every env group is kept busy (see roll_async.scheduler.serve_order).
     serve_order: ServeOrder = "fifo"
     #: Validation only: an env-config parquet (roll-async make-env-dataset) with the fixed val episodes.
     dataset: str | None = None

@@ -135,9 +135,8 @@ class EngineReplicaFleet:
         """trainer.simulate_step_s: pause as for a real sync, take ``sync_s``, advance the version, resume."""
 
         async def advance(engine: Any) -> None:
-            await asyncio.sleep(
-                sync_s
-            )  # concurrent over the replicas: the sync takes sync_s, as a real one would
+            # concurrent over the replicas: the sync takes sync_s, as a real one would
+            await asyncio.sleep(sync_s)
             await engine.advance_weight_version.remote(version)
 
         return await self.sync(

@@ -38,9 +38,8 @@ def replica_dead_error(exc: BaseException) -> ReplicaDeadError:
 
 
 async def _call_stats(replica: Any) -> Any:
-    result = (
-        replica.stats()
-    )  # an async client, or an in-process engine object whose stats() is sync
+    # an async client, or an in-process engine object whose stats() is sync
+    result = replica.stats()
     return await result if inspect.isawaitable(result) else result
 
 
@@ -168,9 +167,8 @@ class Router:
             self._poll_task is not None and not self._poll_task.done()
         ):
             return
-        if (
-            len(self._live()) < 2
-        ):  # nothing to choose between: the poll would be Ray calls for no decision
+        # nothing to choose between: the poll would be Ray calls for no decision
+        if len(self._live()) < 2:
             return
         if self._clock() - self._last_poll < self.load_poll_s:
             return
@@ -322,9 +320,8 @@ class Router:
         for index, ids in by_replica.items():
             try:
                 await self.replicas[index].abort(ids)
-            except (
-                Exception
-            ) as exc:  # a replica that died meanwhile has nothing left to abort
+            except Exception as exc:
+                # a replica that died meanwhile has nothing left to abort
                 logger.debug("abort on replica %d failed: %s", index, exc)
 
     def stats(self) -> dict[str, Any]:

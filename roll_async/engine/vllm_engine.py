@@ -71,9 +71,8 @@ def _stat_logger_factory(snapshot: _SchedulerSnapshot):
             mm_cache_stats=None,
             engine_idx: int = 0,
         ) -> None:
-            if (
-                iteration_stats is not None
-            ):  # one per engine step whose outputs reached this front-end
+            # one per engine step whose outputs reached this front-end
+            if iteration_stats is not None:
                 snapshot.steps += 1
                 snapshot.step_generation_tokens += iteration_stats.num_generation_tokens
                 snapshot.step_prompt_tokens += iteration_stats.num_prompt_tokens
@@ -208,9 +207,8 @@ class VLLMEngine(ServesRequestsOverZmq):
             self._llm = AsyncLLM.from_engine_args(
                 args, stat_loggers=[_stat_logger_factory(self._snapshot)]
             )
-        except (
-            Exception
-        ) as exc:  # vLLM raises many types for bad options; name them all the same way
+        except Exception as exc:
+            # vLLM raises many types for bad options; name them all the same way
             raise EngineStartupError(
                 f"vLLM could not start model {self.model_path!r} with engine options "
                 f"dtype={self.config.dtype}, max_model_len={self.config.max_model_len}, "
@@ -510,9 +508,8 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
     if entries is None:
         return [0.0] * len(token_ids)
     starts = getattr(entries, "start_indices", None)
-    if (
-        starts is not None
-    ):  # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
+    # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
+    if starts is not None:
         ids, flat, ends = entries.token_ids, entries.logprobs, entries.end_indices
         values = []
         for position, token_id in enumerate(token_ids):

@@ -173,9 +173,8 @@ class ProcessEnv:
     async def close(self) -> None:
         """Ask the env to close itself (bounded), then make sure the process is gone."""
         if self._process is None:
-            self._dead_reason = (
-                self._dead_reason or "closed"
-            )  # a start still under way kills what it started
+            # a start still under way kills what it started
+            self._dead_reason = self._dead_reason or "closed"
             return
         try:
             if self._dead_reason is None and self._process.is_alive():
@@ -244,9 +243,8 @@ class ProcessEnv:
                 self.kill(f"{method} was interrupted (timeout or cancellation)")
                 raise
             if status == "error":
-                self.kill(
-                    f"{method} raised"
-                )  # the env's state is unknown after an exception: never reuse it
+                # the env's state is unknown after an exception: never reuse it
+                self.kill(f"{method} raised")
                 raise EnvProcessError(f"{self.name}.{method} raised {value}")
             return value
 
@@ -257,9 +255,8 @@ class ProcessEnv:
         """
         if self._process is not None or self._dead_reason is not None:
             return
-        ctx = (
-            _mp_context()
-        )  # the first start also starts the forkserver (a second or so)
+        # the first start also starts the forkserver (a second or so)
+        ctx = _mp_context()
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = _EnvProcess(
             target=_child_main,

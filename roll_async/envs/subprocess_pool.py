@@ -178,9 +178,8 @@ class SubprocessPool:
 
     def _take_idle(self) -> _Worker | None:
         with self._lock:
-            if (
-                os.getpid() != self._pid
-            ):  # forked: the pipes belong to the parent's children
+            # forked: the pipes belong to the parent's children
+            if os.getpid() != self._pid:
                 self._idle, self._pid = [], os.getpid()
             while self._idle:
                 worker = self._idle.pop()

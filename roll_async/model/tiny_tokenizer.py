@@ -81,9 +81,8 @@ def train_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(tokenizer_training_corpus(), trainer=trainer)
-    if (
-        added_tokens
-    ):  # ordinary (not special) added tokens, e.g. Qwen3's <think>: kept when decoding
+    # ordinary (not special) added tokens, e.g. Qwen3's <think>: kept when decoding
+    if added_tokens:
         tok.add_tokens(
             [AddedToken(t, special=False, normalized=False) for t in added_tokens]
         )

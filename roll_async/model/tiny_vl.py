@@ -92,9 +92,8 @@ def build_tiny_vl_model(
         {"additional_special_tokens": ["<|im_start|>", *IMAGE_SPECIAL_TOKENS]}
     )
     head_dim = 64
-    image_seq_len = (
-        image_size // patch_size
-    ) ** 2 // 4  # pixel shuffle by scale_factor=2
+    # pixel shuffle by scale_factor=2
+    image_seq_len = (image_size // patch_size) ** 2 // 4
     config = Idefics3Config(
         text_config=dict(
             model_type="llama",

@@ -157,9 +157,8 @@ class VisionProcessor:
             out = self.processor(
                 text=[self.image_token], images=[[image]], add_special_tokens=False
             )
-        except (
-            Exception
-        ) as exc:  # PIL/numpy/processor errors: one image the processor cannot take
+        except Exception as exc:
+            # PIL/numpy/processor errors: one image the processor cannot take
             raise VisionInputError(
                 f"the model's processor rejected an observation image: {type(exc).__name__}: {exc}"
             ) from exc

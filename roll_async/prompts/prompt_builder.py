@@ -362,9 +362,8 @@ class ChatPromptBuilder:
         text, special tokens included, without a trailing end-of-turn token the closure supplies (another
         EOS, e.g. Phi-3's ``<|endoftext|>``, stays: the closure follows it in the ids too)."""
         ids = list(generated_ids)
-        if (
-            ids and self.closure_ids and ids[-1] == self.closure_ids[0]
-        ):  # the closure supplies it (closure_ids_after)
+        # the closure supplies it (closure_ids_after)
+        if ids and self.closure_ids and ids[-1] == self.closure_ids[0]:
             ids = ids[:-1]
         return self._decode(ids)
 

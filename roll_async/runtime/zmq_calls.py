@@ -380,9 +380,8 @@ class ZmqCaller:
             or self.dead is not None
         ):
             return
-        if (
-            self._watch_task is None or self._watch_task.done()
-        ):  # one liveness probe at a time
+        # one liveness probe at a time
+        if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.get_running_loop().create_task(
                 self._check_liveness()
             )
@@ -422,9 +421,8 @@ class ZmqCaller:
             )  # at once unless the queue is full
             return await future
         except asyncio.CancelledError:
-            answered = (
-                future.done() and not future.cancelled()
-            )  # cancelling the task cancels the future too
+            # cancelling the task cancels the future too
+            answered = future.done() and not future.cancelled()
             if not answered and self.dead is None and self._socket is socket:
                 try:
                     socket.send_now([_dumps((_CANCEL, call_id, None))])

@@ -3,8 +3,8 @@
 A filter sees one complete group (``group_size`` trajectories of the same env
 config and seed) and returns True to KEEP it; a dropped group is counted
 (``rollout/filtered_groups``) and replaced, so batches stay whole, kept groups.
-It imports only the trajectory type, so the config schema can check filter
-names without pulling in Ray or torch.
+The names here must equal the config's ``GroupFilterName`` choices (a unit test
+holds the two lists together).
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if (
-    TYPE_CHECKING
-):  # for hints only: the run report reads layouts without loading the config schema
+# for hints only: the run report reads layouts without loading the config schema
+if TYPE_CHECKING:
     from roll_async.config.rollout_spec import RolloutSpec
 
 

@@ -116,9 +116,8 @@ class LocalRolloutScheduler:
         if task in done:
             return task.result()
         task.cancel()
-        if (
-            self.group_queue.failure is not None
-        ):  # the loops ended because the rollout failed: report why
+        # the loops ended because the rollout failed: report why
+        if self.group_queue.failure is not None:
             raise self.group_queue.failure
         exc = self._run_task.exception() if not self._run_task.cancelled() else None
         raise RolloutFatalError(

@@ -260,9 +260,8 @@ class RolloutScheduler:
         self._tokenizer_files = ray.put(node_files.tokenizer_files(self.tokenizer_path))
         self._workers = [self._create_worker(index) for index in range(len(chunks))]
         try:
-            await asyncio.gather(
-                *(w.describe.remote() for w in self._workers)
-            )  # surfaces constructor errors now
+            # surfaces constructor errors now
+            await asyncio.gather(*(w.describe.remote() for w in self._workers))
         except Exception as exc:
             await self._kill_actors()
             raise RolloutFatalError(
@@ -369,9 +368,8 @@ class RolloutScheduler:
         self.last_metrics.update(
             replica_metrics(engine_stats, await self._router_stats())
         )
-        self.last_unserved = (
-            served.unserved
-        )  # episodes of this window not served: (fate, trajectory)
+        # episodes of this window not served: (fate, trajectory)
+        self.last_unserved = served.unserved
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(

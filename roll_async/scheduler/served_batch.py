@@ -56,7 +56,7 @@ class ServedBatch:
     def rollout_metrics(
         self, engine_stats: Sequence[Mapping[str, Any]] = ()
     ) -> dict[str, float]:
-        """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics)."""
+        """The rollout metrics of this batch (names in roll_async.metrics.rollout_metrics)."""
         return rollout_metrics(
             self.trajectories,
             step=self.step,

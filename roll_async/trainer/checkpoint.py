@@ -162,9 +162,8 @@ def load_model_weights(model: Any, directory: str | os.PathLike[str]) -> None:
     expected = set(checkpoint_state_dict(model))
     if set(weights) != expected:
         # Names differ from the in-memory ones (a transformers weight conversion): let HF map them.
-        weights = (
-            type(model).from_pretrained(directory).state_dict()
-        )  # load_state_dict casts to our dtype
+        # load_state_dict casts to our dtype
+        weights = type(model).from_pretrained(directory).state_dict()
     result = model.load_state_dict(weights, strict=False)
     missing = set(result.missing_keys) - tied_parameter_names(model)
     if missing or result.unexpected_keys:

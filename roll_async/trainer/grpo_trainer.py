@@ -429,9 +429,8 @@ class GRPOTrainer:
 
         rewards = batch.rewards.float()
         first = epochs[0]
-        lag_metrics = self._token_lag_metrics(
-            batch
-        )  # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
+        # proximal and behaviour log-probs are fixed for the step: ratios are from epoch 1
+        lag_metrics = self._token_lag_metrics(batch)
         metrics = {
             "train/loss": mean([e.loss for e in epochs]),
             "train/pg_loss": mean([e.pg_loss for e in epochs]),
@@ -498,9 +497,8 @@ class GRPOTrainer:
         trainer_state, extra_state = read_checkpoint_state(path)
         load_model_weights(self.model, path)
         if load_optimizer_state(self.optimizer, path):
-            for group in (
-                self.optimizer.param_groups
-            ):  # resuming with a changed lr etc. uses the new values
+            # resuming with a changed lr etc. uses the new values
+            for group in self.optimizer.param_groups:
                 group["lr"] = self.config.lr
                 group["betas"] = (
                     float(self.config.adam_betas[0]),

@@ -151,15 +151,13 @@ async def test_a_history_rewriting_agent_is_counted_not_silently_retokenized(
     ]
     assert second.prompt_token_ids == builder.render_ids(rewritten, True)
     head = first.prompt_token_ids + first_out.output_token_ids
-    assert (
-        second.prompt_token_ids[: len(head)] != head
-    )  # the rewrite really left the first segment
+    # the rewrite really left the first segment
+    assert second.prompt_token_ids[: len(head)] != head
     assert third.prompt_token_ids[
         : len(second.prompt_token_ids) + len(second_out.output_token_ids)
     ] == (second.prompt_token_ids + second_out.output_token_ids)
-    assert (
-        trajectory.token_ids == third.prompt_token_ids + third_out.output_token_ids
-    )  # the last segment, exact
+    # the last segment, exact
+    assert trajectory.token_ids == third.prompt_token_ids + third_out.output_token_ids
     assert trajectory.metrics["agent_dropped_generated_tokens"] == float(
         len(first_out.output_token_ids)
     )

@@ -205,9 +205,8 @@ async def test_stats_count_engine_steps_and_what_they_carried(engine, prompt):
         )
     )
     deadline = time.monotonic() + 10
-    while (
-        True
-    ):  # the step's stats are recorded just after its outputs are handed to the callers
+    # the step's stats are recorded just after its outputs are handed to the callers
+    while True:
         after = await engine.stats.remote()
         generated = (
             after["engine_step_generation_tokens"]
@@ -218,9 +217,8 @@ async def test_stats_count_engine_steps_and_what_they_carried(engine, prompt):
         await asyncio.sleep(0.05)
     steps = after["engine_steps"] - before["engine_steps"]
     assert generated == 20
-    assert (
-        5 <= steps <= 20
-    )  # one token per request per step: at least 5 steps, at most one request per step
+    # one token per request per step: at least 5 steps, at most one request per step
+    assert 5 <= steps <= 20
     assert after["engine_step_prompt_tokens"] - before[
         "engine_step_prompt_tokens"
     ] == 4 * len(prompt)

@@ -109,9 +109,8 @@ async def test_rollout_against_a_live_env_server_survives_hung_envs(
     )
     health = await server_stats(env_server_url)
     errors = sum(m["rollout/env_errors"] for m in metrics)
-    assert (
-        health["stats"]["timeouts"] >= 1 and errors >= 1
-    )  # P(no hang in >= 64 steps at 0.2) < 1e-6
+    # P(no hang in >= 64 steps at 0.2) < 1e-6
+    assert health["stats"]["timeouts"] >= 1 and errors >= 1
     # Every instance is closed at shutdown or dropped after its failure; one whose close was cut short
     # by the shutdown (a loaded machine) is reaped by the server once idle: none stays.
     deadline = asyncio.get_running_loop().time() + 120

@@ -192,9 +192,8 @@ async def test_three_turn_rollout_is_token_exact_and_trains_one_step(family):
     if name in APPEND_ONLY_FAMILIES:
         assert metrics[PREFIX_MISMATCH_RATE] == 0.0
     if name in THINK_STRIPPING_FAMILIES:
-        assert (
-            metrics[PREFIX_MISMATCH_RATE] == 1.0
-        )  # the last reply gains an empty <think> block in a fresh render
+        # the last reply gains an empty <think> block in a fresh render
+        assert metrics[PREFIX_MISMATCH_RATE] == 1.0
     assert (
         _logprob_gap(trainer, batch, generation, _pad(tokenizer)) <= LOGPROB_TOLERANCE
     )

@@ -39,6 +39,5 @@ def test_workers_reserve_cpus_on_three_raylets_and_the_rollout_completes(tmp_pat
     )
     assert result["cluster_nodes"] == 3
     assert result["batches"] == [4, 4, 4]
-    assert (
-        len(result["worker_nodes"]) == 3 and len(set(result["worker_nodes"])) == 3
-    )  # one worker per node
+    # one worker per node
+    assert len(result["worker_nodes"]) == 3 and len(set(result["worker_nodes"])) == 3

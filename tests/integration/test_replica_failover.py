@@ -114,9 +114,8 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(
             scheduler.get_batch_with_metrics(8, 0), 600
         )
         assert len(first) == 8
-        assert metrics0.get("router/replica_1/requests", 0) > 0, (
-            metrics0
-        )  # the victim was serving episodes
+        # the victim was serving episodes
+        assert metrics0.get("router/replica_1/requests", 0) > 0, metrics0
         # Kill the victim while episodes are bound to it (async mode: the loops keep generating).
         for _ in range(200):
             described = await scheduler.describe()

@@ -195,9 +195,8 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
 ):
     from safetensors.torch import load_file
 
-    weights = load_file(
-        glob.glob(f"{tiny_model_path}/*.safetensors")[0]
-    )  # same values, new version
+    # same values, new version
+    weights = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])
     config = make_config(
         {"Sokoban": sokoban_env(max_tokens=64)},
         mode="async",
@@ -220,9 +219,8 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
         ] == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         version = await engine.get_weight_version.remote() + 1
-        await engine.pause.remote(
-            "abort"
-        )  # in-flight turns are aborted and must be continued, not lost
+        # in-flight turns are aborted and must be continued, not lost
+        await engine.pause.remote("abort")
         await engine.update_weights.remote(weights, version)
         await engine.resume.remote()
         versions.append(version)
@@ -317,9 +315,8 @@ async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenize
             assert trajectory.logprobs[out] == pytest.approx(result.logprobs)
             if k + 1 < len(calls):
                 next_prompt = calls[k + 1][0].prompt_token_ids
-                assert (
-                    next_prompt[: out.stop] == prompt + result.output_token_ids
-                )  # never re-tokenized
+                # never re-tokenized
+                assert next_prompt[: out.stop] == prompt + result.output_token_ids
         assert sum(trajectory.response_mask) == sum(
             len(r.output_token_ids) for _, r in calls
         )

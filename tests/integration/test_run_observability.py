@@ -173,9 +173,8 @@ def test_first_sigint_checkpoints_the_last_completed_step_and_exits_130(
     )
     assert f"checkpoint.resume_from={run}" in command and f"output_dir={run}" in command
     logged = [r["step"] for r in _metrics(run) if "train/loss" in r]
-    assert step - 1 >= max(
-        logged
-    )  # the checkpoint is of the last completed step, never an older one
+    # the checkpoint is of the last completed step, never an older one
+    assert step - 1 >= max(logged)
 
 
 def test_no_process_is_left_after_the_interrupt(interrupted_run):

@@ -53,14 +53,12 @@ async def test_sync_training_with_the_trainer_in_a_ray_actor(
     client = pipeline.trainer
     assert isinstance(client, TrainerActorClient)
     assert client.placement["device"] == "cpu" and client.placement["gpu_ids"] == []
-    assert (
-        client.placement["assigned_resources"].get("CPU") == 1.0
-    )  # the actor reserves its CPU
+    # the actor reserves its CPU
+    assert client.placement["assigned_resources"].get("CPU") == 1.0
     assert client.actor is None  # killed when the run ended
     metrics = read_jsonl(run / "metrics.jsonl")
-    assert metrics[0]["step"] == -1 and math.isfinite(
-        metrics[0]["sft/loss/last"]
-    )  # SFT ran in the actor
+    # SFT ran in the actor
+    assert metrics[0]["step"] == -1 and math.isfinite(metrics[0]["sft/loss/last"])
     steps = metrics[1:]
     assert [m["step"] for m in steps] == [0, 1]
     # The engine got the actor's weights at start (after SFT) and after each step.
@@ -112,9 +110,8 @@ def test_an_actor_asking_for_a_gpu_gets_the_one_ray_offers(tiny_model_path):
             next(Path(tiny_model_path).glob("*.safetensors")), "pt"
         ).keys()
     )
-    assert (
-        set(result["bucket_tensors"]) == model_tensors
-    )  # the buckets the actor put hold the whole model
+    # the buckets the actor put hold the whole model
+    assert set(result["bucket_tensors"]) == model_tensors
     assert (
         "trainer.num_gpus=2" in result["too_many_gpus"]
         and "has 1 GPU(s)" in result["too_many_gpus"]

@@ -154,9 +154,8 @@ async def test_a_history_rewrite_starts_a_counted_segment_and_the_last_segment_i
         and trajectory.metrics["agent_segments"] == 2.0
     )
     assert trajectory.metrics["agent_dropped_generated_tokens"] == 3.0
-    assert (
-        engine.requests[2].max_tokens == 16
-    )  # a request's max_tokens only lowers max_tokens_per_step
+    # a request's max_tokens only lowers max_tokens_per_step
+    assert engine.requests[2].max_tokens == 16
     assert (
         metrics.rollout_metrics([trajectory], step=0)[metrics.AGENT_SEGMENT_BREAKS]
         == 1.0

@@ -74,15 +74,13 @@ async def test_every_repeat_gets_its_own_ceiling_and_its_ratio_uses_it():
 
     per_env = next(r for r in rows if r["scheduler"] == "per_env")
     assert per_env["repeats"] == 2
-    assert (
-        per_env["ceiling_tokens_per_s_runs"]["n"] == 2
-    )  # one ceiling after each repeat
+    # one ceiling after each repeat
+    assert per_env["ceiling_tokens_per_s_runs"]["n"] == 2
     ceiling_requests = [
         r for r in engine.requests if r.request_id.startswith("ceiling")
     ]
-    assert (
-        len(ceiling_requests) == 2 * 4
-    )  # two measurements of one round at the point's concurrency (4 envs)
+    # two measurements of one round at the point's concurrency (4 envs)
+    assert len(ceiling_requests) == 2 * 4
     assert per_env["tokens_vs_ceiling_runs"]["n"] == 2
     # the row's ceiling is one of the measured ones (the median repeat's), and the pooled ratio uses it
     assert (
@@ -104,9 +102,8 @@ async def test_ceiling_prompts_are_never_repeated_so_the_prefix_cache_cannot_ser
     engine = FakeEngine(tokens_per_request=4)
     await measure(engine, n=16, prompt_len=32, output_len=4, rounds=3)
     await measure(engine, n=16, prompt_len=32, output_len=4, rounds=3)
-    first_blocks = [
-        tuple(r.prompt_token_ids[:16]) for r in engine.requests
-    ]  # vLLM caches whole 16-token blocks
+    # vLLM caches whole 16-token blocks
+    first_blocks = [tuple(r.prompt_token_ids[:16]) for r in engine.requests]
     assert len(first_blocks) == 2 * 3 * 16 and len(set(first_blocks)) == len(
         first_blocks
     )

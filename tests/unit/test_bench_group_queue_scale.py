@@ -62,9 +62,8 @@ async def test_a_finished_trajectory_does_not_wake_envs_waiting_for_a_seat():
     assert len(served.trajectories) == 2
     await asyncio.sleep(0.01)
     assert sum(w.done() for w in waiters) == 2  # one new group of 2 seats
-    assert (
-        q.wakeups.seat == 2
-    )  # exactly the two that got seats: one woken by the event, one by the relay
+    # exactly the two that got seats: one woken by the event, one by the relay
+    assert q.wakeups.seat == 2
     q.shutdown()
     await asyncio.gather(*waiters)
 
@@ -96,9 +95,8 @@ async def test_seats_go_to_the_oldest_group_and_a_reopened_seat_is_found_again()
     assert a0.group_id == a1.group_id != b0.group_id
     await q.put_trajectory(done(a1, 1, stop_reason="env_error"))  # A's seat re-opens
     again = await q.next_episode(3)
-    assert (
-        again.group_id == a0.group_id
-    )  # the oldest group first, although it had been full
+    # the oldest group first, although it had been full
+    assert again.group_id == a0.group_id
     b1 = await q.next_episode(4)
     assert b1.group_id == b0.group_id
     c = await q.next_episode(5)

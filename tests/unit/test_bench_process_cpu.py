@@ -52,9 +52,8 @@ def test_a_busy_child_process_is_counted_and_the_window_excludes_what_came_befor
                 break
             time.sleep(0.05)
         spent = process_cpu.cpu_seconds_by_role(before, after)
-        assert (
-            0.3 <= spent["other"] < 1.0
-        )  # the child, started inside the window, counts from zero
+        # the child, started inside the window, counts from zero
+        assert 0.3 <= spent["other"] < 1.0
         middle = process_cpu.snapshot()
         time.sleep(0.2)
         idle = process_cpu.cpu_seconds_by_role(middle, process_cpu.snapshot())

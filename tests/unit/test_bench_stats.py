@@ -72,9 +72,8 @@ def test_tail_is_the_time_only_the_slowest_tenth_was_running():
 def test_tail_is_clipped_to_the_batch_window_and_small_batches_have_one_slowest_episode():
     # Per-env batches: trajectories that finished before the window opened do not count as tail.
     early = BatchWindow(5.0, 6.0, [1.0, 2.0, 3.0, 5.5])
-    assert batch_tail_seconds(early) == pytest.approx(
-        1.0
-    )  # k=1: from max(3.0, 5.0) to 6.0
+    # k=1: from max(3.0, 5.0) to 6.0
+    assert batch_tail_seconds(early) == pytest.approx(1.0)
     tiny = BatchWindow(0.0, 4.0, [1.0, 3.0])
     assert batch_tail_seconds(tiny) == pytest.approx(3.0)  # k=1 of 2: from 1.0 to 4.0
     assert batch_tail_seconds(BatchWindow(0.0, 1.0, [])) == 0.0

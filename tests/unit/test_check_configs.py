@@ -26,9 +26,8 @@ def _ray_started() -> bool:
 def test_every_shipped_config_passes_the_check(
     config, capsys, monkeypatch, tiny_model_path
 ):
-    monkeypatch.chdir(
-        REPO
-    )  # agent_frozen_lake names examples.agent_frozen_lake, run from the repo root
+    # agent_frozen_lake names examples.agent_frozen_lake, run from the repo root
+    monkeypatch.chdir(REPO)
     was_started = _ray_started()
     rc = main(["train", str(config), "--check"])
     out, err = capsys.readouterr()

@@ -15,14 +15,12 @@ SOKOBAN = REPO / "configs" / "sokoban.yaml"
 
 
 def test_default_config_loads_with_its_includes_merged():
-    config = load_config(
-        DEFAULT
-    )  # default.yaml -> demo_learn_frozen_lake.yaml -> base.yaml
+    # default.yaml -> demo_learn_frozen_lake.yaml -> base.yaml
+    config = load_config(DEFAULT)
     assert isinstance(config, PipelineConfig)
     assert config.engine.max_model_len == 1024  # from base.yaml
-    assert config.train_env_manager.tags == [
-        "FrozenLake3"
-    ]  # from demo_learn_frozen_lake.yaml
+    # from demo_learn_frozen_lake.yaml
+    assert config.train_env_manager.tags == ["FrozenLake3"]
     assert config.max_steps == 20  # default.yaml itself wins
     assert config.sft_warmup.enabled and config.staleness_bound == 0
 

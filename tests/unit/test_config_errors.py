@@ -14,9 +14,8 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     message = str(info.value)
-    assert message.startswith(
-        f"{path}:4:"
-    )  # the parser notices the unclosed list on line 4
+    # the parser notices the unclosed list on line 4
+    assert message.startswith(f"{path}:4:")
     assert "YAML syntax error" in message and "\n" not in message
 
 

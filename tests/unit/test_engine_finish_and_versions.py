@@ -73,6 +73,5 @@ def test_flat_logprobs_are_asked_for_only_where_vllm_has_the_option(monkeypatch)
     assert vllm_engine.supports_flat_logprobs()  # vLLM 0.32 here
     assert engine._sampling_params(request).flat_logprobs is True
     monkeypatch.setattr(vllm_engine, "supports_flat_logprobs", lambda: False)
-    assert (
-        engine._sampling_params(request).flat_logprobs is False
-    )  # not passed: vLLM's default (per-position maps)
+    # not passed: vLLM's default (per-position maps)
+    assert engine._sampling_params(request).flat_logprobs is False

@@ -178,9 +178,8 @@ async def test_token_in_token_out_is_exact(tokenizer):
 
 
 async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
-    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)[
-        "input_ids"
-    ]  # stopped on a stop string
+    # stopped on a stop string
+    reply = tokenizer("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
     engine = FakeEngine(lambda r: reply)
     scheduler = local(make_config(env_config={"episode_length": 2}), engine, tokenizer)
     try:
@@ -197,9 +196,8 @@ async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
 async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_length(
     tokenizer,
 ):
-    engine = FakeEngine(
-        lambda r: [7] * 100
-    )  # never stops by itself: every turn ends by "length"
+    # never stops by itself: every turn ends by "length"
+    engine = FakeEngine(lambda r: [7] * 100)
     probe = ChatPromptBuilder(tokenizer, CustomEnvConfig(env_type="x").system_prompt)
     first_prompt = len(probe.first_turn_ids("Count up.\ns0t0 s0t0"))
     sequence_length = first_prompt + 40
@@ -694,12 +692,10 @@ async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(
         await actor.shutdown()
         await asyncio.wait_for(running, timeout=10)
     handed_over = client.calls["put_trajectory_and_next_episode"]
-    assert (
-        handed_over >= 12
-    )  # every served trajectory came back through the combined call
-    assert client.calls["next_episode"] == len(
-        managers
-    )  # the first seat of each env only
+    # every served trajectory came back through the combined call
+    assert handed_over >= 12
+    # the first seat of each env only
+    assert client.calls["next_episode"] == len(managers)
     assert "put_trajectory" not in client.calls
 
 
@@ -727,7 +723,6 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
     )
     assert await actor.put_trajectory_and_next_episode(finished, 0) is None
     fresh = await asyncio.wait_for(actor.next_episode(0, 1), timeout=5)
-    assert (
-        fresh is not None
-    )  # the seat the old incarnation was given is playable by the new one
+    # the seat the old incarnation was given is playable by the new one
+    assert fresh is not None
     await actor.shutdown()

@@ -381,9 +381,8 @@ async def test_env_timeout_counts_the_call_not_the_wait_for_a_thread():
     )
     assert result == "done"
     await blocker
-    with pytest.raises(
-        asyncio.TimeoutError
-    ):  # the call itself running past the timeout still times out
+    # the call itself running past the timeout still times out
+    with pytest.raises(asyncio.TimeoutError):
         await _ThreadCall(time.sleep, (2.0,), None).run(pool, 0.3)
     pool.shutdown(wait=True)
 
@@ -412,9 +411,8 @@ async def test_an_env_interrupted_mid_call_is_closed_once_the_call_returns():
     call = _ThreadCall(env.step, (1.0,), env)
     with pytest.raises(asyncio.TimeoutError):
         await call.run(pool, 0.2)
-    assert (
-        call.abandon()
-    )  # still running: its thread closes the env when the step returns
+    # still running: its thread closes the env when the step returns
+    assert call.abandon()
     assert SlowEnv.closed_after_step is None
     pool.shutdown(wait=True)
     assert SlowEnv.closed_after_step is True

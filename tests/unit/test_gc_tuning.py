@@ -27,9 +27,8 @@ def _thresholds_after(threshold0: int) -> tuple[tuple[int, ...], int]:
 def test_a_worker_freezes_what_it_built_and_collects_young_objects_less_often():
     thresholds, frozen = _thresholds_after(50_000)
     assert thresholds[0] == 50_000 and thresholds[1] >= 50 and thresholds[2] >= 100
-    assert (
-        frozen > 1000
-    )  # the modules and objects built so far are out of the collector's walks
+    # the modules and objects built so far are out of the collector's walks
+    assert frozen > 1000
 
 
 def test_zero_leaves_python_defaults():

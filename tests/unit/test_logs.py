@@ -72,11 +72,9 @@ def test_only_expected_reload_warnings_are_demoted():
     assert not tied.filter(_reload_warning("RotaryEmbedding"))
     assert not tied.filter(_reload_warning("Llama3RotaryEmbedding"))
     assert not tied.filter(_reload_warning("ParallelLMHead"))
-    assert tied.filter(
-        _reload_warning("QKVParallelLinear")
-    )  # a weight we failed to send: stays a warning
+    # a weight we failed to send: stays a warning
+    assert tied.filter(_reload_warning("QKVParallelLinear"))
     untied = install_reload_warning_filter(tied_lm_head=False)
     assert untied is tied  # installed once
-    assert untied.filter(
-        _reload_warning("ParallelLMHead")
-    )  # an untied head must receive its weight
+    # an untied head must receive its weight
+    assert untied.filter(_reload_warning("ParallelLMHead"))

@@ -310,9 +310,8 @@ async def test_sequence_length_never_cuts_an_image(vision, builder):
         )
         await asyncio.wait_for(manager.run_rollout_loop(), 60)
         (trajectory,) = scheduler.trajectories
-        if (
-            first_len is None
-        ):  # first pass: learn the first prompt's length, then sweep cuts through turn 2's image
+        # first pass: learn the first prompt's length, then sweep cuts through turn 2's image
+        if first_len is None:
             first_len = trajectory.prompt_length
             continue
         assert len(trajectory.token_ids) <= length
@@ -331,7 +330,6 @@ async def test_sequence_length_never_cuts_an_image(vision, builder):
             and trajectory.stop_reason != "env_error"
         ):
             assert trajectory.stop_reason == "max_length"
-            dropped_images += (
-                len(trajectory.token_ids) < length
-            )  # the cut fell inside the next image
+            # the cut fell inside the next image
+            dropped_images += len(trajectory.token_ids) < length
     assert dropped_images > 0  # the sweep really cut through an image

@@ -19,9 +19,8 @@ def test_a_node_without_the_path_loads_the_same_tokenizer_from_the_shipped_files
 ):
     source = tmp_path / "driver_model"
     build_chatml_test_tokenizer(save_dir=source)
-    (source / "model.safetensors").write_bytes(
-        b"\0" * 1024
-    )  # weights are never shipped
+    # weights are never shipped
+    (source / "model.safetensors").write_bytes(b"\0" * 1024)
     files = tokenizer_files(str(source))
     assert "tokenizer.json" in files and "model.safetensors" not in files
     missing = str(tmp_path / "not_on_this_node")
@@ -54,9 +53,8 @@ def test_an_engine_on_a_node_without_model_path_loads_the_shipped_model_files(tm
     } <= set(files)
 
     here = VLLMEngine(str(source))
-    assert here.model_dir_on_node() and here.use_model_dir_on_node(None) == str(
-        source
-    )  # present: used as is
+    # present: used as is
+    assert here.model_dir_on_node() and here.use_model_dir_on_node(None) == str(source)
 
     elsewhere = VLLMEngine(str(tmp_path / "only_on_the_driver"))
     assert not elsewhere.model_dir_on_node()
@@ -76,6 +74,5 @@ def test_an_engine_on_a_node_without_model_path_loads_the_shipped_model_files(tm
         match=r"model.path '.*on_no_node' does not exist on node .*shares",
     ):
         nowhere.use_model_dir_on_node(None)
-    assert VLLMEngine(
-        "Qwen/Qwen2.5-0.5B-Instruct"
-    ).model_dir_on_node()  # a hub id: nothing to ship
+    # a hub id: nothing to ship
+    assert VLLMEngine("Qwen/Qwen2.5-0.5B-Instruct").model_dir_on_node()

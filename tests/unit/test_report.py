@@ -93,9 +93,8 @@ def _make_run(tmp_path):
 def test_report_data_has_a_row_per_configured_env_and_every_fate(tmp_path):
     run = _make_run(tmp_path)
     data = load_report_data(run.root)
-    assert data.env_ids == list(
-        range(8)
-    )  # 2 groups x 4 envs from the config, including envs with no episode yet
+    # 2 groups x 4 envs from the config, including envs with no episode yet
+    assert data.env_ids == list(range(8))
     assert data.kind == "train"
     fates = {e["traj_id"]: e["fate"] for e in data.episodes}
     assert sorted(fates.values()) == ["dropped_stale", "env_error"] + ["served"] * 5
@@ -103,9 +102,8 @@ def test_report_data_has_a_row_per_configured_env_and_every_fate(tmp_path):
     assert stragglers == ["FrozenLake-g1-e4"]
     assert data.staleness == {1: 5}
     first = next(e for e in data.episodes if e["env_id"] == 0)
-    assert (
-        first["requested"] == 0.0 and first["start"] == 0.5
-    )  # waiting for an episode, then the episode
+    # waiting for an episode, then the episode
+    assert first["requested"] == 0.0 and first["start"] == 0.5
     assert (
         first["turns"][0]["gs"]
         < first["turns"][0]["gf"]
@@ -167,9 +165,8 @@ def test_text_that_looks_like_html_cannot_break_the_page(tmp_path):
     trajectory.turns[0].action_text = "</script><script>alert(1)</script>"
     run.append_trajectories([trajectory], served_step=0)
     page = write_report(run.root).read_text()
-    assert (
-        page.count("</script>") == 2
-    )  # the data script and the page script; the text is escaped
+    # the data script and the page script; the text is escaped
+    assert page.count("</script>") == 2
 
 
 def test_generated_text_is_found_after_a_prompt_that_quotes_it():

@@ -105,9 +105,8 @@ async def test_no_rebalance_while_the_loads_are_close():
     await router.generate(request("warm"), env_key="x")
     await asyncio.sleep(0.05)
     await router.generate(request("t1"), env_key="ep")
-    assert (
-        router.replica_for("ep") == 0
-    )  # 3 vs 0 is below the minimum gap of 4: keep the prefix cache
+    # 3 vs 0 is below the minimum gap of 4: keep the prefix cache
+    assert router.replica_for("ep") == 0
 
 
 async def test_a_dead_replica_fails_over_to_the_survivor_without_an_error():

@@ -175,9 +175,8 @@ async def test_async_mode_keeps_handing_out_episodes_after_get_batch():
     await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
     assert not queue.suspended
     spec = await take(queue, 1)
-    assert (
-        spec is not None and spec.created_step == 0
-    )  # made with step-0 weights while step 0 trains
+    # made with step-0 weights while step 0 trains
+    assert spec is not None and spec.created_step == 0
     await queue.put_trajectory(finished(spec, 1))
     served = await asyncio.wait_for(queue.get_batch(1, step=1), 0.5)
     assert [1 - t.created_step for t in served.trajectories] == [1]

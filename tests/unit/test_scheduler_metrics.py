@@ -1,4 +1,4 @@
-"""rollout_metrics: every DESIGN rollout metric name, computed from one batch."""
+"""rollout_metrics: every rollout metric name, computed from one batch."""
 
 from __future__ import annotations
 

@@ -52,9 +52,8 @@ class SimulatedEnvLoops:
             try:
                 await play
             except asyncio.CancelledError:
-                if (
-                    asyncio.current_task().cancelling()
-                ):  # the loop itself is being stopped
+                # the loop itself is being stopped
+                if asyncio.current_task().cancelling():
                     raise
                 continue
             finally:
@@ -177,9 +176,8 @@ async def test_first_complete_serves_fast_groups_and_carries_the_slow_one_over()
     carried = [b for b in served if b.gauges["groups_started_earlier_fraction"] > 0]
     assert carried, "groups that started before the previous batch were served later"
     slow_group_served = any(t.group_id == 0 for b in served for t in b.trajectories)
-    assert (
-        slow_group_served or loops.queue.counters.dropped_stale_groups > 0
-    )  # served late, or dropped and counted
+    # served late, or dropped and counted
+    assert slow_group_served or loops.queue.counters.dropped_stale_groups > 0
 
 
 async def test_first_complete_keeps_over_provisioned_envs_busy_where_fifo_idles_them():

@@ -24,9 +24,8 @@ async def test_env_errors_and_stale_groups_are_handed_over_with_their_fate():
     )  # a group created for step 1, half done when step 3 comes: stale
     await queue.put_trajectory(finished(second, 2))
     await take(queue, 3)
-    queue.report_fatal(
-        "stop here"
-    )  # get_batch(step=3) drops the stale group, then raises instead of waiting
+    # get_batch(step=3) drops the stale group, then raises instead of waiting
+    queue.report_fatal("stop here")
     try:
         await queue.get_batch(2, step=3)
     except Exception:

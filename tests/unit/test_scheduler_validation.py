@@ -90,9 +90,8 @@ async def test_every_val_episode_runs_once_greedily_and_evaluations_repeat_exact
         (t.seed, t.token_ids, t.episode_reward) for t in second
     ]
     assert all(r.temperature == 0.0 for r in engine.requests)
-    assert (
-        len(engine.requests) == 2 * len(episodes) * 2
-    )  # two evaluations x episodes x two turns
+    # two evaluations x episodes x two turns
+    assert len(engine.requests) == 2 * len(episodes) * 2
     expected = {
         tag: sum(2.0 * (e.seed % 2) for e in episodes if e.tag == tag) / 2
         for tag in ("count", "other")

@@ -80,9 +80,8 @@ def test_build_is_idempotent_and_model_loads(tiny_model_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     config = model.config
     assert config.model_type == "qwen2"
-    assert (
-        config.hidden_size // config.num_attention_heads == 64
-    )  # vLLM CPU kernels need head_dim 64
+    # vLLM CPU kernels need head_dim 64
+    assert config.hidden_size // config.num_attention_heads == 64
     with torch.no_grad():
         logits = model(torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, config.vocab_size)

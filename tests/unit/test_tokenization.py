@@ -50,9 +50,8 @@ def test_incremental_ids_equal_the_template_of_the_whole_conversation(chatml):
         {"role": "user", "content": users[0]},
     ]
     for reply, user in zip(replies, users[1:]):
-        generated = encode(chatml, reply) + [
-            chatml.eos_token_id
-        ]  # the model ends its turn with EOS
+        # the model ends its turn with EOS
+        generated = encode(chatml, reply) + [chatml.eos_token_id]
         ids = (
             ids
             + generated

@@ -103,9 +103,8 @@ def test_qwen3_think_stripping_keeps_the_models_ids_and_takes_the_next_turn_from
         == "\n<|im_start|>user\ngrid 2<|im_end|>\n<|im_start|>assistant\n"
     )
     ids = builder.first_turn_ids("grid 1") + reply + delta
-    assert "<think>\nplan\n</think>" in tokenizer.decode(
-        ids
-    )  # the model's own ids stay in the context
+    # the model's own ids stay in the context
+    assert "<think>\nplan\n</think>" in tokenizer.decode(ids)
     assert builder.fresh_render_differs(
         ids, ["grid 1", "grid 2"], [reply]
     )  # a fresh render strips the think block

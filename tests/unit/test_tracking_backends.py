@@ -79,9 +79,8 @@ def test_wandb_offline_run_holds_every_step(tmp_path, monkeypatch):
     _log_steps(MetricsTracker(LoggingConfig(wandb=True), run, {"mode": "sync"}))
     (path,) = glob.glob(str(run.root / "wandb" / "offline-run-*" / "run-*.wandb"))
     deadline = time.monotonic() + 120
-    while (
-        True
-    ):  # wandb-core's writer may still be flushing the file after finish() returned
+    # wandb-core's writer may still be flushing the file after finish() returned
+    while True:
         history = []
         for raw in _wandb_records(path):
             record = wandb_internal_pb2.Record()

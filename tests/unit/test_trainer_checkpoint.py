@@ -67,9 +67,8 @@ def test_resume_continues_exactly(tiny_model_path, tokenizer, tmp_path):
     continued = original.train_step(b2, step=1)
 
     resumed = GRPOTrainer(cfg(), tiny_model_path)
-    assert (
-        resumed.load_checkpoint(tmp_path) == extra
-    )  # a run dir resolves to its newest checkpoint
+    # a run dir resolves to its newest checkpoint
+    assert resumed.load_checkpoint(tmp_path) == extra
     assert resumed.optimizer_steps == 1 and resumed.last_step == 0
     again = resumed.train_step(b2, step=1)
 
@@ -104,9 +103,8 @@ def test_checkpoint_layout_is_complete_loadable_and_atomic(
     assert "tokenizer.json" in names or "tokenizer_config.json" in names
     state = json.loads((target / "trainer_state.json").read_text())
     assert state["format"] == 1 and state["trainer_config"]["lr"] == 1e-3
-    AutoModelForCausalLM.from_pretrained(
-        target
-    )  # the checkpoint is itself an HF model directory
+    # the checkpoint is itself an HF model directory
+    AutoModelForCausalLM.from_pretrained(target)
     # saving again over it replaces it, and no temp directories are left behind
     trainer.train_step(make_batch(tokenizer, 0), step=3)
     trainer.save_checkpoint(target, {"step": 4})

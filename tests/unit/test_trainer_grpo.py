@@ -198,9 +198,8 @@ def test_ppo_epochs_step_more_than_once_and_clip_later_epochs(tiny_model_path, b
         with_behaviour(batch, trainer.compute_logprobs(batch)), step=0
     )
     assert trainer.optimizer_steps == 3
-    assert (
-        metrics["train/clip_fraction"] > 0
-    )  # epochs 2 and 3 move the ratio past the tight clip
+    # epochs 2 and 3 move the ratio past the tight clip
+    assert metrics["train/clip_fraction"] > 0
 
 
 def test_non_finite_loss_raises_names_step_and_keeps_weights(
@@ -243,9 +242,8 @@ def test_state_dict_for_engine_matches_the_saved_checkpoint_names(
         saved = {name: f.get_tensor(name) for name in f.keys()}
     weights = trainer.state_dict_for_engine()
     assert set(weights) == set(saved)
-    assert (
-        "lm_head.weight" not in weights
-    )  # tied to model.embed_tokens.weight, as in the file
+    # tied to model.embed_tokens.weight, as in the file
+    assert "lm_head.weight" not in weights
     for name, tensor in weights.items():
         assert tensor.device.type == "cpu" and tensor.shape == saved[name].shape
         assert torch.equal(tensor, saved[name])
@@ -338,6 +336,5 @@ def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
     )
     assert metrics["train/token_lag/max"] == 2.0
     off = GRPOTrainer(config(), tiny_model_path).train_step(versioned, step=0)
-    assert (
-        off["train/token_lag/masked_fraction"] == 0.0
-    )  # default: off, lag still reported
+    # default: off, lag still reported
+    assert off["train/token_lag/masked_fraction"] == 0.0

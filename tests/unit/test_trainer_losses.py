@@ -129,6 +129,5 @@ def test_token_logprobs_are_shifted_and_masked():
     )
     assert out.entropy[0, 0] == 0 and out.entropy[0, 1] == 0
     out.logprobs.sum().backward()
-    assert (
-        model.table.grad is not None and model.table.grad[0].abs().sum() == 0
-    )  # padding never scored
+    # padding never scored
+    assert model.table.grad is not None and model.table.grad[0].abs().sum() == 0

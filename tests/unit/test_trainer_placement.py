@@ -55,12 +55,10 @@ def test_bad_placement_is_one_line_naming_key_and_fix(overrides, message):
 
 def test_auto_device_in_an_actor_uses_cuda_only_on_gpus_ray_assigned():
     cuda = torch.cuda.is_available()
-    assert resolve_device("auto", ray_gpu_ids=[]) == torch.device(
-        "cpu"
-    )  # no GPU given: never take a visible one
+    # no GPU given: never take a visible one
+    assert resolve_device("auto", ray_gpu_ids=[]) == torch.device("cpu")
     assert resolve_device("auto", ray_gpu_ids=[0]) == torch.device(
         "cuda" if cuda else "cpu"
     )
-    assert resolve_device("cpu", ray_gpu_ids=[0]) == torch.device(
-        "cpu"
-    )  # an explicit trainer.device wins
+    # an explicit trainer.device wins
+    assert resolve_device("cpu", ray_gpu_ids=[0]) == torch.device("cpu")

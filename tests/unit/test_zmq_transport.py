@@ -60,9 +60,8 @@ async def test_engine_error_surfaces_with_its_type_and_message(clients):
     clients += [client, handle]
     with pytest.raises(FakeEngineError):
         await client.generate(request(0))
-    assert (
-        await client.generate(request(1))
-    ).output_token_ids  # the socket is still usable
+    # the socket is still usable
+    assert (await client.generate(request(1))).output_token_ids
 
 
 async def test_cancelled_call_cancels_the_engine_request(clients):

@@ -34,9 +34,10 @@ def test_gymnasium_frozen_lake_passes_rewards_and_termination_through():
     )
     for move in ["Down", "Down", "Right", "Right", "Down"]:
         assert env.step(f"<answer>{move}</answer>")[2] is False
+    # case-insensitive
     observation, reward, terminated, truncated, step_info = env.step(
         "<answer>right</answer>"
-    )  # case-insensitive
+    )
     assert (reward, terminated, truncated) == (1.0, True, False) and step_info[
         "metrics"
     ]["success"]
@@ -78,9 +79,8 @@ def test_textarena_guess_the_number_rewards_from_close_and_counts_invalid_moves(
             high = guess - 1
         if terminated:
             break
-        if (
-            not invalid_seen
-        ):  # one invalid move (TextArena allows one, then ends the game)
+        # one invalid move (TextArena allows one, then ends the game)
+        if not invalid_seen:
             text, _, terminated, _, step_info = env.step("[99]")
             assert (
                 step_info["metrics"]["invalid_move"]

@@ -87,9 +87,8 @@ def test_invalid_action_is_penalised_and_reported(name):
         )
         assert info["format_error"]
         assert text(obs).startswith("Invalid action:")
-        assert text(obs).endswith(
-            text(obs0)
-        )  # state unchanged, shown again after the feedback
+        # state unchanged, shown again after the feedback
+        assert text(obs).endswith(text(obs0))
         assert not term
 
 
@@ -152,9 +151,8 @@ def test_vision_render_mode(grid):
     assert "image" in info["instruction"]
     step_obs = env.step(env.expert_responses()[0])[0]
     assert isinstance(step_obs, Observation)
-    assert (
-        step_obs.images[0].tobytes() != obs.images[0].tobytes()
-    )  # the picture follows the state
+    # the picture follows the state
+    assert step_obs.images[0].tobytes() != obs.images[0].tobytes()
 
 
 @pytest.mark.parametrize("name", ["sliding_puzzle", "countdown", "retrieval_qa"])

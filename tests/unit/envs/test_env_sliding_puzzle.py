@@ -36,17 +36,15 @@ def test_scrambles_are_unsolved_and_solver_is_optimal_within_scramble_length():
         env.reset(seed)
         assert tuple(env.board) != env.goal and sorted(env.board) == list(range(9))
         plan = env.solve()
-        assert (
-            1 <= len(plan) <= 12 and len(plan) % 2 == 0
-        )  # parity: each move swaps the blank's colour
+        # parity: each move swaps the blank's colour
+        assert 1 <= len(plan) <= 12 and len(plan) % 2 == 0
 
 
 def test_four_by_four_renders_aligned_and_solves():
     env = SlidingPuzzleEnv(size=4, num_scramble=16, max_steps=40)
     obs, info = env.reset(1)
-    assert all(
-        len(line) == 11 for line in obs.splitlines()
-    )  # four cells of width 2 plus spaces
+    # four cells of width 2 plus spaces
+    assert all(len(line) == 11 for line in obs.splitlines())
     assert "13 14 15  _" in info["instruction"]
     for word in env.solve():
         act(env, word)
