@@ -8,6 +8,7 @@ a crash never leaves a half-written model.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -51,6 +52,9 @@ def write_model_dir(out: Path, build_info: dict, *parts: object) -> Path:
     """``save_pretrained`` every part (model, tokenizer, processor) into ``out`` plus the build record; returns ``out``.
 
     Built beside the target and moved into place, so a crash never leaves a half-written model.
+    Processes that build the same model at once (parallel test workers) take turns on a lock file,
+    and one that finds the same build already in place keeps it: a model another process is
+    reading is never deleted under it.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -58,9 +62,12 @@ def write_model_dir(out: Path, build_info: dict, *parts: object) -> Path:
         for part in parts:
             part.save_pretrained(tmp)  # type: ignore[attr-defined]
         (tmp / "roll_async_build.json").write_text(json.dumps(build_info, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with open(out.parent / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not is_current_build(out, build_info):
+                if out.exists():
+                    shutil.rmtree(out)
+                tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
