@@ -37,6 +37,9 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 #: EnvManagerWorkers restarted after they died (train_env_manager.max_worker_restarts bounds them).
 WORKER_RESTARTS = "rollout/worker_restarts"
+#: Call connections (episode hand-overs, engine requests) that dropped while the actor lived; the calls in
+#: flight failed with CallConnectionLost and were retried. Summed over the EnvManagerWorkers, per batch.
+TRANSPORT_RECONNECTS = "rollout/transport_reconnects"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
 #: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
@@ -182,7 +185,8 @@ def replica_metrics(
 ) -> dict[str, float]:
     """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
     ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
-    Routers (``Router.stats``), plus ``router/dead_replicas``."""
+    Routers (``Router.stats``), plus ``router/dead_replicas``, and ``rollout/transport_reconnects`` from each
+    worker's ``transport_reconnects`` (dropped call connections since its previous report)."""
     out: dict[str, float] = {}
     for i, stats in enumerate(engine_stats):
         for key in ("running", "waiting", "in_flight"):
@@ -199,6 +203,10 @@ def replica_metrics(
         out[f"router/replica_{i}/dead"] = float(is_dead)
     if dead:
         out["router/dead_replicas"] = float(sum(dead.values()))
+    if router_stats:
+        out[TRANSPORT_RECONNECTS] = float(
+            sum(int(w.get("transport_reconnects", 0)) for w in router_stats)  # type: ignore[call-overload]
+        )
     return out
 
 

@@ -731,3 +731,48 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
         fresh is not None
     )  # the seat the old incarnation was given is playable by the new one
     await actor.shutdown()
+
+
+async def test_a_retried_hand_over_is_neither_lost_nor_duplicated(
+    tokenizer, answer_ids
+):
+    """A worker retries a hand-over under the same id after its connection dropped: one seat, one trajectory."""
+    from roll_async.scheduler.rollout_scheduler import GroupQueueActor
+
+    config = make_config(num_env_groups=2, group_size=2, mode="async", max_staleness=1)
+    actor = GroupQueueActor(rollout_spec(config, "train"), start_step=0)
+    queue = actor.queue
+    first = await actor.next_episode(0, 0, "seat-1")
+    assert await actor.next_episode(0, 0, "seat-1") == first  # the retry: the same seat
+    assert sum(len(g["in_flight"]) for g in queue.describe()["pending"]["count"]) == 1
+    finished = Trajectory(
+        tag=first.tag,
+        group_id=first.group_id,
+        episode_id=first.episode_id,
+        env_id=0,
+        seed=first.seed,
+        traj_id="done",
+        created_step=first.created_step,
+        stop_reason="terminated",
+    )
+    queue.suspend(
+        cancel_in_flight=False
+    )  # the next seat waits, so the retry comes while it is handled
+    handing_over = asyncio.create_task(
+        actor.put_trajectory_and_next_episode(finished, 0, "hand-over-2")
+    )
+    await asyncio.sleep(0.05)
+    retry = asyncio.create_task(
+        actor.put_trajectory_and_next_episode(finished, 0, "hand-over-2")
+    )
+    await asyncio.sleep(0.05)
+    queue.resume()
+    second, again = await asyncio.wait_for(asyncio.gather(handing_over, retry), 5)
+    assert second == again and second != first
+    pending = queue.describe()["pending"]["count"]
+    group = next(g for g in pending if g["group_id"] == first.group_id)
+    assert group["done"] == 1  # the trajectory counted once
+    assert sum(len(g["in_flight"]) for g in pending) == 1  # one seat for env 0
+    assert queue.counters.late_trajectories == 0
+    assert (await actor.describe())["handover_retries"] == 2
+    await actor.shutdown()
