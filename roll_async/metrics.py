@@ -37,6 +37,8 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 #: EnvManagerWorkers restarted after they died (train_env_manager.max_worker_restarts bounds them).
 WORKER_RESTARTS = "rollout/worker_restarts"
+#: Episodes in flight on a worker when it died: their seats re-opened; not env errors (no error budget spent).
+EPISODES_LOST_TO_RESTART = "rollout/episodes_lost_to_restart"
 #: Call connections (episode hand-overs, engine requests) that dropped while the actor lived; the calls in
 #: flight failed with CallConnectionLost and were retried. Summed over the EnvManagerWorkers, per batch.
 TRANSPORT_RECONNECTS = "rollout/transport_reconnects"
@@ -111,6 +113,7 @@ COUNTER_METRICS: dict[str, str] = {
     "dropped_error_groups": DROPPED_ERROR_GROUPS,
     "cancelled_episodes": CANCELLED_EPISODES,
     "worker_restarts": WORKER_RESTARTS,
+    "episodes_lost_to_restart": EPISODES_LOST_TO_RESTART,
 }
 
 

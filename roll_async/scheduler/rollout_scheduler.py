@@ -124,7 +124,7 @@ class GroupQueueActor(ServesCallsOverZmq):
     async def restart_envs(
         self, env_ids: list[int], reason: str, incarnation: int
     ) -> int:
-        """Their worker died; its replacement is ``incarnation``. Fails their in-flight episodes (see group_queue)."""
+        """Their worker died; its replacement is ``incarnation``. Re-opens their in-flight seats (see group_queue)."""
         for env_id in env_ids:
             self._incarnation[env_id] = incarnation
             self._handovers.forget(env_id)
@@ -226,8 +226,9 @@ class RolloutScheduler:
     ``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but calling it right after the
     weight update lets generation for the next step start while the pipeline does other work. ``get_batch``
     raises RolloutFatalError with the root cause if the env loops die instead of waiting forever. A worker
-    whose process dies is restarted instead: a new actor with the same envs, whose in-flight episodes end
-    ``env_error`` and are refilled (``rollout/worker_restarts``); only past ``max_worker_restarts`` restarts
+    whose process dies is restarted instead: a new actor with the same envs, whose in-flight episodes are
+    lost to the restart and their seats refilled (``rollout/worker_restarts``,
+    ``rollout/episodes_lost_to_restart``; no env-error budget is spent); only past ``max_worker_restarts`` restarts
     does ``get_batch`` fail, naming the budget and the cause.
     """
 
@@ -337,7 +338,7 @@ class RolloutScheduler:
         )
 
     async def _restart_worker(self, index: int, cause: BaseException) -> None:
-        """Replace dead worker ``index``: new actor, its envs' in-flight episodes fail, its loops start."""
+        """Replace dead worker ``index``: new actor, its envs' in-flight episodes are lost (seats re-open), its loops start."""
         import ray
 
         self.worker_restarts += 1

@@ -714,7 +714,7 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
     spec = await actor.next_episode(0, 0)
     await actor.restart_envs(
         [0], "worker died", incarnation=1
-    )  # the episode of spec fails as env_error
+    )  # the episode of spec is lost to the restart (its seat re-opens)
     finished = Trajectory(
         tag=spec.tag,
         group_id=spec.group_id,
