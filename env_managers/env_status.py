@@ -54,6 +54,8 @@ class EnvManagerStats:
     env_timeouts: int = 0
     env_builds: int = 0
     cancelled_episodes: int = 0
+    #: Of those, cancels that arrived before their seat: the episode ended as it started, unplayed.
+    cancelled_before_start: int = 0
     resumed_generations: int = 0
     engine_retries: int = 0
     #: CPU seconds the env's own sync calls used (their threads'), so benchmarks can tell env work from ours.

@@ -776,3 +776,50 @@ async def test_a_retried_hand_over_is_neither_lost_nor_duplicated(
     assert queue.counters.late_trajectories == 0
     assert (await actor.describe())["handover_retries"] == 2
     await actor.shutdown()
+
+
+async def test_a_cancel_that_arrives_before_its_seat_ends_the_episode_at_once(
+    tokenizer, answer_ids
+):
+    """Cancels travel as Ray calls, seats over ZMQ: a cancel may reach the worker before the seat does."""
+    from roll_async.env_managers.worker import build_env_managers
+    from roll_async.trajectory import EpisodeSpec
+
+    class OneSeat:
+        def __init__(self) -> None:
+            self.seat_arrives = asyncio.Event()
+            self.asked = 0
+            self.received: list[Trajectory] = []
+
+        async def next_episode(self, env_id):
+            self.asked += 1
+            if self.asked > 1:
+                return None  # stop after the one seat
+            await self.seat_arrives.wait()
+            return EpisodeSpec(
+                tag="count", group_id=5, episode_id=0, seed=1, created_step=0
+            )
+
+        async def put_trajectory(self, trajectory):
+            self.received.append(trajectory)
+
+    engine = FakeEngine(lambda r: answer_ids)
+    scheduler = OneSeat()
+    (manager,) = build_env_managers(
+        rollout_spec(make_config(), "train"),
+        [(0, "count")],
+        scheduler=scheduler,
+        engine_for=lambda env_id: engine,
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
+    loop = asyncio.create_task(manager.run_rollout_loop())
+    await asyncio.sleep(0.05)
+    assert manager.progress.phase == "waiting_for_episode"
+    manager.cancel_episode(5, 0)  # the group completed; the seat is still on its way
+    scheduler.seat_arrives.set()
+    await asyncio.wait_for(loop, 5)
+    assert engine.prompts == []  # not one turn played
+    assert scheduler.received == []  # nothing handed over to be discarded as late
+    assert manager.stats.cancelled_episodes == 1
+    assert manager.stats.cancelled_before_start == 1
