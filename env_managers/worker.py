@@ -125,12 +125,16 @@ def build_env_managers(
 def find_stalled(
     managers: Sequence[EnvManager], now: float, timeout_s: float
 ) -> dict[int, str]:
-    """Envs busy in one phase for longer than ``timeout_s`` (waiting for the scheduler does not count)."""
+    """Envs in one phase of STALL_PHASES for longer than ``timeout_s``, waiting for an episode included.
+
+    A wait for an episode may be the queue's doing (quota, sync suspension); the queue tells that apart
+    from a request that never reached it or an answer that never came back (``report_stalled``).
+    """
     stalled = {}
     for manager in managers:
         progress = manager.progress
         idle_for = now - progress.last_progress_at
-        if progress.busy and idle_for > timeout_s:
+        if progress.can_stall and idle_for > timeout_s:
             stalled[manager.env_id] = (
                 f"env {manager.env_id} (tag {manager.settings.tag}) stuck in {progress.phase} for {idle_for:.0f}s "
                 f"(group {progress.group_id}, episode {progress.episode_id}, turn {progress.turn})"
@@ -244,7 +248,15 @@ class EnvManagerHost:
             try:
                 new, recovered = self.check_watchdog()
                 for env_id, text in new.items():
-                    logger.warning("watchdog: %s", text)
+                    # A long wait for a seat is usually the queue's (it logs the stalls that are real).
+                    waiting = (
+                        self.managers[env_id].progress.phase == "waiting_for_episode"
+                    )
+                    logger.log(
+                        logging.INFO if waiting else logging.WARNING,
+                        "watchdog: %s",
+                        text,
+                    )
                     await self._call(self._on_stall, env_id, text)
                 for env_id in recovered:
                     await self._call(self._on_recover, env_id)

@@ -139,6 +139,10 @@ class _BusyWindow:
         if env_id not in self._idle_since:
             self._idle_since[env_id] = self._clock()
 
+    def is_waiting(self, env_id: int) -> bool:
+        """The env is inside next_episode, waiting for a seat."""
+        return env_id in self._idle_since
+
     def env_stops_waiting(self, env_id: int) -> None:
         since = self._idle_since.pop(env_id, None)
         if since is not None:
@@ -763,6 +767,16 @@ class GroupQueueManager:
         return lost
 
     def report_stalled(self, env_id: int, description: str) -> None:
+        """A worker's watchdog saw ``env_id`` in one phase too long; a gauge until the env talks to the queue.
+
+        An env this queue holds waiting for a seat (quota, sync suspension) waits by design and is not
+        recorded; a wait for an episode whose request the queue does not hold (lost in transport) is.
+        """
+        if self._window.is_waiting(env_id):
+            logger.debug(
+                "watchdog: env %s waits for a seat here: %s", env_id, description
+            )
+            return
         self._stalled[env_id] = description
         logger.warning("watchdog: env %s makes no progress: %s", env_id, description)
 

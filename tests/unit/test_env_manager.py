@@ -16,7 +16,7 @@ from roll_async.config.schema import (
     PipelineConfig,
     validate_config,
 )
-from roll_async.env_managers.worker import EnvManagerHost
+from roll_async.env_managers.worker import EnvManagerHost, find_stalled
 from roll_async.errors import RolloutFatalError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.scheduler.local import LocalRolloutScheduler
@@ -559,10 +559,92 @@ def test_host_watchdog_reports_each_stall_once_and_then_recovery():
     ]
     host = EnvManagerHost(managers, watchdog_timeout_s=10, clock=lambda: now[0])  # type: ignore[arg-type]
     new, recovered = host.check_watchdog()
-    assert list(new) == [0] and recovered == []
+    assert sorted(new) == [0, 1] and recovered == []
+    assert "waiting_for_episode" in new[1]
     assert host.check_watchdog() == ({}, [])
     managers[0].progress.last_progress_at = 100.0
     assert host.check_watchdog() == ({}, [0])
+
+
+def test_the_watchdog_covers_every_phase_an_episode_can_stall_in():
+    from roll_async.env_managers.env_status import STALL_PHASES, EnvPhase
+
+    phases = set(EnvPhase.__args__)  # type: ignore[attr-defined]
+    assert set(STALL_PHASES) == phases - {"idle", "stopped"}
+
+    class Manager:
+        def __init__(self, env_id, phase):
+            from roll_async.env_managers.env_status import EnvProgress
+
+            self.env_id = env_id
+            self.progress = EnvProgress(phase=phase, last_progress_at=0.0)
+            self.settings = type("S", (), {"tag": "t"})()
+
+    ordered = sorted(phases)
+    managers = [Manager(i, phase) for i, phase in enumerate(ordered)]
+    stalled = find_stalled(managers, now=100.0, timeout_s=10.0)  # type: ignore[arg-type]
+    assert {ordered[i] for i in stalled} == set(STALL_PHASES)
+
+
+async def test_the_watchdog_reports_an_env_whose_seat_request_never_comes_back(
+    tokenizer,
+):
+    """A hand-over lost in transport leaves the env in waiting_for_episode, which the watchdog must see."""
+    from roll_async.env_managers.worker import build_env_managers
+
+    class LostHandOver:
+        async def next_episode(self, env_id):
+            await asyncio.Event().wait()  # the answer never arrives
+
+        async def put_trajectory(self, trajectory):
+            pass
+
+    stalls: list[tuple[int, str]] = []
+    managers = build_env_managers(
+        rollout_spec(make_config(), "train"),
+        [(0, "count")],
+        scheduler=LostHandOver(),
+        engine_for=lambda env_id: FakeEngine(lambda r: []),
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
+    host = EnvManagerHost(
+        managers,
+        watchdog_timeout_s=0.05,
+        on_stall=lambda env_id, text: stalls.append((env_id, text)),
+    )
+    running = asyncio.create_task(host.run())
+    try:
+        for _ in range(100):
+            if stalls:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await host.stop()
+        await asyncio.gather(running, return_exceptions=True)
+    assert stalls and stalls[0][0] == 0 and "waiting_for_episode" in stalls[0][1]
+
+
+async def test_the_queue_counts_a_waiting_env_as_stalled_only_when_it_does_not_hold_its_request():
+    """An env the queue keeps waiting for a seat (quota, sync suspension) is not stalled; one whose request
+    never reached the queue is."""
+    from roll_async.scheduler.group_queue import GroupQueueManager
+    from roll_async.scheduler.queue_rules import QueueRules
+
+    queue = GroupQueueManager(
+        QueueRules(tags=["a"], group_size=1, groups_per_batch=1),
+        env_tags={0: "a", 1: "a", 2: "a"},
+    )
+    await queue.next_episode(0)  # the only seat
+    waiting = asyncio.create_task(
+        queue.next_episode(1)
+    )  # out of quota: the queue holds it
+    await asyncio.sleep(0.01)
+    queue.report_stalled(1, "env 1 stuck in waiting_for_episode for 300s")
+    queue.report_stalled(2, "env 2 stuck in waiting_for_episode for 300s")
+    assert list(queue.stalled_envs()) == [2]
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
 
 
 async def test_a_template_with_an_unknown_field_fails_with_the_key_named(
