@@ -362,6 +362,9 @@ class ZmqCaller:
             socket.connect(address)
             try:
                 await asyncio.wait_for(self._send(_PING, None), self._connect_timeout_s)
+            except CallConnectionLost:
+                self.close()  # dropped during the first exchange: the next call connects afresh
+                raise
             except TimeoutError:
                 self.close()
                 self._connect_error = ZmqConnectError(
