@@ -39,6 +39,11 @@ from roll_async.trajectory import EpisodeSpec, Trajectory, TurnRecord
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a cancel for an episode this env has not started yet is remembered (it may still be on its way).
+EARLY_CANCEL_TTL_S = 600.0
+#: Most such cancels remembered per env; the oldest go first.
+EARLY_CANCEL_MAX = 256
+
 
 class EpisodeScheduler(Protocol):
     """What an EnvManager needs from the scheduler (a GroupQueueManager or a Ray adapter to one).
@@ -184,6 +189,8 @@ class EnvManager:
         )
         self._episode_task: asyncio.Task | None = None
         self._cancel_requested = False
+        #: (group_id, episode_id) -> when a cancel came for an episode not started yet (see cancel_episode).
+        self._early_cancels: dict[tuple[int, int], float] = {}
         self._stopping = False
         #: Agent tags (custom_envs.<Tag>.agent): the worker's loopback chat endpoint and the model id it serves.
         self.agent_gateway = agent_gateway
@@ -246,6 +253,11 @@ class EnvManager:
         self, spec: EpisodeSpec, requested_at: float = 0.0
     ) -> Trajectory | None:
         """One episode as its own task, so the scheduler can cancel it without stopping the loop."""
+        if self._early_cancels.pop((spec.group_id, spec.episode_id), None) is not None:
+            # Cancelled before it reached this env: end it at once, as a cancel in mid-episode would.
+            self.stats.cancelled_episodes += 1
+            self.stats.cancelled_before_start += 1
+            return None
         self.phases.episode = spec
         self._cancel_requested = False
         task = asyncio.create_task(
@@ -269,15 +281,33 @@ class EnvManager:
                 end_episode()
 
     def cancel_episode(self, group_id: int, episode_id: int) -> bool:
-        """Cancel the current episode if it is (group_id, episode_id); True if something was cancelled."""
+        """Cancel episode (group_id, episode_id); True if it was running and is now cancelled.
+
+        Cancels travel as Ray calls while seats come over ZMQ, so a cancel may arrive before its seat:
+        one for an episode that is not the current one is remembered (``EARLY_CANCEL_TTL_S``, at most
+        ``EARLY_CANCEL_MAX``) and the episode ends the moment it starts (``cancelled_before_start``).
+        """
         current, task = self.phases.episode, self._episode_task
-        if current is None or task is None or task.done():
-            return False
-        if (current.group_id, current.episode_id) != (group_id, episode_id):
-            return False
-        self._cancel_requested = True
-        task.cancel()
-        return True
+        if (
+            current is not None
+            and task is not None
+            and not task.done()
+            and (current.group_id, current.episode_id) == (group_id, episode_id)
+        ):
+            self._cancel_requested = True
+            task.cancel()
+            return True
+        self._remember_early_cancel((group_id, episode_id))
+        return False
+
+    def _remember_early_cancel(self, key: tuple[int, int]) -> None:
+        now = self._clock()
+        cancels = self._early_cancels
+        for old in [k for k, at in cancels.items() if now - at > EARLY_CANCEL_TTL_S]:
+            del cancels[old]
+        while len(cancels) >= EARLY_CANCEL_MAX:
+            del cancels[next(iter(cancels))]  # insertion order: the oldest
+        cancels[key] = now
 
     def stop(self) -> None:
         """Make the loop end; the host cancels the loop task after this."""

@@ -24,6 +24,18 @@ EnvPhase = Literal[
     "stopped",
 ]
 
+#: Every phase an episode can stall in, so the watchdog reports a stay longer than its timeout in any of them.
+#: ``waiting_for_episode`` covers a seat request or hand-over whose answer never comes back (lost in transport);
+#: a long wait the queue itself holds (quota, sync suspension) is told apart by the queue (report_stalled).
+STALL_PHASES: tuple[EnvPhase, ...] = (
+    "waiting_for_episode",
+    "build_env",
+    "reset",
+    "generate",
+    "env_step",
+    "handing_over",
+)
+
 
 @dataclass
 class EnvProgress:
@@ -36,15 +48,9 @@ class EnvProgress:
     turn: int | None = None
 
     @property
-    def busy(self) -> bool:
-        """Phases in which the env itself should make progress (waiting for the scheduler is not one)."""
-        return self.phase in (
-            "build_env",
-            "reset",
-            "generate",
-            "env_step",
-            "handing_over",
-        )
+    def can_stall(self) -> bool:
+        """In a phase that should end (every phase but idle and stopped; see STALL_PHASES)."""
+        return self.phase in STALL_PHASES
 
 
 @dataclass
@@ -54,6 +60,8 @@ class EnvManagerStats:
     env_timeouts: int = 0
     env_builds: int = 0
     cancelled_episodes: int = 0
+    #: Of those, cancels that arrived before their seat: the episode ended as it started, unplayed.
+    cancelled_before_start: int = 0
     resumed_generations: int = 0
     engine_retries: int = 0
     #: CPU seconds the env's own sync calls used (their threads'), so benchmarks can tell env work from ours.

@@ -31,7 +31,7 @@ from roll_async.env_managers.env_manager import (
 )
 from roll_async.env_service.env_builder import env_builder
 from roll_async.envs import make_env
-from roll_async.errors import QueueActorDeadError
+from roll_async.errors import CallConnectionLost, QueueActorDeadError
 from roll_async.prompts.images import (
     VisionProcessor,
     is_vision_tag,
@@ -45,6 +45,11 @@ from roll_async.runtime.zmq_calls import ZmqCaller
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
+
+#: Times a hand-over is retried after its call connection dropped before the env loop gives up.
+HANDOVER_RETRIES = 8
+#: First pause before a retry; doubles up to one second.
+HANDOVER_RETRY_BACKOFF_S = 0.05
 
 #: (tag, env_config) -> env. The default builds registered envs with roll_async.envs.make_env.
 EnvFactory = Callable[[str, dict[str, Any]], Any]
@@ -120,12 +125,16 @@ def build_env_managers(
 def find_stalled(
     managers: Sequence[EnvManager], now: float, timeout_s: float
 ) -> dict[int, str]:
-    """Envs busy in one phase for longer than ``timeout_s`` (waiting for the scheduler does not count)."""
+    """Envs in one phase of STALL_PHASES for longer than ``timeout_s``, waiting for an episode included.
+
+    A wait for an episode may be the queue's doing (quota, sync suspension); the queue tells that apart
+    from a request that never reached it or an answer that never came back (``report_stalled``).
+    """
     stalled = {}
     for manager in managers:
         progress = manager.progress
         idle_for = now - progress.last_progress_at
-        if progress.busy and idle_for > timeout_s:
+        if progress.can_stall and idle_for > timeout_s:
             stalled[manager.env_id] = (
                 f"env {manager.env_id} (tag {manager.settings.tag}) stuck in {progress.phase} for {idle_for:.0f}s "
                 f"(group {progress.group_id}, episode {progress.episode_id}, turn {progress.turn})"
@@ -238,7 +247,15 @@ class EnvManagerHost:
             try:
                 new, recovered = self.check_watchdog()
                 for env_id, text in new.items():
-                    logger.warning("watchdog: %s", text)
+                    # A long wait for a seat is usually the queue's (it logs the stalls that are real).
+                    waiting = (
+                        self.managers[env_id].progress.phase == "waiting_for_episode"
+                    )
+                    logger.log(
+                        logging.INFO if waiting else logging.WARNING,
+                        "watchdog: %s",
+                        text,
+                    )
                     await self._call(self._on_stall, env_id, text)
                 for env_id in recovered:
                     await self._call(self._on_recover, env_id)
@@ -270,6 +287,8 @@ class RaySchedulerClient:
     seat handed to a call from an earlier (dead) incarnation of the same envs.
     ``transport`` (``engine.request_transport``): ``zmq`` sends the per-episode
     hand-overs to the actor's call socket (roll_async/runtime/zmq_calls.py), ``ray`` as actor calls.
+    Each hand-over carries an id; one whose call connection dropped (``CallConnectionLost``)
+    is retried under the same id, which the queue actor answers once (its HandoverLedger).
     """
 
     def __init__(
@@ -291,10 +310,32 @@ class RaySchedulerClient:
                 node_id=_node_id(),
             )
 
+    @property
+    def reconnects(self) -> int:
+        """Times the call connection to the queue actor dropped while the actor lived on."""
+        return self._caller.reconnects if self._caller is not None else 0
+
     async def _call(self, method: str, *args: Any) -> Any:
-        if self._caller is not None:
-            return await self._caller.call(method, *args)
-        return await getattr(self.handle, method).remote(*args)
+        """One hand-over: ``args`` then a fresh hand-over id, retried under that id after a dropped connection."""
+        args = (*args, uuid.uuid4().hex)
+        if self._caller is None:
+            return await getattr(self.handle, method).remote(*args)
+        delay, retries = HANDOVER_RETRY_BACKOFF_S, 0
+        while True:
+            try:
+                return await self._caller.call(method, *args)
+            except CallConnectionLost:
+                retries += 1
+                if retries > HANDOVER_RETRIES:
+                    raise
+                logger.warning(
+                    "%s: call connection dropped; retrying the hand-over (%d/%d)",
+                    method,
+                    retries,
+                    HANDOVER_RETRIES,
+                )
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
 
     async def next_episode(self, env_id: int) -> EpisodeSpec | None:
         return await self._call("next_episode", env_id, self.incarnation)
@@ -351,6 +392,7 @@ class EnvManagerWorker:
         self._scheduler_client = RaySchedulerClient(
             scheduler_handle, incarnation, transport=spec.request_transport
         )
+        self._reconnects_reported = 0
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
         )
@@ -395,8 +437,13 @@ class EnvManagerWorker:
         self._scheduler_client.close()
 
     async def router_stats(self) -> dict[str, Any]:
-        """This worker's Router counters per replica (summed over workers into router/* metrics)."""
-        return self._router.stats()
+        """This worker's Router counters per replica (summed over workers into router/* metrics), and
+        ``transport_reconnects``: its call connections (queue, engines) that dropped since the last call."""
+        total = self._scheduler_client.reconnects + sum(
+            getattr(client, "reconnects", 0) for client in self._router.replicas
+        )
+        new, self._reconnects_reported = total - self._reconnects_reported, total
+        return {**self._router.stats(), "transport_reconnects": new}
 
     async def describe(self) -> dict[str, Any]:
         return {

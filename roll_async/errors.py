@@ -109,3 +109,8 @@ class NonFiniteLossError(RollAsyncError, RuntimeError):
 
 class ZmqConnectError(RollAsyncError, RuntimeError):
     """An actor's call socket did not answer: a port blocked between nodes, most likely."""
+
+
+class CallConnectionLost(RollAsyncError, ConnectionError):
+    """A call's connection to a live actor dropped before its answer came: the answer went to the old
+    connection and is lost, so the call fails instead of waiting forever; an idempotent call may be retried."""

@@ -37,6 +37,11 @@ DROPPED_ERROR_GROUPS = "rollout/dropped_error_groups"
 CANCELLED_EPISODES = "rollout/cancelled_episodes"
 #: EnvManagerWorkers restarted after they died (train_env_manager.max_worker_restarts bounds them).
 WORKER_RESTARTS = "rollout/worker_restarts"
+#: Episodes in flight on a worker when it died: their seats re-opened; not env errors (no error budget spent).
+EPISODES_LOST_TO_RESTART = "rollout/episodes_lost_to_restart"
+#: Call connections (episode hand-overs, engine requests) that dropped while the actor lived; the calls in
+#: flight failed with CallConnectionLost and were retried. Summed over the EnvManagerWorkers, per batch.
+TRANSPORT_RECONNECTS = "rollout/transport_reconnects"
 STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
 #: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
@@ -108,6 +113,7 @@ COUNTER_METRICS: dict[str, str] = {
     "dropped_error_groups": DROPPED_ERROR_GROUPS,
     "cancelled_episodes": CANCELLED_EPISODES,
     "worker_restarts": WORKER_RESTARTS,
+    "episodes_lost_to_restart": EPISODES_LOST_TO_RESTART,
 }
 
 
@@ -182,7 +188,8 @@ def replica_metrics(
 ) -> dict[str, float]:
     """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
     ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
-    Routers (``Router.stats``), plus ``router/dead_replicas``."""
+    Routers (``Router.stats``), plus ``router/dead_replicas``, and ``rollout/transport_reconnects`` from each
+    worker's ``transport_reconnects`` (dropped call connections since its previous report)."""
     out: dict[str, float] = {}
     for i, stats in enumerate(engine_stats):
         for key in ("running", "waiting", "in_flight"):
@@ -199,6 +206,10 @@ def replica_metrics(
         out[f"router/replica_{i}/dead"] = float(is_dead)
     if dead:
         out["router/dead_replicas"] = float(sum(dead.values()))
+    if router_stats:
+        out[TRANSPORT_RECONNECTS] = float(
+            sum(int(w.get("transport_reconnects", 0)) for w in router_stats)  # type: ignore[call-overload]
+        )
     return out
 
 

@@ -56,6 +56,11 @@ class ZmqEngineClient(RayEngineClient):
             connect_timeout_s=connect_timeout_s,
         )
 
+    @property
+    def reconnects(self) -> int:
+        """Times the call connection dropped while the replica lived (requests in flight were retried)."""
+        return self._caller.reconnects
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self._caller.call("generate", request)
 

@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from roll_async.errors import ZmqConnectError
+from roll_async.errors import CallConnectionLost, ZmqConnectError
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,11 @@ class ZmqCaller:
     No silent hangs: the caller watches its connection (a ZMQ socket monitor). When
     the actor's process goes away the connection drops; the caller then runs its
     ``probe`` (a Ray call) and, if that says the actor is dead, fails every call in
-    flight with the caller's ``dead_error``. A first call that gets no answer within
+    flight with the caller's ``dead_error``. If the actor lives (or does not answer
+    the probe), the calls that were in flight when the connection dropped fail with
+    ``CallConnectionLost`` (counted in ``reconnects``): the socket reconnects under a
+    new routing id and the ROUTER drops their answers, so waiting would be forever;
+    a caller whose call is idempotent retries it. A first call that gets no answer within
     ``connect_timeout_s`` (a TCP port blocked between nodes: ZMQ would retry
     silently forever) fails with ``ZmqConnectError`` naming the address and the
     setting that avoids ZMQ. A call cancelled by its caller is cancelled on the
@@ -328,6 +332,10 @@ class ZmqCaller:
         self.dead: str | None = None
         self._ready = False  # the first exchange (a ping) came back
         self._connect_error: ZmqConnectError | None = None
+        #: Calls in flight when the connection dropped: their answers cannot come back.
+        self._cut_off: set[int] = set()
+        #: Connections that dropped while the actor lived on (their calls failed with CallConnectionLost).
+        self.reconnects = 0
 
     async def call(self, method: str, *args: Any) -> Any:
         if self.dead is not None:
@@ -354,6 +362,9 @@ class ZmqCaller:
             socket.connect(address)
             try:
                 await asyncio.wait_for(self._send(_PING, None), self._connect_timeout_s)
+            except CallConnectionLost:
+                self.close()  # dropped during the first exchange: the next call connects afresh
+                raise
             except TimeoutError:
                 self.close()
                 self._connect_error = ZmqConnectError(
@@ -380,6 +391,8 @@ class ZmqCaller:
             or self.dead is not None
         ):
             return
+        # Only calls sent before the drop are lost; later ones wait in the socket for the new connection.
+        self._cut_off.update(self._pending)
         # one liveness probe at a time
         if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.get_running_loop().create_task(
@@ -390,17 +403,32 @@ class ZmqCaller:
         """The connection dropped: ask Ray whether the actor is gone; if so, fail what is in flight."""
         try:
             await asyncio.wait_for(self._probe(), LIVENESS_TIMEOUT_S)
-            logger.warning(
-                "%s: call connection dropped but the actor answers; reconnecting",
-                self._what,
-            )
+            state = "the actor answers"
         except self._dead_errors as exc:
             self._fail_all(str(exc))
+            return
         except TimeoutError:
-            logger.warning(
-                "%s: call connection dropped and the actor did not answer in %.0fs",
-                self._what,
-                LIVENESS_TIMEOUT_S,
+            state = f"the actor did not answer in {LIVENESS_TIMEOUT_S:.0f}s"
+        self.reconnects += 1
+        cut_off, self._cut_off = self._cut_off, set()
+        lost = [
+            self._pending[i]
+            for i in sorted(cut_off)
+            if i in self._pending and not self._pending[i].done()
+        ]
+        logger.warning(
+            "%s: call connection dropped and %s; reconnecting, %d call(s) in flight fail with "
+            "CallConnectionLost",
+            self._what,
+            state,
+            len(lost),
+        )
+        for future in lost:
+            future.set_exception(
+                CallConnectionLost(
+                    f"{self._what}: the call connection dropped while this call was in flight "
+                    f"({state}); its answer is lost"
+                )
             )
 
     def _fail_all(self, reason: str) -> None:
@@ -431,6 +459,7 @@ class ZmqCaller:
             raise
         finally:
             self._pending.pop(call_id, None)
+            self._cut_off.discard(call_id)
 
     def close(self) -> None:
         """Close the socket and its monitor (idempotent)."""

@@ -139,6 +139,10 @@ class _BusyWindow:
         if env_id not in self._idle_since:
             self._idle_since[env_id] = self._clock()
 
+    def is_waiting(self, env_id: int) -> bool:
+        """The env is inside next_episode, waiting for a seat."""
+        return env_id in self._idle_since
+
     def env_stops_waiting(self, env_id: int) -> None:
         since = self._idle_since.pop(env_id, None)
         if since is not None:
@@ -228,8 +232,8 @@ class GroupQueueManager:
     cancellation: the EnvManager continues that turn. ``suspend(cancel_in_flight=...)`` works in both modes.
 
     Watchdog, worker restarts, fatal errors. ``report_stalled`` envs are a gauge in every batch until the env
-    next talks to the scheduler. ``on_worker_restart`` fails the dead worker's in-flight episodes as
-    ``env_error`` (refilled) and counts ``worker_restarts``. ``report_fatal`` makes ``get_batch`` raise
+    next talks to the scheduler. ``on_worker_restart`` counts ``worker_restarts`` and re-opens the dead
+    worker's in-flight seats (``episodes_lost_to_restart``; no env-error budget is spent). ``report_fatal`` makes ``get_batch`` raise
     ``RolloutFatalError`` with the root cause and ``next_episode`` return None.
     """
 
@@ -721,37 +725,58 @@ class GroupQueueManager:
         self._seat_waiters.wake_all()
 
     async def on_worker_restart(self, env_ids: Sequence[int], reason: str) -> int:
-        """A worker hosting ``env_ids`` died and is being replaced: count it, fail its in-flight episodes.
+        """A worker hosting ``env_ids`` died and is being replaced: one restart; its in-flight episodes are lost.
 
-        Each episode those envs were playing ends ``env_error`` (counted, its seat re-opens, the group is
-        refilled as for any env error); returns how many there were.
+        Each episode those envs were playing is recorded as ``lost_to_restart`` (counted in
+        ``episodes_lost_to_restart``) and its seat re-opens for the replacement's envs. A worker's death is
+        not an env error: it spends neither the consecutive env-error budget nor the group's error budget,
+        so one dead worker hosting many busy envs is one restart, not a broken env setup. Returns how many
+        episodes were lost.
         """
         self.counters.worker_restarts += 1
         dead = set(env_ids)
-        failed = 0
+        lost = 0
         for group in list(self._pending.by_id.values()):
             for episode_id, env_id in list(group.in_flight.items()):
                 if env_id not in dead:
                     continue
-                failed += 1
-                await self.put_trajectory(
-                    Trajectory(
-                        tag=group.tag,
-                        group_id=group.group_id,
-                        episode_id=episode_id,
-                        env_id=env_id,
-                        seed=group.seed,
-                        traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}",
-                        created_step=group.created_step,
-                        stop_reason="env_error",
-                        error=f"its EnvManagerWorker died: {reason}",
+                lost += 1
+                del group.in_flight[episode_id]
+                self._unserved.append(
+                    (
+                        "lost_to_restart",
+                        Trajectory(
+                            tag=group.tag,
+                            group_id=group.group_id,
+                            episode_id=episode_id,
+                            env_id=env_id,
+                            seed=group.seed,
+                            traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}",
+                            created_step=group.created_step,
+                            stop_reason="aborted",
+                            error=f"its EnvManagerWorker died: {reason}",
+                        ),
                     )
                 )
+                self._pending.list_open(group)
+        self.counters.episodes_lost_to_restart += lost
         for env_id in dead:
             self._stalled.pop(env_id, None)
-        return failed
+        if lost:
+            self._seat_event()
+        return lost
 
     def report_stalled(self, env_id: int, description: str) -> None:
+        """A worker's watchdog saw ``env_id`` in one phase too long; a gauge until the env talks to the queue.
+
+        An env this queue holds waiting for a seat (quota, sync suspension) waits by design and is not
+        recorded; a wait for an episode whose request the queue does not hold (lost in transport) is.
+        """
+        if self._window.is_waiting(env_id):
+            logger.debug(
+                "watchdog: env %s waits for a seat here: %s", env_id, description
+            )
+            return
         self._stalled[env_id] = description
         logger.warning("watchdog: env %s makes no progress: %s", env_id, description)
 

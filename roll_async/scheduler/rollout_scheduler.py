@@ -26,6 +26,7 @@ from roll_async.runtime.ray_utils import (
 )
 from roll_async.runtime.zmq_calls import ServesCallsOverZmq
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.handover_ledger import HandoverLedger
 from roll_async.scheduler.layout import rollout_layout
 from roll_async.scheduler.served_batch import ServedBatch
 from roll_async.trajectory import EpisodeSpec, Trajectory
@@ -54,7 +55,9 @@ class GroupQueueActor(ServesCallsOverZmq):
     "Episode hand-overs over ZMQ too"). Those calls are not
     cancellable from the caller, as a Ray call is not: the queue finishes a hand-over whose
     caller gave up, and a seat handed to a dead worker's call is returned by the incarnation
-    check. The socket closes (``close_call_socket``) once the workers have stopped.
+    check. A hand-over carries an id; one retried after a dropped connection is answered
+    once (``HandoverLedger``), so no trajectory counts twice and no env gets two seats.
+    The socket closes (``close_call_socket``) once the workers have stopped.
     """
 
     ZMQ_METHODS = QUEUE_HANDOVER_METHODS
@@ -70,6 +73,7 @@ class GroupQueueActor(ServesCallsOverZmq):
         self._workers_by_env: dict[int, Any] = {}
         #: env_id -> incarnation of the worker that hosts it now (bumped on each restart).
         self._incarnation: dict[int, int] = {}
+        self._handovers = HandoverLedger()
         self.queue = GroupQueueManager.from_spec(
             spec, on_cancel=self._cancel, start_step=start_step
         )
@@ -92,8 +96,13 @@ class GroupQueueActor(ServesCallsOverZmq):
         self._workers_by_env = dict(workers_by_env)
 
     async def next_episode(
-        self, env_id: int, incarnation: int = 0
+        self, env_id: int, incarnation: int = 0, handover_id: str | None = None
     ) -> EpisodeSpec | None:
+        return await self._handovers.run(
+            env_id, handover_id, lambda: self._next_episode(env_id, incarnation)
+        )
+
+    async def _next_episode(self, env_id: int, incarnation: int) -> EpisodeSpec | None:
         spec = await self.queue.next_episode(env_id)
         if spec is not None and incarnation < self._incarnation.get(env_id, 0):
             # The call came from a worker that died while it waited: nobody will play this seat, give it back.
@@ -115,20 +124,34 @@ class GroupQueueActor(ServesCallsOverZmq):
     async def restart_envs(
         self, env_ids: list[int], reason: str, incarnation: int
     ) -> int:
-        """Their worker died; its replacement is ``incarnation``. Fails their in-flight episodes (see group_queue)."""
+        """Their worker died; its replacement is ``incarnation``. Re-opens their in-flight seats (see group_queue)."""
         for env_id in env_ids:
             self._incarnation[env_id] = incarnation
+            self._handovers.forget(env_id)
         return await self.queue.on_worker_restart(env_ids, reason)
 
-    async def put_trajectory(self, trajectory: Trajectory) -> None:
-        await self.queue.put_trajectory(trajectory)
+    async def put_trajectory(
+        self, trajectory: Trajectory, handover_id: str | None = None
+    ) -> None:
+        await self._handovers.run(
+            trajectory.env_id,
+            handover_id,
+            lambda: self.queue.put_trajectory(trajectory),
+        )
 
     async def put_trajectory_and_next_episode(
-        self, trajectory: Trajectory, incarnation: int = 0
+        self,
+        trajectory: Trajectory,
+        incarnation: int = 0,
+        handover_id: str | None = None,
     ) -> EpisodeSpec | None:
         """put_trajectory then next_episode for the same env, in one call from the worker."""
-        await self.queue.put_trajectory(trajectory)
-        return await self.next_episode(trajectory.env_id, incarnation)
+
+        async def both() -> EpisodeSpec | None:
+            await self.queue.put_trajectory(trajectory)
+            return await self._next_episode(trajectory.env_id, incarnation)
+
+        return await self._handovers.run(trajectory.env_id, handover_id, both)
 
     async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
         return await self.queue.get_batch(batch_size, step)
@@ -160,6 +183,7 @@ class GroupQueueActor(ServesCallsOverZmq):
         return {
             **self.queue.describe(),
             "handovers_over_zmq": self.calls_served,
+            "handover_retries": self._handovers.retries,
             "sched_policy": sched_policy.process_policies(),
         }
 
@@ -202,8 +226,9 @@ class RolloutScheduler:
     ``resume()`` is optional in sync mode (the next ``get_batch`` resumes), but calling it right after the
     weight update lets generation for the next step start while the pipeline does other work. ``get_batch``
     raises RolloutFatalError with the root cause if the env loops die instead of waiting forever. A worker
-    whose process dies is restarted instead: a new actor with the same envs, whose in-flight episodes end
-    ``env_error`` and are refilled (``rollout/worker_restarts``); only past ``max_worker_restarts`` restarts
+    whose process dies is restarted instead: a new actor with the same envs, whose in-flight episodes are
+    lost to the restart and their seats refilled (``rollout/worker_restarts``,
+    ``rollout/episodes_lost_to_restart``; no env-error budget is spent); only past ``max_worker_restarts`` restarts
     does ``get_batch`` fail, naming the budget and the cause.
     """
 
@@ -312,7 +337,7 @@ class RolloutScheduler:
         )
 
     async def _restart_worker(self, index: int, cause: BaseException) -> None:
-        """Replace dead worker ``index``: new actor, its envs' in-flight episodes fail, its loops start."""
+        """Replace dead worker ``index``: new actor, its envs' in-flight episodes are lost (seats re-open), its loops start."""
         import ray
 
         self.worker_restarts += 1

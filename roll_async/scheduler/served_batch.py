@@ -29,6 +29,7 @@ class SchedulerCounters:
     completed_groups: int = 0
     created_groups: int = 0
     worker_restarts: int = 0
+    episodes_lost_to_restart: int = 0
 
     def minus(self, earlier: SchedulerCounters) -> dict[str, int]:
         now, before = asdict(self), asdict(earlier)
@@ -50,7 +51,7 @@ class ServedBatch:
     #: Current state: stalled_envs, pending_groups, in_flight_episodes.
     gauges: dict[str, float] = field(default_factory=dict)
     #: Episodes since the previous batch that were not served, as (fate, trajectory): env_error, late,
-    #: dropped_stale, filtered, dropped_errors. The run directory records them (unserved_trajectories.jsonl).
+    #: dropped_stale, filtered, dropped_errors, lost_to_restart. The run directory records them (unserved_trajectories.jsonl).
     unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
     def rollout_metrics(

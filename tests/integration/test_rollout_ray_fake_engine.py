@@ -302,3 +302,44 @@ async def test_validation_on_ray_is_repeatable(ray_session, tokenizer_setup):
         (t.seed, t.token_ids, t.episode_reward) for t in second
     ]
     assert metrics["val/num_episodes"] == 3 and "val/count/episode_reward" in metrics
+
+
+async def test_a_dead_worker_hosting_many_busy_envs_is_restarted_and_the_run_goes_on(
+    ray_session, tokenizer_setup
+):
+    # 104 envs busy on one worker, more than the queue's 100 consecutive env errors: the worker's death
+    # must be one restart, not 104 env errors in a row that fail the run as a broken env setup.
+    ray = ray_session
+    path, reply = tokenizer_setup
+    engine = fake_engine(ray, reply, latency_s=0.5)
+    config = config_for(
+        num_env_groups=26, group_size=4, env_config={"episode_length": 3}
+    )
+    config.train_env_manager.max_env_num_per_worker = 104
+    scheduler = RolloutScheduler(
+        rollout_spec(config, "train"),
+        engine_handles=[engine],
+        tokenizer_path=path,
+        env_factory=scripted_env_factory,
+    )
+    try:
+        await scheduler.start()
+        assert scheduler.num_workers == 1
+        for _ in range(200):
+            queue = (await scheduler.describe())["queue"]
+            in_flight = sum(len(g["in_flight"]) for g in queue["pending"]["count"])
+            if in_flight == 104:
+                break
+            await asyncio.sleep(0.05)
+        assert in_flight == 104
+        ray.kill(scheduler._workers[0])
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(104, 0), 90
+        )
+        assert len(batch) == 104
+        assert metrics["rollout/worker_restarts"] == 1
+        assert metrics["rollout/episodes_lost_to_restart"] > 100
+        assert metrics["rollout/env_errors"] == 0
+    finally:
+        await scheduler.shutdown()
+        ray.kill(engine)

@@ -8,9 +8,11 @@ crash: the socket is gone and every Ray call raises Ray's actor-death error.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection
 from typing import Any
 
+import zmq
 from ray.exceptions import RayActorError
 
 from roll_async.runtime.zmq_calls import CallEndpoint, CallServer
@@ -59,6 +61,30 @@ class LocalActor:
 
     def __getattr__(self, name: str) -> _Method:
         return _Method(self, name)
+
+    def drop_connections(self) -> None:
+        """The actor lives on but its callers' connections drop: the socket closes and a new one takes the
+        same address, so each caller reconnects under a new routing id (answers to the old one are lost)."""
+        old = self.server
+        assert old is not None, "no call socket to drop"
+        old.close()
+        self.server = CallServer(
+            self.target,
+            self._methods,
+            node_id=self.node_id,
+            tcp_host="127.0.0.1",
+            name="test",
+            cancellable=self._cancellable,
+        )
+        socket = self.server._socket.socket
+        socket.bind(old.endpoint.ipc)  # the old socket's IPC file is gone
+        for _ in range(100):  # the old TCP port is free once ZMQ's I/O thread closed it
+            try:
+                socket.bind(old.endpoint.tcp)
+                break
+            except zmq.ZMQError:
+                time.sleep(0.01)
+        self.server.endpoint = old.endpoint
 
     def kill(self) -> None:
         self.dead = True

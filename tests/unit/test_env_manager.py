@@ -16,7 +16,7 @@ from roll_async.config.schema import (
     PipelineConfig,
     validate_config,
 )
-from roll_async.env_managers.worker import EnvManagerHost
+from roll_async.env_managers.worker import EnvManagerHost, find_stalled
 from roll_async.errors import RolloutFatalError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.scheduler.local import LocalRolloutScheduler
@@ -557,10 +557,92 @@ def test_host_watchdog_reports_each_stall_once_and_then_recovery():
     ]
     host = EnvManagerHost(managers, watchdog_timeout_s=10, clock=lambda: now[0])  # type: ignore[arg-type]
     new, recovered = host.check_watchdog()
-    assert list(new) == [0] and recovered == []
+    assert sorted(new) == [0, 1] and recovered == []
+    assert "waiting_for_episode" in new[1]
     assert host.check_watchdog() == ({}, [])
     managers[0].progress.last_progress_at = 100.0
     assert host.check_watchdog() == ({}, [0])
+
+
+def test_the_watchdog_covers_every_phase_an_episode_can_stall_in():
+    from roll_async.env_managers.env_status import STALL_PHASES, EnvPhase
+
+    phases = set(EnvPhase.__args__)  # type: ignore[attr-defined]
+    assert set(STALL_PHASES) == phases - {"idle", "stopped"}
+
+    class Manager:
+        def __init__(self, env_id, phase):
+            from roll_async.env_managers.env_status import EnvProgress
+
+            self.env_id = env_id
+            self.progress = EnvProgress(phase=phase, last_progress_at=0.0)
+            self.settings = type("S", (), {"tag": "t"})()
+
+    ordered = sorted(phases)
+    managers = [Manager(i, phase) for i, phase in enumerate(ordered)]
+    stalled = find_stalled(managers, now=100.0, timeout_s=10.0)  # type: ignore[arg-type]
+    assert {ordered[i] for i in stalled} == set(STALL_PHASES)
+
+
+async def test_the_watchdog_reports_an_env_whose_seat_request_never_comes_back(
+    tokenizer,
+):
+    """A hand-over lost in transport leaves the env in waiting_for_episode, which the watchdog must see."""
+    from roll_async.env_managers.worker import build_env_managers
+
+    class LostHandOver:
+        async def next_episode(self, env_id):
+            await asyncio.Event().wait()  # the answer never arrives
+
+        async def put_trajectory(self, trajectory):
+            pass
+
+    stalls: list[tuple[int, str]] = []
+    managers = build_env_managers(
+        rollout_spec(make_config(), "train"),
+        [(0, "count")],
+        scheduler=LostHandOver(),
+        engine_for=lambda env_id: FakeEngine(lambda r: []),
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
+    host = EnvManagerHost(
+        managers,
+        watchdog_timeout_s=0.05,
+        on_stall=lambda env_id, text: stalls.append((env_id, text)),
+    )
+    running = asyncio.create_task(host.run())
+    try:
+        for _ in range(100):
+            if stalls:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await host.stop()
+        await asyncio.gather(running, return_exceptions=True)
+    assert stalls and stalls[0][0] == 0 and "waiting_for_episode" in stalls[0][1]
+
+
+async def test_the_queue_counts_a_waiting_env_as_stalled_only_when_it_does_not_hold_its_request():
+    """An env the queue keeps waiting for a seat (quota, sync suspension) is not stalled; one whose request
+    never reached the queue is."""
+    from roll_async.scheduler.group_queue import GroupQueueManager
+    from roll_async.scheduler.queue_rules import QueueRules
+
+    queue = GroupQueueManager(
+        QueueRules(tags=["a"], group_size=1, groups_per_batch=1),
+        env_tags={0: "a", 1: "a", 2: "a"},
+    )
+    await queue.next_episode(0)  # the only seat
+    waiting = asyncio.create_task(
+        queue.next_episode(1)
+    )  # out of quota: the queue holds it
+    await asyncio.sleep(0.01)
+    queue.report_stalled(1, "env 1 stuck in waiting_for_episode for 300s")
+    queue.report_stalled(2, "env 2 stuck in waiting_for_episode for 300s")
+    assert list(queue.stalled_envs()) == [2]
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
 
 
 async def test_a_template_with_an_unknown_field_fails_with_the_key_named(
@@ -710,7 +792,7 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
     spec = await actor.next_episode(0, 0)
     await actor.restart_envs(
         [0], "worker died", incarnation=1
-    )  # the episode of spec fails as env_error
+    )  # the episode of spec is lost to the restart (its seat re-opens)
     finished = Trajectory(
         tag=spec.tag,
         group_id=spec.group_id,
@@ -726,3 +808,95 @@ async def test_the_combined_call_from_a_dead_worker_incarnation_gives_its_seat_b
     # the seat the old incarnation was given is playable by the new one
     assert fresh is not None
     await actor.shutdown()
+
+
+async def test_a_retried_hand_over_is_neither_lost_nor_duplicated(
+    tokenizer, answer_ids
+):
+    """A worker retries a hand-over under the same id after its connection dropped: one seat, one trajectory."""
+    from roll_async.scheduler.rollout_scheduler import GroupQueueActor
+
+    config = make_config(num_env_groups=2, group_size=2, mode="async", max_staleness=1)
+    actor = GroupQueueActor(rollout_spec(config, "train"), start_step=0)
+    queue = actor.queue
+    first = await actor.next_episode(0, 0, "seat-1")
+    assert await actor.next_episode(0, 0, "seat-1") == first  # the retry: the same seat
+    assert sum(len(g["in_flight"]) for g in queue.describe()["pending"]["count"]) == 1
+    finished = Trajectory(
+        tag=first.tag,
+        group_id=first.group_id,
+        episode_id=first.episode_id,
+        env_id=0,
+        seed=first.seed,
+        traj_id="done",
+        created_step=first.created_step,
+        stop_reason="terminated",
+    )
+    queue.suspend(
+        cancel_in_flight=False
+    )  # the next seat waits, so the retry comes while it is handled
+    handing_over = asyncio.create_task(
+        actor.put_trajectory_and_next_episode(finished, 0, "hand-over-2")
+    )
+    await asyncio.sleep(0.05)
+    retry = asyncio.create_task(
+        actor.put_trajectory_and_next_episode(finished, 0, "hand-over-2")
+    )
+    await asyncio.sleep(0.05)
+    queue.resume()
+    second, again = await asyncio.wait_for(asyncio.gather(handing_over, retry), 5)
+    assert second == again and second != first
+    pending = queue.describe()["pending"]["count"]
+    group = next(g for g in pending if g["group_id"] == first.group_id)
+    assert group["done"] == 1  # the trajectory counted once
+    assert sum(len(g["in_flight"]) for g in pending) == 1  # one seat for env 0
+    assert queue.counters.late_trajectories == 0
+    assert (await actor.describe())["handover_retries"] == 2
+    await actor.shutdown()
+
+
+async def test_a_cancel_that_arrives_before_its_seat_ends_the_episode_at_once(
+    tokenizer, answer_ids
+):
+    """Cancels travel as Ray calls, seats over ZMQ: a cancel may reach the worker before the seat does."""
+    from roll_async.env_managers.worker import build_env_managers
+    from roll_async.trajectory import EpisodeSpec
+
+    class OneSeat:
+        def __init__(self) -> None:
+            self.seat_arrives = asyncio.Event()
+            self.asked = 0
+            self.received: list[Trajectory] = []
+
+        async def next_episode(self, env_id):
+            self.asked += 1
+            if self.asked > 1:
+                return None  # stop after the one seat
+            await self.seat_arrives.wait()
+            return EpisodeSpec(
+                tag="count", group_id=5, episode_id=0, seed=1, created_step=0
+            )
+
+        async def put_trajectory(self, trajectory):
+            self.received.append(trajectory)
+
+    engine = FakeEngine(lambda r: answer_ids)
+    scheduler = OneSeat()
+    (manager,) = build_env_managers(
+        rollout_spec(make_config(), "train"),
+        [(0, "count")],
+        scheduler=scheduler,
+        engine_for=lambda env_id: engine,
+        tokenizer=tokenizer,
+        env_factory=scripted_env_factory,
+    )
+    loop = asyncio.create_task(manager.run_rollout_loop())
+    await asyncio.sleep(0.05)
+    assert manager.progress.phase == "waiting_for_episode"
+    manager.cancel_episode(5, 0)  # the group completed; the seat is still on its way
+    scheduler.seat_arrives.set()
+    await asyncio.wait_for(loop, 5)
+    assert engine.prompts == []  # not one turn played
+    assert scheduler.received == []  # nothing handed over to be discarded as late
+    assert manager.stats.cancelled_episodes == 1
+    assert manager.stats.cancelled_before_start == 1
