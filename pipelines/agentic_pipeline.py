@@ -185,6 +185,7 @@ class AgenticPipeline:
             engine_handles=self.engines,
             tokenizer_path=self.model_path,
             start_step=self.start_step,
+            version_base=self.version_base,
             seed_state=self.resumed_seed_state,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:

@@ -54,9 +54,12 @@ class ServedBatch:
     unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
     def rollout_metrics(
-        self, engine_stats: Sequence[Mapping[str, Any]] = ()
+        self, engine_stats: Sequence[Mapping[str, Any]] = (), version_base: int = 0
     ) -> dict[str, float]:
-        """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics)."""
+        """The DESIGN rollout metrics of this batch (see roll_async.metrics.rollout_metrics).
+
+        ``version_base``: the engines' weight version at step 0 (the weight-version lag counts from it).
+        """
         return rollout_metrics(
             self.trajectories,
             step=self.step,
@@ -65,4 +68,5 @@ class ServedBatch:
             counters=self.counters,
             gauges=self.gauges,
             engine_stats=list(engine_stats),
+            version_base=version_base,
         )
