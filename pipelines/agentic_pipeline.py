@@ -158,6 +158,7 @@ class AgenticPipeline:
                 config.ray_num_cpus,
                 log_dir=self.run_dir.logs if self.run_dir else None,
             )
+            self.interrupt.reclaim()  # ray.init replaced the SIGTERM handler
 
     async def _start_actors(self) -> None:
         config = self.config
