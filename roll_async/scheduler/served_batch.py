@@ -50,7 +50,7 @@ class ServedBatch:
     #: Current state: stalled_envs, pending_groups, in_flight_episodes.
     gauges: dict[str, float] = field(default_factory=dict)
     #: Episodes since the previous batch that were not served, as (fate, trajectory): env_error, late,
-    #: dropped_stale, filtered, dropped_errors. The run directory records them (unserved_trajectories.jsonl).
+    #: dropped_stale, filtered, dropped_errors, redundant. The run directory records them (unserved_trajectories.jsonl).
     unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
     def rollout_metrics(
