@@ -186,6 +186,7 @@ class EnvManager:
             abort_backoff_s=settings.abort_backoff_s,
             request_prefix=request_prefix,
             clock=clock,
+            decode=prompt_builder.decode,
         )
         self._episode_task: asyncio.Task | None = None
         self._cancel_requested = False

@@ -98,6 +98,26 @@ def append_generation(
     return len(new_ids)
 
 
+def stop_string_end(
+    decode: Callable[[list[int]], str], token_ids: list[int], stop: list[str]
+) -> int | None:
+    """The fewest leading ids whose text holds one of ``stop`` (vLLM ends a request at the token that
+    completes a stop string and keeps it: ``include_stop_str_in_output``); None if the text holds none.
+
+    Decoding a longer prefix only appends text, so the search halves the ids each time.
+    """
+    if not stop or not any(s in decode(token_ids) for s in stop):
+        return None
+    low, high = 1, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if any(s in decode(token_ids[:middle]) for s in stop):
+            high = middle
+        else:
+            low = middle + 1
+    return high
+
+
 class TurnGenerator:
     """Generates the turns of one env instance's episodes.
 
@@ -110,9 +130,13 @@ class TurnGenerator:
     paused for a weight update, or aborted) is NOT thrown away: the turn
     continues from the partial output (prompt + partial ids, fewer max_tokens),
     with the behaviour logprobs of every piece kept and the weight versions of
-    all pieces recorded (``TurnRecord.resumed_generations`` counts it). Every
-    generated token keeps the weight version that sampled it. A cancelled turn
-    aborts its in-flight request.
+    all pieces recorded (``TurnRecord.resumed_generations`` counts it). The
+    engine checks stop strings only in a continuation's own output, so a stop
+    string split across an abort is checked on the joined output (``decode``):
+    the turn then ends at the token that completes it, as vLLM would have ended
+    it, with finish reason ``stop`` and the ids, logprobs and token versions
+    after it dropped. Every generated token keeps the weight version that
+    sampled it. A cancelled turn aborts its in-flight request.
     """
 
     def __init__(
@@ -129,6 +153,7 @@ class TurnGenerator:
         abort_backoff_s: float = 0.02,
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
+        decode: Callable[[list[int]], str] | None = None,
     ) -> None:
         self.env_id = env_id
         self.engine = engine
@@ -145,6 +170,9 @@ class TurnGenerator:
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
         self.request_prefix = request_prefix
         self._clock = clock
+        #: Generated ids -> text as the engine's detokenizer sees it (special tokens skipped); finds a stop
+        #: string split across an abort. None: only the engine checks stop strings.
+        self.decode = decode
         self._request_counter = itertools.count()
 
     async def generate(
@@ -246,6 +274,11 @@ class TurnGenerator:
             added = append_generation(
                 result, token_ids, logprobs, versions, token_versions
             )
+            if resumed and self._cut_at_split_stop(
+                stop, token_ids, logprobs, versions, token_versions
+            ):
+                finish = "stop"
+                break
             if result.finish_reason != "abort":
                 finish = result.finish_reason
                 break
@@ -270,6 +303,31 @@ class TurnGenerator:
             started_at,
             time.time(),
         )
+
+    def _cut_at_split_stop(
+        self,
+        stop: list[str],
+        token_ids: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        token_versions: list[int],
+    ) -> bool:
+        """After a continuation: end the turn at a stop string the joined output holds (in place); True if so.
+
+        A stop string the last piece ended on by itself is the engine's own cut and is left as it is.
+        """
+        if self.decode is None or not stop:
+            return False
+        end = stop_string_end(self.decode, token_ids, stop)
+        if end is None:
+            return False
+        del token_ids[end:], logprobs[end:], token_versions[end:]
+        versions[:] = [
+            v
+            for i, v in enumerate(token_versions)
+            if i == 0 or token_versions[i - 1] != v
+        ]
+        return True
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:

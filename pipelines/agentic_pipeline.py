@@ -157,6 +157,7 @@ class AgenticPipeline:
                 config.ray_num_cpus,
                 log_dir=self.run_dir.logs if self.run_dir else None,
             )
+            self.interrupt.reclaim()  # ray.init replaced the SIGTERM handler
 
     async def _start_actors(self) -> None:
         config = self.config
@@ -183,6 +184,7 @@ class AgenticPipeline:
             engine_handles=self.engines,
             tokenizer_path=self.model_path,
             start_step=self.start_step,
+            version_base=self.version_base,
             seed_state=self.resumed_seed_state,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:

@@ -3,11 +3,16 @@
 The first SIGINT/SIGTERM sets :class:`InterruptFlag`. Waits that may take long
 (engine start, rollout, validation, weight sync) are raced against it with
 :meth:`InterruptFlag.race`; a train step in progress is let finish, because
-stopping it halfway would leave the weights half-updated. The pipeline then
-saves a checkpoint of the last completed step, shuts its actors down and raises
-:class:`RunInterrupted`, which the CLI prints as one line and turns into exit
-status 130. A second signal while that happens exits the process immediately
-(``os._exit``); Ray's processes share the driver's fate and go with it.
+stopping it halfway would leave the weights half-updated. The train pipeline
+then saves a checkpoint of the last completed step, shuts its actors down and
+raises :class:`RunInterrupted` (the rollout pipeline: :class:`RolloutInterrupted`,
+its batches are already written), which the CLI prints as one line and turns
+into exit status 128 + the signal number: 130 for SIGINT, 143 for SIGTERM, as a
+shell reports a process the signal ended. ``ray.init`` installs Ray's own
+SIGTERM handlers (a C++ stack dump, then ``sys.exit``), so the pipelines call
+:meth:`InterruptFlag.reclaim` right after it. A second signal while the run
+stops exits the process immediately (``os._exit``, same status); Ray's
+processes share the driver's fate and go with it.
 """
 
 from __future__ import annotations
@@ -21,8 +26,16 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-#: Exit status of a run stopped by a signal (the shell's 128 + SIGINT).
+#: Exit status of a run stopped by SIGINT (the shell's 128 + SIGINT); SIGTERM gives 143 (exit_status).
 EXIT_INTERRUPTED = 130
+
+
+def exit_status(signal_name: str) -> int:
+    """128 + the signal's number (130 for SIGINT, 143 for SIGTERM); 130 for an unknown name."""
+    try:
+        return 128 + int(signal.Signals[signal_name])
+    except KeyError:
+        return EXIT_INTERRUPTED
 
 
 class SignalReceived(Exception):
@@ -47,6 +60,21 @@ class RunInterrupted(Exception):
         return f"interrupted at step {self.step} ({self.signal_name}); {where}"
 
 
+@dataclass
+class RolloutInterrupted(Exception):
+    """A rollout run stopped on a signal while collecting batch ``batch``; the ``batch`` before it are written."""
+
+    batch: int
+    run_dir: str
+    signal_name: str = "SIGINT"
+
+    def __str__(self) -> str:
+        return (
+            f"interrupted at batch {self.batch} ({self.signal_name}); "
+            f"{self.batch} batches kept in {self.run_dir}"
+        )
+
+
 class InterruptFlag:
     """Installed on the running loop for SIGINT and SIGTERM; ``uninstall`` restores the previous handlers."""
 
@@ -61,6 +89,11 @@ class InterruptFlag:
             self._loop.add_signal_handler(signum, self._on_signal, signum)
         return self
 
+    def reclaim(self) -> None:
+        """Take SIGINT/SIGTERM back after a library replaced their handlers (``ray.init`` does); no-op if not installed."""
+        if self._loop is not None:
+            self.install()
+
     def uninstall(self) -> None:
         if self._loop is None:
             return
@@ -70,7 +103,7 @@ class InterruptFlag:
 
     def _on_signal(self, signum: int) -> None:
         if self.event.is_set():
-            os._exit(EXIT_INTERRUPTED)  # second signal: at once, no clean-up
+            os._exit(exit_status(signal.Signals(signum).name))  # second signal: at once
         self.signal_name = signal.Signals(signum).name
         self.event.set()
 

@@ -16,6 +16,11 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.pipelines.console import format_rollout_line
+from roll_async.pipelines.interrupt import (
+    InterruptFlag,
+    RolloutInterrupted,
+    SignalReceived,
+)
 from roll_async.pipelines.preflight import preflight
 from roll_async.run_output.logs import attach_run_logs, configure_console
 from roll_async.run_output.run_dir import RunDirectory
@@ -25,7 +30,21 @@ from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 logger = logging.getLogger(__name__)
 
 
-async def run_rollout_async(config: PipelineConfig) -> Path:
+async def run_rollout_async(
+    config: PipelineConfig, handle_signals: bool = False
+) -> Path:
+    """Collect ``config.num_batches`` batches; ``handle_signals``: the first SIGINT/SIGTERM stops the run after
+    the batches already written, shuts everything down and raises RolloutInterrupted."""
+    interrupt = InterruptFlag()
+    if handle_signals:
+        interrupt.install()
+    try:
+        return await _collect(config, interrupt)
+    finally:
+        interrupt.uninstall()
+
+
+async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     import ray
 
     configure_console(config.logging.level)
@@ -35,10 +54,13 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     run_dir.write_config(config)
     attach_run_logs(run_dir.root, config.logging.level)
     init_ray(config.ray_address, config.ray_num_cpus, log_dir=run_dir.logs)
+    interrupt.reclaim()  # ray.init replaced the SIGTERM handler
     engines: list = []
     scheduler = None
+    written = 0
+    interrupted: RolloutInterrupted | None = None
     try:
-        engines = await launch_engines(model_path, config.engine)
+        engines = await interrupt.race(launch_engines(model_path, config.engine))
         scheduler = RolloutScheduler(
             rollout_spec(config, "train"),
             engine_handles=engines,
@@ -46,8 +68,8 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
         )
         for step in range(config.num_batches):
             started = time.perf_counter()
-            batch, metrics = await scheduler.get_batch_with_metrics(
-                config.rollout_batch_size, step
+            batch, metrics = await interrupt.race(
+                scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
             )
             metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
             served_at = time.time()
@@ -57,19 +79,29 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
                     batch, tokenizer, served_step=step, served_at=served_at
                 )
                 run_dir.append_unserved(scheduler.last_unserved, tokenizer, step)
+            written = step + 1
             if config.logging.console:
                 print(format_rollout_line(step, metrics), flush=True)
+            if interrupt.is_set:
+                raise SignalReceived(interrupt.signal_name)
             if config.mode == "sync":
                 # sync: loops paused at get_batch; nothing to train, so go on
-                await scheduler.resume()
+                await interrupt.race(scheduler.resume())
+    except SignalReceived:
+        interrupted = RolloutInterrupted(
+            written, str(run_dir.root), interrupt.signal_name
+        )
     finally:
         if scheduler is not None:
             await scheduler.shutdown()
         await shutdown_engines(engines)
         ray.shutdown()
+    if interrupted is not None:
+        raise interrupted
     print(f"run directory: {run_dir.root}")
     return run_dir.root
 
 
 def run_rollout(config: PipelineConfig) -> Path:
-    return asyncio.run(run_rollout_async(config))
+    """The ``roll-async rollout`` entry: SIGINT/SIGTERM stop it cleanly (RolloutInterrupted)."""
+    return asyncio.run(run_rollout_async(config, handle_signals=True))

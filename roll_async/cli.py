@@ -97,9 +97,40 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args, "rollout")
     from roll_async.config.schema import load_config
+    from roll_async.pipelines.interrupt import (
+        RolloutInterrupted,
+        SignalReceived,
+        exit_status,
+    )
     from roll_async.pipelines.rollout_pipeline import run_rollout
 
-    run_rollout(load_config(args.config, args.overrides))
+    config = load_config(args.config, args.overrides)
+    try:
+        run_rollout(config)
+    except RolloutInterrupted as stop:
+        # A rollout run has no resume: the command collects the remaining batches in a new run directory.
+        kept = [
+            o
+            for o in args.overrides
+            if not o.startswith(("num_batches=", "output_dir="))
+        ]
+        command = " ".join(
+            [
+                "roll-async rollout",
+                args.config,
+                *kept,
+                f"num_batches={config.num_batches - stop.batch}",
+            ]
+        )
+        print(f"{stop}; collect the rest with: {command}", file=sys.stderr, flush=True)
+        return exit_status(stop.signal_name)
+    except SignalReceived as stop:
+        print(
+            f"interrupted ({stop}) before the first batch; nothing to keep",
+            file=sys.stderr,
+            flush=True,
+        )
+        return exit_status(str(stop))
     return 0
 
 
@@ -109,9 +140,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from roll_async.config.schema import load_config
     from roll_async.pipelines.agentic_pipeline import run_train
     from roll_async.pipelines.interrupt import (
-        EXIT_INTERRUPTED,
         RunInterrupted,
         SignalReceived,
+        exit_status,
     )
 
     config = load_config(args.config, args.overrides)
@@ -134,14 +165,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
         else:
             print(f"{stop}; start again with: {command}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return exit_status(stop.signal_name)
     except SignalReceived as stop:
         print(
             f"interrupted ({stop}) before the first step; nothing to keep",
             file=sys.stderr,
             flush=True,
         )
-        return EXIT_INTERRUPTED
+        return exit_status(str(stop))
     return 0
 
 

@@ -26,7 +26,7 @@ TRUNCATION_RATE = "rollout/truncation_rate"
 MAX_STEPS_RATE = "rollout/max_steps_rate"
 STALENESS_MEAN = "rollout/staleness/mean"
 STALENESS_MAX = "rollout/staleness/max"
-#: step minus the oldest weight version a trajectory used (meaningful when version == trained steps).
+#: The version the engines serve at this step (see rollout_metrics) minus the oldest version a trajectory used.
 WEIGHT_LAG_MEAN = "rollout/weight_version_lag/mean"
 WEIGHT_LAG_MAX = "rollout/weight_version_lag/max"
 DROPPED_STALE_GROUPS = "rollout/dropped_stale_groups"
@@ -222,14 +222,24 @@ def rollout_metrics(
     counters: Mapping[str, float] | None = None,
     gauges: Mapping[str, float] | None = None,
     engine_stats: Sequence[Mapping[str, float]] | None = None,
+    version_base: int = 0,
 ) -> dict[str, float]:
-    """Metrics of one ``get_batch``: throughput over ``window_s``, batch shape, staleness, scheduler events."""
+    """Metrics of one ``get_batch``: throughput over ``window_s``, batch shape, staleness, scheduler events.
+
+    The weight-version lag is measured against the version the engines serve now: the newest
+    ``weight_version`` in ``engine_stats``, else ``version_base + step`` (``version_base``: the engines'
+    version at step 0, not 0 when they started further on, e.g. a resumed run's), never the step number.
+    """
     turns = [float(t.num_turns) for t in batch]
     lengths = [float(t.response_length) for t in batch]
     generated = sum(t.response_length for t in batch)
     staleness = [float(step - t.created_step) for t in batch]
+    reported = [
+        int(s["weight_version"]) for s in engine_stats or [] if "weight_version" in s
+    ]
+    serving = max(reported) if reported else version_base + step
     lags = [
-        float(step - t.oldest_weight_version)
+        float(serving - t.oldest_weight_version)
         for t in batch
         if t.oldest_weight_version is not None
     ]

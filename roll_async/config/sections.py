@@ -30,6 +30,8 @@ WorkerPlacement = Literal["spread", "pack"]
 #: <env_manager>.group_filter (roll_async/scheduler/filters.py holds a predicate per name).
 GroupFilterName = Literal["none", "zero_variance"]
 ServeOrder = Literal["fifo", "first_complete"]
+#: <env_manager>.redundancy_keep (roll_async/scheduler/group_queue.py "Completion and redundancy").
+RedundancyKeep = Literal["seat_order", "first_finished"]
 AdvantageEstimator = Literal["grpo", "rloo"]
 LossAgg = Literal["token_mean", "seq_mean"]
 TrainerPlacement = Literal["driver", "ray_actor"]
@@ -151,8 +153,14 @@ class EnvManagerConfig:
     num_env_groups: int = 4
     #: Trajectories per group (GRPO's group: same env config and seed).
     group_size: int = 4
-    #: Extra env instances per group; the group completes with the first group_size trajectories.
+    #: Extra env instances per group (seats beyond group_size); redundancy_keep decides which trajectories a group keeps.
     group_size_redundancy: int = 0
+    #: With group_size_redundancy > 0. seat_order: a group keeps the episodes of its first group_size seats in
+    #: launch order; a redundant seat only replaces a seat whose episode failed (env_error) or was given back,
+    #: so which episodes are kept does not depend on their length (unbiased). first_finished: the first
+    #: group_size episodes to finish, which biases each group toward short episodes (and whatever outcome
+    #: correlates with length) in exchange for less waiting on the slowest seat.
+    redundancy_keep: RedundancyKeep = "seat_order"
     #: Env tags (keys of custom_envs) this manager plays.
     tags: list[str] = field(default_factory=list)
     #: Groups per tag, same length as ``tags``; empty means split num_env_groups evenly.

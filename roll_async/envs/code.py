@@ -60,6 +60,8 @@ class CodeEnvConfig(EnvConfig):
     memory_mb: int = 256
     max_output_bytes: int = 16 * 1024
     max_processes: int = 32
+    #: The program's private writable space in MiB (roll_async.envs.sandbox: a tmpfs where it can mount one).
+    disk_mb: int = 16
     #: Characters of stdout/stderr shown to the model per run.
     max_observation_chars: int = 1200
     success_reward: float = 1.0
@@ -76,6 +78,7 @@ class CodeEnvConfig(EnvConfig):
             "memory_mb",
             "max_output_bytes",
             "max_processes",
+            "disk_mb",
             "max_observation_chars",
         ):
             if float(getattr(self, name)) <= 0:
@@ -90,6 +93,7 @@ class CodeEnvConfig(EnvConfig):
             memory_mb=int(self.memory_mb),
             max_output_bytes=int(self.max_output_bytes),
             max_processes=int(self.max_processes),
+            disk_mb=int(self.disk_mb),
         )
 
 

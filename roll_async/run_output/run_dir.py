@@ -101,7 +101,8 @@ class RunDirectory:
         tokenizer: Any | None = None,
         step: int | None = None,
     ) -> None:
-        """Episodes not trained on, one line each with ``fate`` (env_error, late, dropped_stale, filtered, dropped_errors, lost_to_restart)."""
+        """Episodes not trained on, one line each with ``fate`` (env_error, late, dropped_stale, filtered, dropped_errors,
+        lost_to_restart, redundant)."""
         if not unserved:
             return
         with self.unserved_path.open("a") as f:

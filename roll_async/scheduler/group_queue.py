@@ -187,10 +187,17 @@ class GroupQueueManager:
     re-issued seats after errors). Group number ``i`` of tag ``t`` plays ``derive_seed(run_seed, t, i)``; all
     trajectories of a group share tag, env config and seed.
 
-    Completion and redundancy. A group is complete when ``group_size`` successful trajectories have arrived
-    (in arrival order). Its seats still in flight are cancelled through ``on_cancel`` (the EnvManager aborts
-    its engine request and discards the partial episode) and any trajectory that still arrives for it is
-    discarded (``late_trajectories``).
+    Completion and redundancy. Seats are numbered in launch order (``episode_id``); a seat whose episode
+    failed (``env_error``) or was given back (``aborted``) drops out, and its re-issued seat is launched
+    last. ``redundancy_keep: seat_order`` (the default): a group is complete when the first ``group_size``
+    seats still standing, in launch order, have all finished; those are kept, in seat order, and a
+    redundant seat counts only where an earlier seat failed, so which episodes are kept does not depend on
+    how long they took. A redundant episode that finished but is not kept is reported unserved
+    (``redundant``). ``first_finished``: complete when ``group_size`` successful trajectories have arrived,
+    kept in arrival order; less waiting on the slowest seat, but each group is biased toward short
+    episodes (and toward whatever outcome correlates with length). Either way, the group's seats still in
+    flight are then cancelled through ``on_cancel`` (the EnvManager aborts its engine request and discards
+    the partial episode) and any trajectory that still arrives for it is discarded (``late_trajectories``).
 
     Group filter. On completion the configured filter (``filters.GROUP_FILTERS``) decides; a dropped group
     is counted (``filtered_groups``) and frees its quota slot, so a replacement group is created:
@@ -479,8 +486,9 @@ class GroupQueueManager:
         else:
             self._consecutive_env_errors = 0
             group.trajectories.append(trajectory)
-            if len(group.trajectories) >= group.needed:
-                self._complete(group)
+        # A finished seat, or (seat_order) a failed one that lets a redundant seat in, may make the group whole.
+        if not group.complete and self._pending.is_pending(group):
+            self._complete_if_whole(group)
         # Only a seat given back (error, abort) can unblock a waiting env; drops and failures notify on their own.
         if trajectory.stop_reason in ("env_error", "aborted"):
             self._seat_event(group.tag)
@@ -508,6 +516,26 @@ class GroupQueueManager:
                 group.trajectories.append(trajectory)
                 if len(group.trajectories) >= group.needed:
                     self._complete(group, apply_filter=False)
+
+    def _complete_if_whole(self, group: _Group) -> None:
+        """Complete ``group`` if the trajectories it keeps have all arrived (see "Completion and redundancy")."""
+        if (
+            self.rules.redundancy_keep == "first_finished"
+            or group.num_seats <= group.needed
+        ):
+            if len(group.trajectories) >= group.needed:
+                self._complete(group)
+            return
+        finished = {t.episode_id: t for t in group.trajectories}
+        standing = sorted(finished.keys() | group.in_flight.keys())[: group.needed]
+        if len(standing) < group.needed or not all(e in finished for e in standing):
+            return
+        kept = set(standing)
+        self._unserved.extend(
+            ("redundant", t) for t in group.trajectories if t.episode_id not in kept
+        )
+        group.trajectories = [finished[e] for e in standing]
+        self._complete(group)
 
     def _complete(self, group: _Group, apply_filter: bool = True) -> None:
         group.complete = True

@@ -43,6 +43,7 @@ class LocalRolloutScheduler:
         tokenizer: Any,
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
+        version_base: int = 0,
     ) -> None:
         em = spec.env_manager
         self.spec = spec
@@ -73,6 +74,8 @@ class LocalRolloutScheduler:
             on_fatal=self.group_queue.report_fatal,
         )
         self._run_task: asyncio.Task | None = None
+        #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
+        self.version_base = version_base
         self.last_metrics: dict[str, float] = {}
 
     def _cancel(self, env_id: int, group_id: int, episode_id: int) -> None:
@@ -96,7 +99,9 @@ class LocalRolloutScheduler:
         served: ServedBatch = await self._unless_loops_die(
             self.group_queue.get_batch(batch_size, step)
         )
-        self.last_metrics = served.rollout_metrics(await self._engine_stats())
+        self.last_metrics = served.rollout_metrics(
+            await self._engine_stats(), self.version_base
+        )
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(

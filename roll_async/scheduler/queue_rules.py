@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from roll_async.config.rollout_spec import RolloutSpec
-from roll_async.config.schema import Mode, ServeOrder
+from roll_async.config.schema import Mode, RedundancyKeep, ServeOrder
 from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
 from roll_async.scheduler.layout import (
     env_groups_by_tag,
@@ -33,6 +33,8 @@ class QueueRules:
     #: Groups per tag, same length as ``tags``; empty means one each (the batch splits evenly).
     num_groups_partition: Sequence[int] = ()
     group_size_redundancy: int = 0
+    #: Which trajectories a group with redundant seats keeps: seat_order (unbiased) or first_finished.
+    redundancy_keep: RedundancyKeep = "seat_order"
     mode: Mode = "sync"
     staleness_bound: int = 0
     seed: int = 0
@@ -57,6 +59,10 @@ class QueueRules:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"mode={self.mode!r}: use 'sync' or 'async'")
         check_serve_order(self.serve_order)
+        if self.redundancy_keep not in ("seat_order", "first_finished"):
+            raise ValueError(
+                f"redundancy_keep={self.redundancy_keep!r}: use 'seat_order' or 'first_finished'"
+            )
         if self.group_size < 1 or self.group_size_redundancy < 0:
             raise ValueError(
                 f"group_size={self.group_size} must be >= 1 and "
@@ -84,6 +90,7 @@ class QueueRules:
             ),
             group_size=em.group_size,
             group_size_redundancy=spec.seat_redundancy,
+            redundancy_keep=em.redundancy_keep,
             groups_per_batch=spec.groups_per_batch,
             mode=spec.mode,
             staleness_bound=spec.staleness_bound,

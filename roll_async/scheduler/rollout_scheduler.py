@@ -240,6 +240,7 @@ class RolloutScheduler:
         tokenizer_path: str,
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
+        version_base: int = 0,
         seed_state: dict[str, Any] | None = None,
     ) -> None:
         if not engine_handles:
@@ -250,6 +251,8 @@ class RolloutScheduler:
         self.env_factory = env_factory
         self.start_step = start_step
         self.initial_seed_state = seed_state
+        #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
+        self.version_base = version_base
         self.last_metrics: dict[str, float] = {}
         self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
@@ -389,7 +392,7 @@ class RolloutScheduler:
             self._queue.get_batch.remote(batch_size, step)
         )
         engine_stats = await self._engine_stats()
-        self.last_metrics = served.rollout_metrics(engine_stats)
+        self.last_metrics = served.rollout_metrics(engine_stats, self.version_base)
         self.last_metrics.update(
             replica_metrics(engine_stats, await self._router_stats())
         )

@@ -51,13 +51,16 @@ class ServedBatch:
     #: Current state: stalled_envs, pending_groups, in_flight_episodes.
     gauges: dict[str, float] = field(default_factory=dict)
     #: Episodes since the previous batch that were not served, as (fate, trajectory): env_error, late,
-    #: dropped_stale, filtered, dropped_errors, lost_to_restart. The run directory records them (unserved_trajectories.jsonl).
+    #: dropped_stale, filtered, dropped_errors, lost_to_restart, redundant. The run directory records them (unserved_trajectories.jsonl).
     unserved: list[tuple[str, Trajectory]] = field(default_factory=list)
 
     def rollout_metrics(
-        self, engine_stats: Sequence[Mapping[str, Any]] = ()
+        self, engine_stats: Sequence[Mapping[str, Any]] = (), version_base: int = 0
     ) -> dict[str, float]:
-        """The rollout metrics of this batch (names in roll_async.metrics.rollout_metrics)."""
+        """The rollout metrics of this batch (names in roll_async.metrics.rollout_metrics).
+
+        ``version_base``: the engines' weight version at step 0 (the weight-version lag counts from it).
+        """
         return rollout_metrics(
             self.trajectories,
             step=self.step,
@@ -66,4 +69,5 @@ class ServedBatch:
             counters=self.counters,
             gauges=self.gauges,
             engine_stats=list(engine_stats),
+            version_base=version_base,
         )

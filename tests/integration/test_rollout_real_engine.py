@@ -378,7 +378,12 @@ async def test_redundant_envs_complete_groups_with_the_first_finishers(
         mode="sync",
         rollout_batch_size=4,
         train_env_manager=EnvManagerConfig(
-            num_env_groups=2, group_size=2, group_size_redundancy=1, tags=["Sokoban"]
+            num_env_groups=2,
+            group_size=2,
+            group_size_redundancy=1,
+            # this test is about the first-finisher mode (the default, seat_order, is tested on the queue)
+            redundancy_keep="first_finished",
+            tags=["Sokoban"],
         ),
     )
     batches, metrics = await run_batches(config, engine, tiny_model_path, steps=2)

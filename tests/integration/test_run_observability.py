@@ -4,7 +4,9 @@ One small training run is interrupted with SIGINT after two steps and is then
 the material of every test here: the interrupt (message, exit status 130,
 checkpoint, no process left), resuming at the next step, a clean console, the
 report page in headless Chromium, and replaying its saved batches. A rollout
-run gives the report of the other pipeline.
+run gives the report of the other pipeline. A train run and a rollout run are
+each sent SIGTERM (the main process alone, as ``timeout -s TERM`` or an
+orchestrator does) and must stop as cleanly as on Ctrl-C, with exit status 143.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -393,3 +396,99 @@ def test_report_of_a_rollout_run_renders_in_chromium(rollout_run, tmp_path):
     assert page["errors"] == []
     assert page["rows"] == NUM_ENVS
     assert page["generate_spans"] > 0 and page["browser_rows"] > 0
+
+
+def _terminate_after(
+    proc: subprocess.Popen, run: Path, done: Callable[[], bool]
+) -> dict:
+    """SIGTERM the main process alone (as ``timeout -s TERM``, ``kill PID`` or an orchestrator do) once ``done()``."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + 1500
+    while not done():
+        if proc.poll() is not None:
+            pytest.fail(
+                f"the run ended before the signal (exit {proc.returncode}):\n{proc.stdout.read()[-4000:]}"
+            )
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the run did not get far enough within 1500 s")
+        seen |= _descendants(proc.pid)
+        time.sleep(1.0)
+    seen |= _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    out = _finish(proc, timeout=300)
+    deadline = time.monotonic() + 60
+    while _alive(seen) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return {
+        "run": run,
+        "rc": proc.returncode,
+        "out": out,
+        "left": _alive(seen),
+        "children": seen,
+    }
+
+
+def _assert_clean_stop(result: dict) -> None:
+    out = result["out"]
+    assert result["rc"] == 143, out[-3000:]
+    for noise in (
+        "Traceback",
+        "Future exception was never retrieved",
+        "SystemExit",
+        "CancelledError",
+        "ActorUnavailableError",
+        "*** SIGTERM received",
+    ):
+        assert noise not in out, out[-3000:]
+    assert result["children"], "the run should have started Ray and vLLM processes"
+    assert not result["left"], f"processes left: {sorted(result['left'])}"
+
+
+def test_sigterm_checkpoints_the_last_completed_step_and_exits_143(tmp_path):
+    run = tmp_path / "train"
+    proc = _cli(
+        "train",
+        CONFIG,
+        *SMALL,
+        "max_steps=40",
+        "logging.progress_bar=false",
+        f"output_dir={run}",
+    )
+    result = _terminate_after(
+        proc, run, lambda: any("train/loss" in r for r in _metrics(run))
+    )
+    _assert_clean_stop(result)
+    out = result["out"]
+    lines = re.findall(r"^interrupted at step .*$", out, re.M)
+    assert len(lines) == 1, out[-3000:]
+    match = re.fullmatch(
+        r"interrupted at step (\d+) \(SIGTERM\); checkpoint at (\S+); resume with: roll-async train (.*)",
+        lines[0],
+    )
+    assert match, out[-3000:]
+    step, checkpoint = int(match.group(1)), Path(match.group(2))
+    assert (
+        checkpoint == run / "checkpoints" / f"step_{step - 1}" and checkpoint.is_dir()
+    )
+    assert f"checkpoint.resume_from={run}" in match.group(3)
+    logged = [r["step"] for r in _metrics(run) if "train/loss" in r]
+    assert step - 1 >= max(logged)
+
+
+def test_sigterm_stops_a_rollout_run_cleanly_and_exits_143(tmp_path):
+    run = tmp_path / "rollout"
+    proc = _cli("rollout", CONFIG, *SMALL, "num_batches=40", f"output_dir={run}")
+    result = _terminate_after(proc, run, lambda: bool(_metrics(run)))
+    _assert_clean_stop(result)
+    out = result["out"]
+    lines = re.findall(r"^interrupted at batch .*$", out, re.M)
+    assert len(lines) == 1, out[-3000:]
+    match = re.fullmatch(
+        r"interrupted at batch (\d+) \(SIGTERM\); (\d+) batches kept in (\S+); collect the rest with: roll-async rollout (.*)",
+        lines[0],
+    )
+    assert match, out[-3000:]
+    assert int(match.group(2)) == len(_metrics(run)) >= 1
+    assert Path(match.group(3)) == run
+    assert f"num_batches={40 - int(match.group(2))}" in match.group(4)

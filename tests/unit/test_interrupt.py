@@ -14,8 +14,10 @@ import pytest
 from roll_async.pipelines.interrupt import (
     EXIT_INTERRUPTED,
     InterruptFlag,
+    RolloutInterrupted,
     RunInterrupted,
     SignalReceived,
+    exit_status,
 )
 
 
@@ -79,3 +81,30 @@ def test_the_message_names_step_and_checkpoint():
         "interrupted at step 4 (SIGTERM); checkpoint at runs/x/checkpoints/step_3"
     )
     assert "no completed step to checkpoint" in str(RunInterrupted(0, "runs/x", None))
+
+
+async def test_reclaim_takes_sigterm_back_from_a_library_that_replaced_the_handler():
+    """ray.init installs its own SIGTERM handler (sys.exit); after reclaim the first SIGTERM is ours again."""
+    flag = InterruptFlag().install()
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(15))  # as ray.init does
+        flag.reclaim()
+        asyncio.get_running_loop().call_later(
+            0.05, os.kill, os.getpid(), signal.SIGTERM
+        )
+        with pytest.raises(SignalReceived):
+            await flag.race(asyncio.sleep(3600))
+    finally:
+        flag.uninstall()
+    assert flag.signal_name == "SIGTERM"
+
+
+def test_exit_status_is_128_plus_the_signal_number():
+    assert exit_status("SIGINT") == EXIT_INTERRUPTED == 130
+    assert exit_status("SIGTERM") == 143
+
+
+def test_the_rollout_message_names_the_batches_kept():
+    assert str(RolloutInterrupted(3, "runs/r", "SIGTERM")) == (
+        "interrupted at batch 3 (SIGTERM); 3 batches kept in runs/r"
+    )

@@ -88,10 +88,12 @@ async def test_get_batch_returns_exactly_when_the_group_is_whole():
 
 
 async def test_redundant_seat_is_cancelled_and_its_late_trajectory_discarded():
+    """redundancy_keep='first_finished' (the documented, length-biased option): the first finishers win."""
     cancelled = []
     queue = make_queue(
         group_size=2,
         group_size_redundancy=1,
+        redundancy_keep="first_finished",
         on_cancel=lambda *key: cancelled.append(key),
     )
     seats = [await take(queue, env) for env in range(3)]
@@ -106,6 +108,86 @@ async def test_redundant_seat_is_cancelled_and_its_late_trajectory_discarded():
     assert sorted(t.env_id for t in served.trajectories) == [0, 2]
     assert served.counters["cancelled_episodes"] == 1
     assert queue.counters.late_trajectories == 1
+
+
+async def test_by_default_a_group_keeps_its_first_seats_whatever_finishes_first():
+    """seat_order: the redundant seat finishing first does not displace a slower (longer) seat's episode."""
+    cancelled = []
+    queue = make_queue(
+        group_size=2,
+        group_size_redundancy=1,
+        on_cancel=lambda *key: cancelled.append(key),
+    )
+    seats = [await take(queue, env) for env in range(3)]
+    assert [s.episode_id for s in seats] == [0, 1, 2]
+    await queue.put_trajectory(finished(seats[2], 2, reward=1.0))  # short episode
+    await queue.put_trajectory(finished(seats[0], 0, reward=0.0))
+    assert not cancelled, "seat 1 is still playing: the group is not whole yet"
+    batch = asyncio.create_task(queue.get_batch(2, step=0))
+    await asyncio.sleep(0.05)
+    assert not batch.done()
+    await queue.put_trajectory(finished(seats[1], 1, reward=0.0))  # long episode
+    served = await asyncio.wait_for(batch, 0.5)
+    assert [t.episode_id for t in served.trajectories] == [0, 1]
+    assert [(fate, t.episode_id) for fate, t in served.unserved] == [("redundant", 2)]
+    assert queue.counters.late_trajectories == 0
+
+
+async def test_by_default_a_redundant_seat_replaces_a_seat_whose_episode_failed():
+    cancelled = []
+    queue = make_queue(
+        num_envs=3,
+        group_size=2,
+        group_size_redundancy=1,
+        on_cancel=lambda *key: cancelled.append(key),
+    )
+    seats = [await take(queue, env) for env in range(3)]
+    await queue.put_trajectory(finished(seats[1], 1, stop_reason="env_error"))
+    await queue.put_trajectory(finished(seats[2], 2))
+    assert not cancelled
+    await queue.put_trajectory(finished(seats[0], 0))
+    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    assert [t.episode_id for t in served.trajectories] == [0, 2]
+    assert served.counters["env_errors"] == 1
+
+
+async def test_by_default_the_group_completes_when_a_failed_seat_leaves_the_finished_ones_first():
+    """Seats 0 and 2 done, seat 1 fails last: the group is whole (0, 2) at once, no new seat is needed."""
+    queue = make_queue(num_envs=3, group_size=2, group_size_redundancy=1)
+    seats = [await take(queue, env) for env in range(3)]
+    await queue.put_trajectory(finished(seats[2], 2))
+    await queue.put_trajectory(finished(seats[0], 0))
+    await queue.put_trajectory(finished(seats[1], 1, stop_reason="aborted"))
+    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    assert [t.episode_id for t in served.trajectories] == [0, 2]
+
+
+async def test_seat_order_keeps_the_reward_of_groups_independent_of_episode_length():
+    """Many groups whose long episodes succeed and short ones fail: the default serves the seats' own mix
+    (half successes), first_finished serves mostly the short failures."""
+
+    async def served_success(keep: str) -> float:
+        queue = make_queue(
+            num_envs=4,
+            group_size=2,
+            group_size_redundancy=2,
+            groups_per_batch=1,
+            redundancy_keep=keep,
+        )
+        rewards: list[float] = []
+        for step in range(8):
+            seats = [await take(queue, env) for env in range(4)]
+            # seat i of group `step` is long (and succeeds) when (i + step) is even
+            long = [(i + step) % 2 == 0 for i in range(4)]
+            for i in sorted(range(4), key=lambda i: long[i]):  # short ones finish first
+                await queue.put_trajectory(finished(seats[i], i, reward=float(long[i])))
+            served = await asyncio.wait_for(queue.get_batch(2, step=step), 0.5)
+            rewards += [t.episode_reward for t in served.trajectories]
+            queue.resume()
+        return sum(rewards) / len(rewards)
+
+    assert await served_success("seat_order") == 0.5
+    assert await served_success("first_finished") == 0.0
 
 
 async def test_zero_variance_filter_drops_the_group_and_a_new_one_refills_it():

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from roll_async import metrics as M
+from roll_async.config.rollout_spec import rollout_spec
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    PipelineConfig,
+    validate_config,
+)
+from roll_async.scheduler.local import LocalRolloutScheduler
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+from roll_async.testing.fake_engine import FakeEngine
+from roll_async.testing.scripted_envs import scripted_env_factory
 from roll_async.trajectory import Trajectory, TurnRecord
 
 
@@ -147,3 +160,64 @@ def test_validation_metrics_per_tag():
     out = M.validation_metrics(batch)
     assert out["val/a/episode_reward"] == 1.0 and out["val/b/episode_reward"] == 0.0
     assert out["val/env_errors"] == 1 and out["val/success"] == 0.5
+
+
+def test_weight_version_lag_counts_from_the_engines_base_version():
+    """Engines that started at version 7 serve 7 + step at step ``step``: a fresh trajectory lags by 0."""
+    batch = [
+        trajectory(
+            "a", "terminated", created=2, oldest=9, reward=1.0, turns=1, generated=2
+        ),
+        trajectory(
+            "a", "terminated", created=1, oldest=8, reward=1.0, turns=1, generated=2
+        ),
+    ]
+    out = M.rollout_metrics(batch, step=2, version_base=7)
+    assert out["rollout/weight_version_lag/max"] == 1
+    assert out["rollout/weight_version_lag/mean"] == 0.5
+
+
+async def test_a_scheduler_on_engines_resumed_at_version_n_reports_no_lag_when_on_policy():
+    """The scheduler knows the engines' base version; sync trajectories of step 0 on version N lag by 0."""
+    config = PipelineConfig(
+        seed=3,
+        rollout_batch_size=2,
+        sequence_length=512,
+        custom_envs={
+            "count": CustomEnvConfig(
+                env_type="scripted",
+                env_config={"episode_length": 1},
+                max_tokens_per_step=8,
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=2, tags=["count"]
+        ),
+    )
+    validate_config(config)
+    runner = LocalRolloutScheduler(
+        rollout_spec(config, "train"),
+        engines=FakeEngine(weight_version=5),
+        tokenizer=build_chatml_test_tokenizer(),
+        env_factory=scripted_env_factory,
+        version_base=5,
+    )
+    try:
+        batch, metrics = await asyncio.wait_for(runner.get_batch_with_metrics(2, 0), 10)
+    finally:
+        await runner.shutdown()
+    assert [t.oldest_weight_version for t in batch] == [5, 5]
+    assert metrics["rollout/weight_version_lag/max"] == 0
+
+
+def test_weight_version_lag_uses_the_version_the_engines_report():
+    """A rollout-only run never advances the engines: its trajectories lag by 0 at every step."""
+    batch = [
+        trajectory(
+            "a", "terminated", created=4, oldest=3, reward=1.0, turns=1, generated=2
+        )
+    ]
+    out = M.rollout_metrics(
+        batch, step=4, engine_stats=[{"weight_version": 3}, {"running": 1}]
+    )
+    assert out["rollout/weight_version_lag/max"] == 0
