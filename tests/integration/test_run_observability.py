@@ -382,17 +382,16 @@ def test_report_of_a_train_run_renders_in_chromium(interrupted_run, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def rollout_run(tmp_path_factory):
+def rollout_run(tmp_path_factory) -> dict:
+    """A rollout run stopped by SIGTERM after its first batch (one run serves the report test too)."""
     run = tmp_path_factory.mktemp("observability") / "rollout"
-    proc = _cli("rollout", CONFIG, *SMALL, "num_batches=2", f"output_dir={run}")
-    out = _finish(proc, timeout=1200)
-    assert proc.returncode == 0, out[-3000:]
-    return run
+    proc = _cli("rollout", CONFIG, *SMALL, "num_batches=40", f"output_dir={run}")
+    return _terminate_after(proc, run, lambda: bool(_metrics(run)))
 
 
 @pytest.mark.browser
 def test_report_of_a_rollout_run_renders_in_chromium(rollout_run, tmp_path):
-    page = _chromium_page_check(_report(rollout_run), tmp_path)
+    page = _chromium_page_check(_report(rollout_run["run"]), tmp_path)
     assert page["errors"] == []
     assert page["rows"] == NUM_ENVS
     assert page["generate_spans"] > 0 and page["browser_rows"] > 0
@@ -476,10 +475,9 @@ def test_sigterm_checkpoints_the_last_completed_step_and_exits_143(tmp_path):
     assert step - 1 >= max(logged)
 
 
-def test_sigterm_stops_a_rollout_run_cleanly_and_exits_143(tmp_path):
-    run = tmp_path / "rollout"
-    proc = _cli("rollout", CONFIG, *SMALL, "num_batches=40", f"output_dir={run}")
-    result = _terminate_after(proc, run, lambda: bool(_metrics(run)))
+def test_sigterm_stops_a_rollout_run_cleanly_and_exits_143(rollout_run):
+    result = rollout_run
+    run = result["run"]
     _assert_clean_stop(result)
     out = result["out"]
     lines = re.findall(r"^interrupted at batch .*$", out, re.M)
