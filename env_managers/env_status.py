@@ -20,6 +20,7 @@ EnvPhase = Literal[
     "reset",
     "generate",
     "env_step",
+    "reward",
     "handing_over",
     "stopped",
 ]
@@ -43,6 +44,7 @@ class EnvProgress:
             "reset",
             "generate",
             "env_step",
+            "reward",
             "handing_over",
         )
 

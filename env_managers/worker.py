@@ -38,6 +38,8 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.rewards.reward_services import RewardService
+from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.runtime import node_files, sched_policy
 from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
 from roll_async.runtime.ray_utils import actor_death_errors
@@ -70,8 +72,12 @@ def build_env_managers(
     env_factory: EnvFactory | None = None,
     executor: Executor | None = None,
     vision: VisionProcessor | None = None,
+    reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
 ) -> list[EnvManager]:
-    """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily)."""
+    """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily).
+
+    ``reward_scorers``: tag -> the scorer its EnvManagers share (custom_envs.<Tag>.reward).
+    """
     em = spec.env_manager
     factory = env_factory or RegisteredEnvFactory(spec.custom_envs)
     request_prefix = f"{spec.role}-{uuid.uuid4().hex[:6]}-"
@@ -112,6 +118,7 @@ def build_env_managers(
                 agent_gateway=agent_gateway,
                 agent_model_name=served_model_name(spec.model.path),
                 observations=observation_encoder(custom_env, vision),
+                reward_scorer=(reward_scorers or {}).get(tag),
             )
         )
     return managers
@@ -317,7 +324,11 @@ class RaySchedulerClient:
 
 
 class EnvManagerWorker:
-    """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``."""
+    """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``.
+
+    ``reward_services``: tag -> the running judge / reward model of that tag (launched by the pipeline);
+    this process builds one scorer per tag from it, shared by the tag's EnvManagers here.
+    """
 
     def __init__(
         self,
@@ -330,6 +341,7 @@ class EnvManagerWorker:
         env_factory: EnvFactory | None = None,
         incarnation: int = 0,
         tokenizer_files: dict[str, bytes] | None = None,
+        reward_services: Mapping[str, RewardService] | None = None,
     ) -> None:
         em = spec.env_manager
         self.worker_index = worker_index
@@ -364,6 +376,11 @@ class EnvManagerWorker:
             env_factory=env_factory,
             executor=self._executor,
             vision=vision,
+            reward_scorers={
+                tag: service.scorer(spec.request_transport)
+                for tag, service in (reward_services or {}).items()
+                if any(tag == env_tag for _, env_tag in env_specs)
+            },
         )
         self._host = EnvManagerHost(
             managers,

@@ -17,6 +17,11 @@ from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.pipelines.console import format_rollout_line
 from roll_async.pipelines.preflight import preflight
+from roll_async.rewards.reward_services import (
+    RewardService,
+    launch_reward_services,
+    shutdown_reward_services,
+)
 from roll_async.run_output.logs import attach_run_logs, configure_console
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.runtime.ray_utils import init_ray
@@ -37,13 +42,18 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     attach_run_logs(run_dir.root, config.logging.level)
     init_ray(config.ray_address, config.ray_num_cpus, log_dir=run_dir.logs)
     engines: list = []
+    reward_services: dict[str, RewardService] = {}
     scheduler = None
     try:
         engines = await launch_engines(model_path, config.engine)
+        reward_services = await launch_reward_services(
+            config.custom_envs, config.train_env_manager.tags
+        )
         scheduler = RolloutScheduler(
             rollout_spec(config, "train"),
             engine_handles=engines,
             tokenizer_path=model_path,
+            reward_services=reward_services,
         )
         for step in range(config.num_batches):
             started = time.perf_counter()
@@ -67,6 +77,7 @@ async def run_rollout_async(config: PipelineConfig) -> Path:
     finally:
         if scheduler is not None:
             await scheduler.shutdown()
+        await shutdown_reward_services(reward_services)
         await shutdown_engines(engines)
         ray.shutdown()
     print(f"run directory: {run_dir.root}")

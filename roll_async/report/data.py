@@ -150,6 +150,9 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
         "start": _rel(record.get("started_at"), t0),
         "end": _rel(record.get("finished_at"), t0),
         "served": _rel(record.get("served_at"), t0),
+        # The judge / reward model scoring the finished episode (custom_envs.<Tag>.reward), if any.
+        "rs": _rel(record.get("reward_started_at"), t0),
+        "rf": _rel(record.get("reward_finished_at"), t0),
         "served_step": record.get("served_step"),
         "created_step": record.get("created_step"),
         "reward": record.get("episode_reward"),

@@ -15,14 +15,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from roll_async.config.sections import EngineConfig
+from roll_async.config.reward_rules import TINY_MODEL
+from roll_async.config.sections import EngineConfig, RewardConfig
 from roll_async.engine.engine_actor import engine_clients, launch_engines
 from roll_async.engine.router import EngineClient
 from roll_async.model import build_tiny_model
 from roll_async.prompts.prompt_builder import load_tokenizer
 from roll_async.rewards.episode_text import EpisodeText
 from roll_async.rewards.model_call import BoundedModelCaller, ModelScore, RewardCounters
-from roll_async.rewards.reward_config import TINY_MODEL, RewardConfig
 from roll_async.trajectory import GenerationRequest
 
 #: Tokens kept free below max_model_len after fitting a prompt (chat-template closers, rounding).

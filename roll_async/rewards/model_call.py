@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from roll_async.config.sections import RewardConfig
 from roll_async.rewards.episode_text import EpisodeText
-from roll_async.rewards.reward_config import RewardConfig
 
 logger = logging.getLogger(__name__)
 
