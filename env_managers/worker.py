@@ -367,6 +367,12 @@ class EnvManagerWorker:
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
         )
+        # One scorer per tag with a reward, shared by its envs here: max_concurrency bounds this process's calls.
+        self._reward_scorers = {
+            tag: service.scorer(spec.request_transport)
+            for tag, service in (reward_services or {}).items()
+            if any(tag == env_tag for _, env_tag in env_specs)
+        }
         managers = build_env_managers(
             spec,
             env_specs,
@@ -376,11 +382,7 @@ class EnvManagerWorker:
             env_factory=env_factory,
             executor=self._executor,
             vision=vision,
-            reward_scorers={
-                tag: service.scorer(spec.request_transport)
-                for tag, service in (reward_services or {}).items()
-                if any(tag == env_tag for _, env_tag in env_specs)
-            },
+            reward_scorers=self._reward_scorers,
         )
         self._host = EnvManagerHost(
             managers,
@@ -427,6 +429,11 @@ class EnvManagerWorker:
             "router": self._router.stats(),
             "node_id": _node_id(),
             "sched_policy": sched_policy.process_policies(),
+            # Cumulative counters of this process's reward calls per tag (calls, timeouts, max_in_flight, ...).
+            "rewards": {
+                tag: scorer.client.counters.as_dict()
+                for tag, scorer in self._reward_scorers.items()
+            },
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()}
                 for env_id, m in self._host.managers.items()
