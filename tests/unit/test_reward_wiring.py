@@ -21,6 +21,7 @@ from roll_async.config.schema import (
 )
 from roll_async.envs import make_env
 from roll_async.errors import ConfigError
+from roll_async.pipelines.preflight import check_rewards
 from roll_async.report.data import load_report_data
 from roll_async.rewards import EpisodeRewardScorer, EpisodeText, ModelScore
 from roll_async.run_output.run_dir import RunDirectory
@@ -200,3 +201,17 @@ def test_the_report_draws_the_reward_span(tmp_path: Path, tokenizer):
     data = load_report_data(run.root)
     spans = [(e["rs"], e["rf"]) for e in data.episodes]
     assert spans and all(rs is not None and rf >= rs for rs, rf in spans)
+
+
+def test_check_loads_the_judges_tokenizer_before_any_actor(tmp_path: Path):
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen2ForCausalLM"]})
+    )
+    config = load_config(
+        REPO / "configs" / "math_judge.yaml",
+        [f"custom_envs.Math.reward.model_path={judge}"],  # passes the load checks
+    )
+    with pytest.raises(ConfigError, match="reward.model_path=.*tokenizer"):
+        check_rewards(config)
