@@ -7,7 +7,8 @@ Inputs: ``config.yaml`` (how many env instances there are), ``metrics.jsonl``,
 
 Spans of one env row: ``waiting`` (the env asked for an episode and had none:
 quota full, sync pause), ``reset`` (env build and reset), ``generate``
-(coloured by weight version), ``env_step``; under them a thin ``queued`` lane
+(coloured by weight version), ``env_step``, ``reward`` (a judge or reward model
+scoring the finished episode, ``custom_envs.<Tag>.reward``); under them a thin ``queued`` lane
 from an episode's end until its batch left the scheduler.
 
 A straggler is an episode that took at least twice the median duration of

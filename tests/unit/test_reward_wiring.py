@@ -22,6 +22,7 @@ from roll_async.config.schema import (
 from roll_async.envs import make_env
 from roll_async.errors import ConfigError
 from roll_async.pipelines.preflight import check_rewards
+from roll_async.report.build import write_trace
 from roll_async.report.data import load_report_data
 from roll_async.rewards import EpisodeRewardScorer, EpisodeText, ModelScore
 from roll_async.run_output.run_dir import RunDirectory
@@ -201,6 +202,8 @@ def test_the_report_draws_the_reward_span(tmp_path: Path, tokenizer):
     data = load_report_data(run.root)
     spans = [(e["rs"], e["rf"]) for e in data.episodes]
     assert spans and all(rs is not None and rf >= rs for rs, rf in spans)
+    events = json.loads(write_trace(run.root).read_text())["traceEvents"]
+    assert sum(e.get("cat") == "reward" for e in events) == len(batch)
 
 
 def test_check_loads_the_judges_tokenizer_before_any_actor(tmp_path: Path):
