@@ -35,6 +35,7 @@ from roll_async.prompts.images import (
     observation_images,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.trajectory import EpisodeSpec, Trajectory, TurnRecord
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,14 @@ def _numeric_metrics(info: Any) -> dict[str, float]:
     return out
 
 
+def _reference(info: dict[str, Any]) -> str | None:
+    """The reference answer an env gives on reset (``info["reference"]`` or ``info["answer"]``), for a judge."""
+    for key in ("reference", "answer"):
+        if info.get(key) is not None:
+            return str(info[key])
+    return None
+
+
 def _episode_metrics(turns: list[TurnRecord]) -> dict[str, float]:
     """Mean of each env metric over the turns that reported it; ``success`` is the last turn's value."""
     sums: dict[str, float] = {}
@@ -106,7 +115,9 @@ class EnvManager:
     ids are the previous prompt ids, plus the engine's output ids exactly as
     returned, plus the chat-template closure and user delta
     (``roll_async.prompts.prompt_builder``); nothing already sent is ever
-    re-tokenized. Text is decoded only to hand the action to the env. Observation
+    re-tokenized. Text is decoded only to hand the action to the env (and to a
+    reward model: with a ``reward_scorer`` the finished episode is scored before
+    it is handed back, see ``roll_async.rewards``). Observation
     images (``render_mode: vision``) are expanded once into ids by the model's
     processor and sent with every later request (``roll_async.prompts.images``).
     Every generated token keeps the weight version that sampled it
@@ -150,8 +161,11 @@ class EnvManager:
         agent_gateway: Any = None,
         agent_model_name: str = "",
         observations: ObservationEncoder | None = None,
+        reward_scorer: EpisodeRewardScorer | None = None,
     ) -> None:
         self.env_id = env_id
+        #: custom_envs.<Tag>.reward: scores each finished episode (a judge or reward model); None: env reward only.
+        self.reward_scorer = reward_scorer
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
         self.request_prefix = request_prefix
         self.settings = settings
@@ -341,6 +355,7 @@ class EnvManager:
                 trajectory = await self._agent_episodes.run(spec, trajectory)
             except AgentEpisodeError as exc:
                 return self._fail(trajectory, exc)
+            await self._apply_reward(trajectory, question=None, reference=None)
             self.stats.episodes += 1
             return trajectory
         try:
@@ -351,6 +366,7 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
+        reference = _reference(info)
         fields = {
             "instruction": str(info.get("instruction") or ""),
             "observation": self.observations.text(observation),
@@ -461,9 +477,34 @@ class EnvManager:
         trajectory.metrics = _episode_metrics(trajectory.turns)
         if self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
             self._check_prefix(trajectory, user_texts, generated_per_turn)
+        await self._apply_reward(
+            trajectory, question=user_texts[0], reference=reference
+        )
         trajectory.finished_at = time.time()
         self.stats.episodes += 1
         return trajectory
+
+    async def _apply_reward(
+        self, trajectory: Trajectory, *, question: str | None, reference: str | None
+    ) -> None:
+        """The model reward of ``trajectory`` (outcome: the finished episode), when its tag has one.
+
+        A failed call (timeout, engine error, no score in the reply) is counted in the trajectory's
+        metrics and gives zero model reward; the episode is handed over either way.
+        """
+        if self.reward_scorer is None:
+            return
+        self.phases.set_phase("reward")
+        started = time.time()
+        outcome = await self.reward_scorer.apply(
+            trajectory,
+            question=question,
+            reference=reference,
+            decode=self.prompts.decode,
+        )
+        if outcome.model_score is not None:  # skipped episodes draw no span
+            trajectory.reward_started_at = started
+            trajectory.reward_finished_at = time.time()
 
     def _check_prefix(
         self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]

@@ -20,6 +20,7 @@ EnvPhase = Literal[
     "reset",
     "generate",
     "env_step",
+    "reward",
     "handing_over",
     "stopped",
 ]
@@ -33,6 +34,7 @@ STALL_PHASES: tuple[EnvPhase, ...] = (
     "reset",
     "generate",
     "env_step",
+    "reward",
     "handing_over",
 )
 

@@ -38,6 +38,8 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.rewards.reward_services import RewardService
+from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.runtime import node_files, sched_policy
 from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
 from roll_async.runtime.ray_utils import actor_death_errors
@@ -75,8 +77,12 @@ def build_env_managers(
     env_factory: EnvFactory | None = None,
     executor: Executor | None = None,
     vision: VisionProcessor | None = None,
+    reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
 ) -> list[EnvManager]:
-    """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily)."""
+    """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily).
+
+    ``reward_scorers``: tag -> the scorer its EnvManagers share (custom_envs.<Tag>.reward).
+    """
     em = spec.env_manager
     factory = env_factory or RegisteredEnvFactory(spec.custom_envs)
     request_prefix = f"{spec.role}-{uuid.uuid4().hex[:6]}-"
@@ -117,6 +123,7 @@ def build_env_managers(
                 agent_gateway=agent_gateway,
                 agent_model_name=served_model_name(spec.model.path),
                 observations=observation_encoder(custom_env, vision),
+                reward_scorer=(reward_scorers or {}).get(tag),
             )
         )
     return managers
@@ -357,7 +364,11 @@ class RaySchedulerClient:
 
 
 class EnvManagerWorker:
-    """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``."""
+    """Ray actor (wrap with ``ray.remote``) hosting the EnvManagers of ``env_specs``.
+
+    ``reward_services``: tag -> the running judge / reward model of that tag (launched by the pipeline);
+    this process builds one scorer per tag from it, shared by the tag's EnvManagers here.
+    """
 
     def __init__(
         self,
@@ -370,6 +381,7 @@ class EnvManagerWorker:
         env_factory: EnvFactory | None = None,
         incarnation: int = 0,
         tokenizer_files: dict[str, bytes] | None = None,
+        reward_services: Mapping[str, RewardService] | None = None,
     ) -> None:
         em = spec.env_manager
         self.worker_index = worker_index
@@ -396,6 +408,12 @@ class EnvManagerWorker:
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, em.env_threads_per_worker), thread_name_prefix="env"
         )
+        # One scorer per tag with a reward, shared by its envs here: max_concurrency bounds this process's calls.
+        self._reward_scorers = {
+            tag: service.scorer(spec.request_transport)
+            for tag, service in (reward_services or {}).items()
+            if any(tag == env_tag for _, env_tag in env_specs)
+        }
         managers = build_env_managers(
             spec,
             env_specs,
@@ -405,6 +423,7 @@ class EnvManagerWorker:
             env_factory=env_factory,
             executor=self._executor,
             vision=vision,
+            reward_scorers=self._reward_scorers,
         )
         self._host = EnvManagerHost(
             managers,
@@ -454,6 +473,11 @@ class EnvManagerWorker:
             "router": self._router.stats(),
             "node_id": _node_id(),
             "sched_policy": sched_policy.process_policies(),
+            # Cumulative counters of this process's reward calls per tag (calls, timeouts, max_in_flight, ...).
+            "rewards": {
+                tag: scorer.client.counters.as_dict()
+                for tag, scorer in self._reward_scorers.items()
+            },
             "envs": {
                 env_id: {"phase": m.progress.phase, "stats": vars(m.stats).copy()}
                 for env_id, m in self._host.managers.items()

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,13 @@ from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
-from roll_async.pipelines.preflight import preflight
+from roll_async.pipelines.preflight import preflight, used_tags
 from roll_async.prompts.images import input_only_logit_bias
+from roll_async.rewards.reward_services import (
+    RewardService,
+    launch_reward_services,
+    shutdown_reward_services,
+)
 from roll_async.run_output.logs import attach_run_logs, configure_console
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.run_output.tracking import MetricsTracker
@@ -58,12 +64,19 @@ class AgenticPipeline:
     """Owns the engines, schedulers and trainer of one training run."""
 
     def __init__(
-        self, config: PipelineConfig, engines: list[Any] | None = None
+        self,
+        config: PipelineConfig,
+        engines: list[Any] | None = None,
+        reward_services: Mapping[str, RewardService] | None = None,
     ) -> None:
-        """``engines``: running engine actors to use instead of launching (tests, notebooks); not shut down here."""
+        """``engines``: running engine actors to use instead of launching (tests, notebooks); not shut down here.
+        ``reward_services``: likewise, running judges / reward models by tag instead of launching them."""
         self.config = config
         self.engines: list[Any] = list(engines or [])
         self._owns_engines = not self.engines
+        #: tag -> the judge / reward model scoring that tag's episodes (custom_envs.<Tag>.reward); never weight-synced.
+        self.reward_services: dict[str, RewardService] = dict(reward_services or {})
+        self._owns_reward_services = reward_services is None
         self.fleet = EngineReplicaFleet(self.engines)
         self._owns_ray = False
         self.version_base = 0
@@ -164,6 +177,10 @@ class AgenticPipeline:
         self._ensure_ray()
         if self._owns_engines:
             self.engines = await launch_engines(self.model_path, config.engine)
+        if self._owns_reward_services:
+            self.reward_services = await launch_reward_services(
+                config.custom_envs, used_tags(config)
+            )
         # weight syncs go on when a replica dies
         self.fleet = EngineReplicaFleet(self.engines)
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
@@ -186,6 +203,7 @@ class AgenticPipeline:
             start_step=self.start_step,
             version_base=self.version_base,
             seed_state=self.resumed_seed_state,
+            reward_services=self.reward_services,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
             val_spec = rollout_spec(config, "val")
@@ -195,6 +213,7 @@ class AgenticPipeline:
                     val_spec,
                     engine_handles=self.engines,
                     tokenizer_path=self.model_path,
+                    reward_services=self.reward_services,
                 ),
             )
 
@@ -432,6 +451,9 @@ class AgenticPipeline:
         if self._owns_engines:
             await shutdown_engines(self.engines)
             self.engines = []
+        if self._owns_reward_services:
+            await shutdown_reward_services(self.reward_services)
+            self.reward_services = {}
         release_trainer(self.trainer)
         if self.tracker is not None:
             self.tracker.close()

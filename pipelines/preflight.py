@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from roll_async.agent_gateway.task import load_agent_function
+from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
@@ -32,7 +33,7 @@ from roll_async.prompts.images import (
     model_is_vision_language,
     observation_encoder,
 )
-from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
 
 
 def used_tags(config: PipelineConfig) -> list[str]:
@@ -249,9 +250,35 @@ def _class_names(values: Any) -> set[str]:
     return names
 
 
+def check_rewards(config: PipelineConfig) -> None:
+    """Each used tag's reward model (custom_envs.<Tag>.reward) has a tokenizer that loads offline, and a judge's a
+    chat template; the path, config.json and head were checked at load (RewardConfig.validate)."""
+    for tag in used_tags(config):
+        reward = config.custom_envs[tag].reward
+        if reward is None or reward.model_path == TINY_MODEL:
+            continue
+        key = f"custom_envs.{tag}.reward.model_path={reward.model_path!r}"
+        try:
+            tokenizer = load_tokenizer(
+                reward.model_path, trust_remote_code=reward.trust_remote_code
+            )
+        except (
+            Exception
+        ) as exc:  # transformers raises OSError/ValueError/... for unusable paths
+            raise ConfigError(
+                f"{key}: cannot load its tokenizer offline ({type(exc).__name__}: {exc}); save the tokenizer "
+                "(tokenizer.save_pretrained) into the model directory"
+            ) from None
+        if reward.kind == "judge" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"{key}: the judge's tokenizer has no chat template; use an instruct/chat model as the judge"
+            )
+
+
 def preflight(config: PipelineConfig) -> tuple[str, Any]:
     """Run every pre-actor check; returns the resolved model path and its tokenizer."""
     check_envs(config)
+    check_rewards(config)
     try:
         model_path = resolve_model_path(config.model.path)
     except FileNotFoundError as exc:

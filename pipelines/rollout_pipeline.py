@@ -22,6 +22,11 @@ from roll_async.pipelines.interrupt import (
     SignalReceived,
 )
 from roll_async.pipelines.preflight import preflight
+from roll_async.rewards.reward_services import (
+    RewardService,
+    launch_reward_services,
+    shutdown_reward_services,
+)
 from roll_async.run_output.logs import attach_run_logs, configure_console
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.runtime.ray_utils import init_ray
@@ -56,15 +61,20 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     init_ray(config.ray_address, config.ray_num_cpus, log_dir=run_dir.logs)
     interrupt.reclaim()  # ray.init replaced the SIGTERM handler
     engines: list = []
+    reward_services: dict[str, RewardService] = {}
     scheduler = None
     written = 0
     interrupted: RolloutInterrupted | None = None
     try:
         engines = await interrupt.race(launch_engines(model_path, config.engine))
+        reward_services = await interrupt.race(
+            launch_reward_services(config.custom_envs, config.train_env_manager.tags)
+        )
         scheduler = RolloutScheduler(
             rollout_spec(config, "train"),
             engine_handles=engines,
             tokenizer_path=model_path,
+            reward_services=reward_services,
         )
         for step in range(config.num_batches):
             started = time.perf_counter()
@@ -94,6 +104,7 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     finally:
         if scheduler is not None:
             await scheduler.shutdown()
+        await shutdown_reward_services(reward_services)
         await shutdown_engines(engines)
         ray.shutdown()
     if interrupted is not None:

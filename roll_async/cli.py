@@ -86,9 +86,14 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
         if command == "train"
         else f"{config.num_batches} batches of {config.rollout_batch_size} trajectories"
     )
+    rewards = "".join(
+        f", {tag} reward: {reward.kind} {reward.model_path}"
+        for tag in used_tags(config)
+        if (reward := config.custom_envs[tag].reward) is not None
+    )
     print(
         f"OK {args.config}: {command} mode={config.mode}, model {model_path}, "
-        f"envs {', '.join(used_tags(config))}, {work} (checked; nothing started)"
+        f"envs {', '.join(used_tags(config))}{rewards}, {work} (checked; nothing started)"
     )
     return 0
 

@@ -288,7 +288,32 @@ def rollout_metrics(
             out[metric_name] = float(gauges[gauge])  # type: ignore[index]
     out.update(_env_metrics(batch))
     out.update(engine_metrics(engine_stats or []))
+    out.update(reward_batch_metrics(batch))
     return out
+
+
+def reward_batch_metrics(batch: Sequence[Trajectory]) -> dict[str, float]:
+    """``time/reward/{mean,p99}`` and the ``rollout/reward_*`` counts over the trajectories a model scored ({} if none).
+
+    The scorer (roll_async.rewards.scorer) runs inside EnvManagers in many processes, so the batch's reward
+    latency and failure counts are rebuilt from what it left in each Trajectory.metrics.
+    """
+    scored = [t.metrics for t in batch if MODEL_REWARD_S in t.metrics]
+    if not scored:
+        return {}
+    seconds = [m[MODEL_REWARD_S] for m in scored]
+
+    def total(key: str) -> float:
+        return float(sum(m.get(key, 0.0) for m in scored))
+
+    return {
+        TIME_REWARD_MEAN: mean(seconds),
+        TIME_REWARD_P99: percentile(seconds, 99),
+        REWARD_FAILURES: total(MODEL_REWARD_FAILED),
+        REWARD_TIMEOUTS: total(MODEL_REWARD_TIMEOUTS),
+        REWARD_PARSE_FAILURES: total(MODEL_REWARD_PARSE_FAILED),
+        REWARD_RETRIES: total(MODEL_REWARD_RETRIES),
+    }
 
 
 def validation_metrics(

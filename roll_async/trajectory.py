@@ -124,6 +124,10 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     #: When the env asked the scheduler for this episode (unix seconds); until ``started_at`` it waited for one.
     episode_requested_at: float = 0.0
+    #: When a reward model (custom_envs.<Tag>.reward) started and finished scoring the episode (unix seconds; 0.0:
+    #: not scored). It runs before ``finished_at``, so the episode's span includes it.
+    reward_started_at: float = 0.0
+    reward_finished_at: float = 0.0
     #: Observation images in placeholder order (vision envs), and each one's [start, end) span in token_ids.
     images: list[Any] = field(default_factory=list)
     image_spans: list[tuple[int, int]] = field(default_factory=list)
@@ -154,6 +158,8 @@ class Trajectory:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "episode_requested_at": self.episode_requested_at,
+            "reward_started_at": self.reward_started_at,
+            "reward_finished_at": self.reward_finished_at,
             "num_tokens": len(self.token_ids),
             "num_images": len(self.images),
             "response_length": self.response_length,

@@ -17,7 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from roll_async.config.sections import CustomEnvConfig, PipelineConfig
+from roll_async.config.sections import CustomEnvConfig, PipelineConfig, RewardConfig
 from roll_async.config.validation import check_choices, did_you_mean, validate_config
 from roll_async.errors import ConfigError
 
@@ -98,6 +98,9 @@ def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
     for part in parts[:-1]:
         if isinstance(node, dict):
             node = CustomEnvConfig()
+            continue
+        if isinstance(node, CustomEnvConfig) and part == "reward":
+            node = RewardConfig()  # an optional section: None by default
             continue
         node = getattr(node, part, None)
     choices = _schema_keys(node)

@@ -82,6 +82,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "\\<").replace("\n", " ")
 
 
+def optional_section(hint: Any) -> type | None:
+    """The dataclass of a ``Section | None`` key (a section that is off unless set), else None."""
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return None
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def _section_table(
     cls: type, instance: Any, comments: dict[tuple[str, str], str]
 ) -> list[str]:
@@ -96,6 +106,8 @@ def _section_table(
             typing.get_args(hint)[1]
         ):
             kind, default = "sections by tag", "`{}`"
+        elif optional_section(hint) is not None:
+            kind, default = "section or null", "`null`"
         else:
             kind = _cell(type_name(hint))
             default = f"`{_cell(yaml_value(getattr(instance, f.name)))}`"
@@ -132,6 +144,12 @@ def _sections() -> list[tuple[str, type, Any, str]]:
             if dataclasses.is_dataclass(entry):
                 note = "One entry per env tag; the tag is the key under `custom_envs`."
                 found.append((f"`{f.name}.<Tag>`", entry, entry(), note))
+                entry_hints = typing.get_type_hints(entry)
+                for g in dataclasses.fields(entry):
+                    sub = optional_section(entry_hints[g.name])
+                    if sub is not None:
+                        note = "Off (`null`) unless set; setting any key turns it on with these defaults."
+                        found.append((f"`{f.name}.<Tag>.{g.name}`", sub, sub(), note))
     return found
 
 

@@ -7,10 +7,12 @@ check them all (roll_async/config/validation.py) and the reference page can list
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
 
 from omegaconf import MISSING
+
+from roll_async.config.reward_rules import RewardRules
 
 # ---------------------------------------------------------------------------
 # Choices: the words a key accepts
@@ -112,6 +114,62 @@ class GenerationConfig:
 
 
 @dataclass
+class RewardConfig(RewardRules):
+    """``custom_envs.<Tag>.reward``: a model (an LLM judge or a reward model) that scores each finished episode.
+
+    Its rules (checked at load, before any engine starts) are in roll_async/config/reward_rules.py; the
+    serving and scoring in roll_async/rewards.
+    """
+
+    engine_keys: ClassVar[frozenset[str]] = frozenset(
+        f.name for f in fields(EngineConfig)
+    )
+
+    #: judge (an LLM on its own vLLM engine writes a score) or reward_model (a sequence-classification model).
+    kind: str = "judge"
+    #: Local HF model directory of the judge / reward model, or ``tiny`` for the offline tiny one.
+    model_path: str | None = None
+    #: Text given to the model; fields {question}, {response}, {reference}, {conversation}; None: the kind's default.
+    prompt_template: str | None = None
+    #: add (env reward + weight * score) or replace (weight * score; the env reward stays in metrics).
+    mode: str = "add"
+    #: Multiplies the model's score before it enters the reward.
+    weight: float = 1.0
+    #: Most scoring calls in flight at once from one scorer (an asyncio.Semaphore).
+    max_concurrency: int = 8
+    #: Seconds one scoring call may take; past it the call is aborted and counted as a timeout.
+    timeout_s: float = 60.0
+    #: Retries of a call that timed out or failed (a reply without a score is not retried).
+    max_retries: int = 1
+    #: Seconds before the first retry; doubled for each further retry.
+    retry_backoff_s: float = 0.5
+    #: judge: most tokens of the judge's reply.
+    max_tokens: int = 256
+    #: judge: sampling temperature of the judge (0: greedy).
+    temperature: float = 0.0
+    #: judge: regex whose first group is the score (last match wins); None: ``Score: n`` or ``\\boxed{n}``.
+    score_pattern: str | None = None
+    #: judge: the lowest score of the rubric (maps to 0); a score outside [score_min, score_max] counts as a parse failure.
+    score_min: float = 0.0
+    #: judge: the highest score of the rubric (maps to 1).
+    score_max: float = 10.0
+    #: reward_model: most texts in one forward pass.
+    batch_size: int = 16
+    #: reward_model: seconds the actor waits for more texts before running a partial batch.
+    batch_window_s: float = 0.01
+    #: Score every turn instead of the finished episode (not supported yet: must be false).
+    per_turn: bool = False
+    #: judge: engine replicas serving the judge (never the policy's, never weight-synced).
+    num_replicas: int = 1
+    #: Longest prompt + reply, in tokens (judge engine max_model_len; reward_model truncation length).
+    max_model_len: int = 2048
+    #: judge: further EngineConfig keys of the judge engine (e.g. {dtype: float32, cpu_kv_cache_space_gib: 0.5}).
+    engine: dict[str, Any] = field(default_factory=dict)
+    #: Let transformers / vLLM run the model repository's own code.
+    trust_remote_code: bool = False
+
+
+@dataclass
 class CustomEnvConfig:
     """One ``custom_envs.<Tag>`` entry: which env to build and how it talks to the model."""
 
@@ -143,6 +201,8 @@ class CustomEnvConfig:
     #: worker's event loop, no thread hop (for fast, trusted envs: a call past env_step_timeout_s fails
     #: its episode only once it returns, and a hang stops every env of its worker).
     isolation: Isolation = "none"
+    #: A model that scores each finished episode of this tag (see the custom_envs.<Tag>.reward section); null: env reward only.
+    reward: RewardConfig | None = None
 
 
 @dataclass

@@ -201,6 +201,8 @@ def validate_config(config: PipelineConfig) -> None:
         check_not_moved(env.env_type, f"custom_envs.{tag}.env_type")
         if env.agent:
             check_not_moved(env.agent, f"custom_envs.{tag}.agent")
+        if env.reward is not None:
+            env.reward.validate(tag)
         if (env.env_type == "agent") != bool(env.agent):
             raise ConfigError(
                 f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "

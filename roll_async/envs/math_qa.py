@@ -131,6 +131,12 @@ class MathQAEnv(BaseEnv):
             return env_config
         return {**env_config, "split": split}
 
+    def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
+        """As BaseEnv's, with the problem's reference answer in ``info["reference"]`` (for a judge; never shown to the policy)."""
+        observation, info = super().reset(seed)
+        info["reference"] = self.task.answer
+        return observation, info
+
     def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self.turn_outcome = None
         return super().step(action_text)

@@ -148,6 +148,7 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
                 },
             )
             span("env step", turn["es"], turn["ef"], tid, "env_step", {"turn": index})
+        span("reward model", episode.get("rs"), episode.get("rf"), tid, "reward", {})
         if episode["fate"] == "served":
             # Queued time is the trajectory's, not the env's (which already plays the next episode): its own track.
             span(

@@ -7,7 +7,8 @@ Inputs: ``config.yaml`` (how many env instances there are), ``metrics.jsonl``,
 
 Spans of one env row: ``waiting`` (the env asked for an episode and had none:
 quota full, sync pause), ``reset`` (env build and reset), ``generate``
-(coloured by weight version), ``env_step``; under them a thin ``queued`` lane
+(coloured by weight version), ``env_step``, ``reward`` (a judge or reward model
+scoring the finished episode, ``custom_envs.<Tag>.reward``); under them a thin ``queued`` lane
 from an episode's end until its batch left the scheduler.
 
 A straggler is an episode that took at least twice the median duration of
@@ -150,6 +151,9 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
         "start": _rel(record.get("started_at"), t0),
         "end": _rel(record.get("finished_at"), t0),
         "served": _rel(record.get("served_at"), t0),
+        # The judge / reward model scoring the finished episode (custom_envs.<Tag>.reward), if any.
+        "rs": _rel(record.get("reward_started_at"), t0),
+        "rf": _rel(record.get("reward_finished_at"), t0),
         "served_step": record.get("served_step"),
         "created_step": record.get("created_step"),
         "reward": record.get("episode_reward"),

@@ -4,7 +4,7 @@
   var SVG_NS = "http://www.w3.org/2000/svg";
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var VERSION_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#e15759", "#bab0ac", "#ff9da7"];
-  var COLORS = { waiting: "#e9ecf1", reset: "#c9ced8", env_step: "#3b4252", queued: "#9aa5b8", env_error: "#d62728", dropped: "#ff7f0e", straggler: "#8e24aa", trainer: "#c0504d" };
+  var COLORS = { waiting: "#e9ecf1", reset: "#c9ced8", env_step: "#3b4252", reward: "#2ca02c", queued: "#9aa5b8", env_error: "#d62728", dropped: "#ff7f0e", straggler: "#8e24aa", trainer: "#c0504d" };
 
   function versionColor(v) {
     if (v === null || v === undefined || v < 0) { return "#888888"; }
@@ -92,6 +92,7 @@
       label.textContent = "env " + id + " " + (data.env_tags[String(id)] || "");
       rows[id] = g;
     });
+    var hasReward = false;
     episodes.forEach(function (e) {
       var g = rows[e.env_id];
       if (!g || e.start === null) { return; }
@@ -118,6 +119,11 @@
           title(er, "env step turn " + i + ": " + fmt(t.ef - t.es, 3) + " s\n" + info);
         }
       });
+      if (e.rs !== null && e.rs !== undefined && e.rf !== null && e.rf !== undefined) {
+        var rr = svg("rect", { x: x(e.rs), y: y0 + 3, width: Math.max(0.8, x(e.rf) - x(e.rs)), height: rowH - 6, fill: COLORS.reward, "class": "span-reward" }, g);
+        title(rr, "reward model " + fmt(e.rf - e.rs, 3) + " s\n" + info);
+        hasReward = true;
+      }
       if (e.served !== null && e.end !== null && e.served > e.end) {
         var q = svg("rect", { x: x(e.end), y: y0 + rowH + 1, width: Math.max(0.5, x(e.served) - x(e.end)), height: lane - 1, fill: COLORS.queued, "class": "span-queued" }, g);
         title(q, "queued for the trainer " + fmt(e.served - e.end) + " s\n" + info);
@@ -142,6 +148,7 @@
     Object.keys(versions).map(Number).sort(function (a, b) { return a - b; }).forEach(function (v) { item(versionColor(v), "generate, weight version " + v); });
     if (data.train_spans.length) { item(COLORS.trainer, "train step (trainer row)"); }
     item(COLORS.env_step, "env step");
+    if (hasReward) { item(COLORS.reward, "reward model (judge / RM)"); }
     item(COLORS.reset, "env build/reset");
     item(COLORS.waiting, "waiting for an episode");
     item(COLORS.queued, "queued for the trainer");

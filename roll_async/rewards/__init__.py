@@ -1,5 +1,7 @@
 """Rewards from models: an LLM judge on its own engine, a batched reward-model actor, and the episode scorer."""
 
+from roll_async.config.sections import RewardConfig
+from roll_async.metrics import reward_batch_metrics
 from roll_async.rewards.episode_text import EpisodeText, episode_text
 from roll_async.rewards.judge import (
     LLMJudge,
@@ -8,12 +10,15 @@ from roll_async.rewards.judge import (
     parse_judge_score,
 )
 from roll_async.rewards.model_call import ModelScore, RewardClient, RewardCounters
-from roll_async.rewards.reward_config import RewardConfig
-from roll_async.rewards.reward_metrics import reward_batch_metrics
 from roll_async.rewards.reward_model import (
     RewardModelActor,
     RewardModelClient,
     launch_reward_model,
+)
+from roll_async.rewards.reward_services import (
+    RewardService,
+    launch_reward_services,
+    shutdown_reward_services,
 )
 from roll_async.rewards.scorer import EpisodeRewardScorer, RewardOutcome
 from roll_async.rewards.tiny_reward_model import build_tiny_reward_model
@@ -29,11 +34,14 @@ __all__ = [
     "RewardModelActor",
     "RewardModelClient",
     "RewardOutcome",
+    "RewardService",
     "build_tiny_reward_model",
     "episode_text",
     "judge_engine_config",
     "launch_judge_engines",
     "launch_reward_model",
+    "launch_reward_services",
     "parse_judge_score",
     "reward_batch_metrics",
+    "shutdown_reward_services",
 ]

@@ -16,7 +16,7 @@ from roll_async.trajectory import Trajectory
 
 @dataclass(frozen=True)
 class EpisodeText:
-    """The fields a reward prompt_template may use (rewards.reward_config.TEMPLATE_FIELDS)."""
+    """The fields a reward prompt_template may use (roll_async.config.reward_rules.TEMPLATE_FIELDS)."""
 
     question: str
     response: str

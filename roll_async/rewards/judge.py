@@ -9,21 +9,25 @@ counted and scored None (zero model reward), never raised.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from roll_async.config.sections import EngineConfig
+from roll_async.config.reward_rules import TINY_MODEL
+from roll_async.config.sections import EngineConfig, RewardConfig
 from roll_async.engine.engine_actor import engine_clients, launch_engines
 from roll_async.engine.router import EngineClient
 from roll_async.model import build_tiny_model
 from roll_async.prompts.prompt_builder import load_tokenizer
 from roll_async.rewards.episode_text import EpisodeText
 from roll_async.rewards.model_call import BoundedModelCaller, ModelScore, RewardCounters
-from roll_async.rewards.reward_config import TINY_MODEL, RewardConfig
 from roll_async.trajectory import GenerationRequest
+
+logger = logging.getLogger(__name__)
 
 #: Tokens kept free below max_model_len after fitting a prompt (chat-template closers, rounding).
 PROMPT_MARGIN_TOKENS = 8
@@ -166,11 +170,9 @@ class LLMJudge:
         """Score one episode; timeouts, engine errors and unparsable replies come back as ``score=None``."""
         prompt_ids = self.prompt_ids(episode)
         base_id = f"judge-{uuid.uuid4().hex[:16]}"
-        replica_of: dict[int, int] = {}
 
         async def attempt(index: int) -> tuple[float | None, str]:
             replica = min(range(len(self.clients)), key=lambda i: self._in_flight[i])
-            replica_of[index] = replica
             request = GenerationRequest(
                 request_id=f"{base_id}-a{index}",
                 prompt_token_ids=prompt_ids,
@@ -181,6 +183,10 @@ class LLMJudge:
             self._in_flight[replica] += 1
             try:
                 result = await self.clients[replica].generate(request)
+            except asyncio.CancelledError:
+                # Timed out, or the episode was cancelled (group complete, sync pause, shutdown): free the judge.
+                await _abort_quietly(self.clients[replica], request.request_id)
+                raise
             finally:
                 self._in_flight[replica] -= 1
             if result.finish_reason in ("abort", "error"):
@@ -192,7 +198,13 @@ class LLMJudge:
             )
             return self.parse(reply), reply
 
-        async def abort(index: int) -> None:
-            await self.clients[replica_of.get(index, 0)].abort([f"{base_id}-a{index}"])
+        # A timed-out attempt is cancelled by the caller's wait_for, and a cancelled one aborts its request.
+        return await self.caller.call(attempt)
 
-        return await self.caller.call(attempt, abort)
+
+async def _abort_quietly(client: EngineClient, request_id: str) -> None:
+    """Abort one judge request; a failure is logged, never raised (the caller is being cancelled)."""
+    try:
+        await client.abort([request_id])
+    except Exception as exc:
+        logger.debug("judge abort of %s failed: %s", request_id, exc)

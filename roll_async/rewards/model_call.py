@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from roll_async.config.sections import RewardConfig
 from roll_async.rewards.episode_text import EpisodeText
-from roll_async.rewards.reward_config import RewardConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,6 @@ class ModelScore:
         return self.score is None
 
 
-class RewardClient(Protocol):
-    """What EpisodeRewardScorer needs: LLMJudge and RewardModelClient both are one."""
-
-    async def score(self, episode: EpisodeText) -> ModelScore: ...
-
-
 @dataclass
 class RewardCounters:
     """Cumulative counters of one client (its calls from one process)."""
@@ -67,6 +61,15 @@ class RewardCounters:
         out = {name: float(value) for name, value in asdict(self).items()}
         out["seconds_mean"] = self.seconds_total / self.calls if self.calls else 0.0
         return out
+
+
+class RewardClient(Protocol):
+    """What EpisodeRewardScorer needs: LLMJudge and RewardModelClient both are one."""
+
+    @property
+    def counters(self) -> RewardCounters: ...
+
+    async def score(self, episode: EpisodeText) -> ModelScore: ...
 
 
 #: One attempt: given its index, return (score or None when the reply had no score, reply text); raise on error.

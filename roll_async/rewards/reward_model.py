@@ -16,10 +16,11 @@ from typing import Any
 
 import ray
 
+from roll_async.config.reward_rules import TINY_MODEL
+from roll_async.config.sections import RewardConfig
 from roll_async.rewards.episode_text import EpisodeText
 from roll_async.rewards.micro_batcher import MicroBatcher
 from roll_async.rewards.model_call import BoundedModelCaller, ModelScore, RewardCounters
-from roll_async.rewards.reward_config import TINY_MODEL, RewardConfig
 from roll_async.rewards.tiny_reward_model import build_tiny_reward_model
 
 #: Concurrent ``score`` calls one actor accepts (they wait in its batcher, not in Ray's queue).

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from roll_async import metrics
+from roll_async.config.sections import RewardConfig
 from roll_async.rewards.episode_text import EpisodeText, episode_text
 from roll_async.rewards.model_call import ModelScore, RewardClient
-from roll_async.rewards.reward_config import RewardConfig
 from roll_async.trajectory import Trajectory
 
 #: Episodes that are never trained on: not worth a model call.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +22,7 @@ from roll_async.env_managers.worker import (
     build_env_managers,
 )
 from roll_async.errors import RolloutFatalError
+from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.scheduler.group_queue import GroupQueueManager
 from roll_async.scheduler.layout import rollout_layout
 from roll_async.scheduler.served_batch import ServedBatch
@@ -44,7 +45,9 @@ class LocalRolloutScheduler:
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
         version_base: int = 0,
+        reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
     ) -> None:
+        """``reward_scorers``: tag -> the scorer of that tag's episodes (custom_envs.<Tag>.reward)."""
         em = spec.env_manager
         self.spec = spec
         self.engines = (
@@ -65,6 +68,7 @@ class LocalRolloutScheduler:
             tokenizer=tokenizer,
             env_factory=env_factory,
             executor=self._executor,
+            reward_scorers=reward_scorers,
         )
         self.host = EnvManagerHost(
             self.managers,

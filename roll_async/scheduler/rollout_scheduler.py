@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.env_managers.worker import EnvFactory, EnvManagerWorker
 from roll_async.errors import RolloutFatalError
 from roll_async.metrics import replica_metrics
+from roll_async.rewards.reward_services import RewardService
 from roll_async.runtime import node_files, sched_policy
 from roll_async.runtime.ray_utils import (
     actor_death_errors,
@@ -242,7 +243,10 @@ class RolloutScheduler:
         start_step: int = 0,
         version_base: int = 0,
         seed_state: dict[str, Any] | None = None,
+        reward_services: Mapping[str, RewardService] | None = None,
     ) -> None:
+        """``reward_services``: tag -> its running judge / reward model (``launch_reward_services``), owned by the
+        caller; the tags of this side that have one get their episodes scored before the hand-over."""
         if not engine_handles:
             raise ValueError("RolloutScheduler needs at least one engine actor handle")
         self.spec = spec
@@ -253,6 +257,11 @@ class RolloutScheduler:
         self.initial_seed_state = seed_state
         #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
         self.version_base = version_base
+        self.reward_services = {
+            tag: service
+            for tag, service in (reward_services or {}).items()
+            if tag in spec.custom_envs
+        }
         self.last_metrics: dict[str, float] = {}
         self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
@@ -336,6 +345,7 @@ class RolloutScheduler:
                 self.env_factory,
                 self._incarnations[index],
                 tokenizer_files=self._tokenizer_files,
+                reward_services=self.reward_services,
             )
         )
 

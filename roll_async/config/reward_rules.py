@@ -1,4 +1,4 @@
-"""``custom_envs.<Tag>.reward``: which model scores a finished episode and how its score enters the reward.
+"""The rules of ``custom_envs.<Tag>.reward``: which model scores a finished episode and how its score enters the reward.
 
 A reward from a model fails in ways an env reward never does (a missing
 checkpoint, a template without the response, a judge that never answers), so
@@ -12,11 +12,9 @@ import json
 import math
 import re
 import string
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
-from roll_async.config.sections import EngineConfig
 from roll_async.errors import ConfigError
 
 #: judge: an LLM served by its own vLLM engine reads a rubric and writes a score; reward_model: a
@@ -47,51 +45,15 @@ DEFAULT_REWARD_MODEL_TEMPLATE = "{question}\n{response}"
 DEFAULT_SCORE_PATTERN = r"(?:score\s*[:=]\s*\**\s*|\\boxed\{\s*)([-+]?\d+(?:\.\d+)?)"
 
 
-@dataclass
-class RewardConfig:
-    """One ``custom_envs.<Tag>.reward`` entry (plain types, so OmegaConf can merge it)."""
+class RewardRules:
+    """The methods of ``RewardConfig`` (roll_async.config.sections): its template, its score pattern, its checks.
 
-    #: judge or reward_model (RewardKind).
-    kind: str = "judge"
-    #: Local HF model directory of the judge / reward model, or ``tiny`` for the offline tiny one.
-    model_path: str | None = None
-    #: Text given to the model; fields {question}, {response}, {reference}, {conversation}; None: the kind's default.
-    prompt_template: str | None = None
-    #: add or replace (RewardMode).
-    mode: str = "add"
-    #: Multiplies the model's score before it enters the reward.
-    weight: float = 1.0
-    #: Most scoring calls in flight at once from one scorer (an asyncio.Semaphore).
-    max_concurrency: int = 8
-    #: Seconds one scoring call may take; past it the call is aborted and counted as a timeout.
-    timeout_s: float = 60.0
-    #: Retries of a call that timed out or failed (a reply without a score is not retried).
-    max_retries: int = 1
-    #: Seconds before the first retry; doubled for each further retry.
-    retry_backoff_s: float = 0.5
-    #: judge: most tokens of the judge's reply.
-    max_tokens: int = 256
-    #: judge: sampling temperature of the judge (0: greedy).
-    temperature: float = 0.0
-    #: judge: regex whose first group is the score (last match wins); None: ``Score: n`` or ``\\boxed{n}``.
-    score_pattern: str | None = None
-    #: judge: the rubric's score range, mapped to [0, 1]; a score outside it counts as a parse failure.
-    score_min: float = 0.0
-    score_max: float = 10.0
-    #: reward_model: most texts in one forward pass.
-    batch_size: int = 16
-    #: reward_model: seconds the actor waits for more texts before running a partial batch.
-    batch_window_s: float = 0.01
-    #: Score every turn instead of the finished episode (not supported yet: must be false).
-    per_turn: bool = False
-    #: judge: engine replicas serving the judge (never the policy's, never weight-synced).
-    num_replicas: int = 1
-    #: Longest prompt + reply, in tokens (judge engine max_model_len; reward_model truncation length).
-    max_model_len: int = 2048
-    #: judge: further EngineConfig keys of the judge engine (e.g. {dtype: float32, cpu_kv_cache_space_gib: 0.5}).
-    engine: dict[str, Any] = field(default_factory=dict)
-    #: Let transformers / vLLM run the model repository's own code.
-    trust_remote_code: bool = False
+    A mixin, so the dataclass keeps its keys with the other sections (the reference page is generated
+    from there) while its rules live here; ``engine_keys`` is the set of EngineConfig keys the
+    dataclass gives it (this module cannot import the sections, which import it).
+    """
+
+    engine_keys: ClassVar[frozenset[str]] = frozenset()
 
     # -- derived -----------------------------------------------------------------------
 
@@ -222,7 +184,7 @@ class RewardConfig:
                 f"{key('max_tokens')}={self.max_tokens} leaves no room for the prompt in "
                 f"{key('max_model_len')}={self.max_model_len}; lower it or raise max_model_len"
             )
-        known = {f.name for f in fields(EngineConfig)}
+        known = self.engine_keys
         unknown = sorted(set(self.engine) - known)
         if unknown:
             raise ConfigError(
