@@ -37,7 +37,9 @@ def init_ray(
     num_cpus: int | None = None,
     log_dir: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Join ``address`` (a Ray cluster) or start a local instance; a no-op if Ray is already up.
+    """Join ``address`` (a Ray cluster; else ``$RAY_ADDRESS``, as Ray's own tools do) or start a local instance.
+
+    A no-op if Ray is already up.
 
     ``log_dir``: worker processes (engines, env workers, their children) write their output there instead of
     the driver's console (roll_async.run_output.logs).
@@ -60,6 +62,8 @@ def init_ray(
             "roll_async.run_output.logs.setup_worker_process"
         )
         quiet = {"log_to_driver": False, "configure_logging": False}
+    # Ray joins $RAY_ADDRESS when no address is given, and then refuses num_cpus: join it explicitly.
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(
             address=address, include_dashboard=False, runtime_env=runtime_env, **quiet

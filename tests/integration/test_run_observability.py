@@ -44,10 +44,9 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 def _cli(*args: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
+    # Each run starts its own Ray: never the cluster of this test process (RAY_ADDRESS, set by Ray).
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
     return subprocess.Popen(
         [sys.executable, "-m", "roll_async.cli", *args],
         cwd=REPO,
