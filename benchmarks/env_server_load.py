@@ -172,6 +172,7 @@ async def drive(
         groups = ["healthy"] * healthy
         for i in range(faulty):
             groups.insert(min(len(groups), i * k), "faulty")
+    cpu_at_start = _cpu_seconds(pid)
     started = time.perf_counter()
     tasks = [asyncio.create_task(session(i, g)) for i, g in enumerate(groups)]
     # Every request has a client deadline, so this bound is never reached unless a request is lost.
@@ -181,6 +182,7 @@ async def drive(
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     elapsed = time.perf_counter() - started
+    server_cpu_s = _cpu_seconds(pid) - cpu_at_start
     client = EnvServiceClient.shared(url, max_retries=1)
     health = await client.health(url)
     await client.close()
@@ -210,6 +212,8 @@ async def drive(
         "server_stats": health.get("stats"),
         "seconds": elapsed,
         "requests_per_s": tally.issued / elapsed if elapsed > 0 else 0.0,
+        "server_cpu_s": server_cpu_s,
+        "server_cpu_ms_per_request": 1000 * server_cpu_s / max(1, tally.issued),
         "healthy_p50_ms": 1000 * percentile(healthy_calls, 50),
         "healthy_p99_ms": 1000 * percentile(healthy_calls, 99),
         "server_rss_idle_mib": samples[0][1] if samples else None,
@@ -225,6 +229,14 @@ async def drive(
                 out[f"{group}_{phase}_p50_ms"] = pct(group, phase, 50)
                 out[f"{group}_{phase}_p99_ms"] = pct(group, phase, 99)
     return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of the server process (its threads included)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def _thin(points: list[Any], most: int = 120) -> list[Any]:
@@ -264,6 +276,7 @@ SUMMARY_KEYS = (
     "sessions_completed",
     "requests",
     "requests_per_s",
+    "server_cpu_ms_per_request",
     "failures",
     "lost",
     "envs_left_on_server",
@@ -371,6 +384,7 @@ def to_markdown(payload: dict[str, Any]) -> str:
         ("sessions completed", "sessions_completed", 0),
         ("requests", "requests", 0),
         ("requests/s", "requests_per_s", 0),
+        ("server CPU ms per request", "server_cpu_ms_per_request", 2),
         ("**failures**", "failures", 0),
         ("**lost requests**", "lost", 0),
         ("envs left on the server", "envs_left_on_server", 0),
@@ -472,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
             f"raised the open-files limit from {before} to {after} (each session is a connection)"
         )
     args.open_files = after
+    if 0 <= after < args.sessions + 256:
+        print(
+            f"warning: the open-files limit is {after} (hard limit included) and {args.sessions} "
+            "sessions need a descriptor each: expect 'Too many open files' (raise it with ulimit -Hn)"
+        )
     args.load_at_start = [round(x, 2) for x in os.getloadavg()]
     payload = asyncio.run(run(args))
     path = out.write_json(payload)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import functools
 import importlib
 import inspect
@@ -19,6 +20,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -557,6 +559,12 @@ def main(args: argparse.Namespace) -> int:
             "(every session holds a connection)",
             flush=True,
         )
+    if 0 <= after < 4096:
+        print(
+            f"roll-async env-server: warning: the open-files limit is {after} (the hard limit); "
+            "each session holds a connection, so that many sessions at most",
+            flush=True,
+        )
     server = EnvServer(
         isolation=args.isolation,
         env_timeout_s=args.env_timeout_s,
@@ -586,6 +594,12 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _drain(stream: Any, tail: collections.deque) -> None:
+    """Read a child's output to its end, keeping the last lines (the pipe never fills)."""
+    for line in stream:
+        tail.append(line)
 
 
 def launch_server_process(
@@ -620,6 +634,13 @@ def launch_server_process(
         lines.append(line)
         if "listening on " in line:
             url = line.split("listening on ", 1)[1].split()[0]
+            # Keep reading its output: a full pipe would block the server at its next log line.
+            threading.Thread(
+                target=_drain,
+                args=(process.stdout, collections.deque(lines, maxlen=200)),
+                name="env-server-output",
+                daemon=True,
+            ).start()
             return process, url
     process.kill()
     raise RuntimeError("env-server did not start: " + "".join(lines[-20:]))
