@@ -220,6 +220,11 @@ async def drive(
         "server_rss_peak_mib": max((s[1] for s in samples), default=None),
         "server_rss_end_mib": samples[-1][1] if samples else None,
         "server_threads_peak": max((s[2] for s in samples), default=None),
+        "server_rss_per_session_kib": (
+            1024 * (max(s[1] for s in samples) - samples[0][1]) / (healthy + faulty)
+            if samples
+            else None
+        ),
         "rss_timeline": _thin([(round(t, 2), round(r, 1), n) for t, r, n in samples]),
     }
     for group in ("healthy", "faulty"):
@@ -286,6 +291,7 @@ SUMMARY_KEYS = (
     *(f"healthy_{p}_{q}_ms" for p in PHASES for q in ("p50", "p99")),
     "server_rss_idle_mib",
     "server_rss_peak_mib",
+    "server_rss_per_session_kib",
     "server_threads_peak",
 )
 
@@ -340,6 +346,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "hang_s": args.hang_s if args.fault == "hang" else None,
         "slow_s": args.slow_s if args.fault == "slow" else None,
         "server_threads": args.threads,
+        "sample_s": args.sample_s,
         "open_files_limit": args.open_files,
         "load_average_at_start": args.load_at_start,
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
@@ -394,6 +401,7 @@ def to_markdown(payload: dict[str, Any]) -> str:
         *((f"healthy {p} p50 / p99 ms", p, 1) for p in PHASES),
         ("server RSS idle MiB", "server_rss_idle_mib", 1),
         ("**server RSS peak MiB**", "server_rss_peak_mib", 1),
+        ("server RSS (peak - idle) per session KiB", "server_rss_per_session_kib", 1),
         ("server threads peak", "server_threads_peak", 0),
     ]
     for label, key, p in rows:
@@ -421,7 +429,13 @@ def to_markdown(payload: dict[str, Any]) -> str:
         "",
         "A closed loop: every session sends its next request when the last one is answered, so on two "
         "shared cores latency is mostly the queue of the other sessions' requests (Little's law: "
-        "sessions ÷ requests/s).",
+        "sessions ÷ requests/s). Server RSS is sampled every "
+        f"{payload.get('sample_s', 0.25):g} s"
+        + (
+            ", summed over the server and its env processes (pages they share counted in each)."
+            if payload["isolation"] == "process"
+            else "."
+        ),
         "",
     ]
     return "\n".join(lines)
