@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class NoFreeThread(TimeoutError):
-    """A call waited its whole timeout for a thread: all ``max_threads`` are busy (the env was not called)."""
+    """A call waited its whole timeout with all ``max_threads`` threads busy; it never ran (the env was not called)."""
 
 
 class _Work:
@@ -100,7 +100,8 @@ class EnvThreadPool:
 
     ``await pool.run(fn, *args, timeout=T)`` runs ``fn`` in a thread and raises
     ``TimeoutError`` once it has *run* for ``T`` seconds (time queued for a thread
-    is not counted) or :class:`NoFreeThread` if it could not start within ``T``.
+    is not counted), or :class:`NoFreeThread` if it is still queued after ``T``
+    with all ``max_threads`` threads busy (it then never runs).
     A timed-out call keeps its thread until it returns (a thread cannot be
     killed); then ``cleanup(result)`` runs in that thread (close the env). A
     watchdog counts the calls running longer than ``long_call_s`` (slow or hung)
@@ -161,8 +162,13 @@ class EnvThreadPool:
             started = work.started_at
             if started is None:
                 with self._cond:
-                    if work.started_at is None:
+                    # Queued a whole timeout: fail only if every thread is taken (a long queue of
+                    # short calls, as under CPU overload, drains by itself: wait on).
+                    if work.started_at is None and self._workers >= self.max_threads:
                         work.cancelled = True
+                if work.started_at is None and not work.cancelled:
+                    timer = loop.call_later(timeout, check)
+                    return
                 if work.cancelled:
                     work.future.set_exception(
                         NoFreeThread(

@@ -94,3 +94,15 @@ def test_the_open_files_limit_is_raised_toward_the_hard_limit():
         assert raise_open_files_limit(1024) == (after, after)  # never lowers it
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_long_queue_is_waited_out_while_threads_may_still_be_started():
+    """Queued past its timeout behind a busy thread, the pool not at max_threads: it waits, then runs."""
+    pool = EnvThreadPool(1, max_threads=4, long_call_s=10.0)  # no extra thread in time
+    try:
+        blocker = asyncio.ensure_future(pool.run(time.sleep, 1.0, timeout=5))
+        await asyncio.sleep(0.05)
+        assert await pool.run(lambda: "ran", timeout=0.3) == "ran"
+        await blocker
+    finally:
+        pool.shutdown()
