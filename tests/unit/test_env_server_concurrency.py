@@ -115,3 +115,36 @@ async def test_hung_envs_do_not_hold_up_the_other_sessions():
     finally:
         await EnvServiceClient.shared(url).close()
         await runner.cleanup()
+
+
+@pytest.mark.slow  # starts a server process (~10 s on a loaded 2-core machine)
+async def test_a_hung_in_thread_env_does_not_block_the_server_from_exiting():
+    """Ctrl-C stops the server at once even while a hung env call still holds a thread (daemon threads)."""
+    import signal
+
+    from roll_async.env_service.server import launch_server_process
+
+    process, url = launch_server_process("--isolation", "none")
+    try:
+        env = RemoteEnv(
+            url,
+            "faulty",
+            {
+                "inner_env_type": "countdown",
+                "fault": "hang",
+                "fault_probability": 1.0,
+                "hang_s": 120.0,
+            },
+            call_timeout_s=1.0,
+        )
+        await env.reset(1)
+        with pytest.raises(EnvServiceError, match="exceeded timeout_s"):
+            await env.step(WRONG)
+        await EnvServiceClient.shared(url).close()
+        process.send_signal(signal.SIGINT)
+        assert (
+            await asyncio.to_thread(process.wait, 30) == 0
+        )  # not after the 120 s hang
+    finally:
+        process.kill()
+        process.wait()
