@@ -135,9 +135,8 @@ class EnvThreadPool:
         self._numbers = iter(range(1 << 62))
         self._closed = False
         self._wake = threading.Event()
-        self.abandoned = (
-            0  # calls timed out while running (their threads may still be busy)
-        )
+        #: Calls timed out while running (their threads may still be busy).
+        self.abandoned = 0
         threading.Thread(
             target=self._watch, name=f"{name}-watchdog", daemon=True
         ).start()
@@ -279,14 +278,14 @@ class EnvThreadPool:
     def _watch(self) -> None:
         """Every long_call_s while calls run: count the long ones and start threads to replace them."""
         while True:
+            self._wake.clear()  # before looking: a wake-up set after this is not lost
             with self._cond:
                 if self._closed:
                     return
                 now = time.monotonic()
                 long_ = 0
-                for started in (
-                    self._running.values()
-                ):  # oldest first: stop at the first short one
+                # Oldest first (a thread re-enters at the end): stop at the first short one.
+                for started in self._running.values():
                     if now - started <= self.long_call_s:
                         break
                     long_ += 1
@@ -294,4 +293,3 @@ class EnvThreadPool:
                 self._grow_locked()
                 busy = bool(self._running or self._queue)
             self._wake.wait(self.long_call_s if busy else None)
-            self._wake.clear()
