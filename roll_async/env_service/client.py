@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from roll_async.env_service.fd_limit import raise_open_files_limit
 from roll_async.env_service.wire import API, decode_observation
 from roll_async.errors import EnvServiceError, EnvServiceUnavailable
 
@@ -32,6 +33,7 @@ _TRANSPORT_ERRORS = (
     ConnectionError,
 )
 _clients: dict[tuple[int, tuple[str, ...], int, float], EnvServiceClient] = {}
+_raised_open_files = False
 
 
 def normalize_urls(service_url: str | Sequence[str]) -> tuple[str, ...]:
@@ -84,6 +86,7 @@ class EnvServiceClient:
 
     def _session_for_loop(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            _ensure_open_files()
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
             self._session = aiohttp.ClientSession(
                 connector=connector, raise_for_status=False
@@ -176,6 +179,16 @@ class EnvServiceClient:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _ensure_open_files() -> None:
+    """Once per process: every session is a connection, so raise a low open-files limit (and say so)."""
+    global _raised_open_files
+    if not _raised_open_files:
+        _raised_open_files = True
+        before, after = raise_open_files_limit()
+        if after != before:
+            logger.info("raised the open-files limit from %d to %d", before, after)
 
 
 class RemoteEnv:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import functools
 import importlib
 import inspect
@@ -19,14 +20,16 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from roll_async.env_service.fd_limit import raise_open_files_limit
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
+from roll_async.env_service.thread_pool import EnvThreadPool, NoFreeThread
 from roll_async.env_service.wire import (
     API,
     BadRequest,
@@ -39,6 +42,10 @@ from roll_async.envs import make_env, registered_envs, resolve_env_class
 logger = logging.getLogger(__name__)
 
 ISOLATION_MODES = ("process", "none")
+#: Default --max-envs: a process per env costs tens of MB; an in-thread env, kilobytes.
+DEFAULT_MAX_ENVS = {"process": 256, "none": 4096}
+#: Most requests aiohttp's listening socket queues before accepting (2,000 sessions may connect at once).
+LISTEN_BACKLOG = 4096
 
 
 class _CallFailed(Exception):
@@ -65,6 +72,7 @@ class ServerStats:
     crashes: int = 0
     bad_requests: int = 0
     reaped_idle: int = 0
+    overloaded: int = 0
 
 
 class EnvServer:
@@ -76,9 +84,12 @@ class EnvServer:
     lives in its own child process (:class:`~roll_async.env_service.process_env.ProcessEnv`):
     a call past its timeout kills that process, a crash is reported, and either way
     the env is dropped from the table, so the server itself never hangs or dies
-    with an env. ``--isolation none`` runs envs in the server's thread pool (for
-    trusted, light envs: more sessions per server, but a hung call keeps its
-    thread). A malformed request gets a 4xx naming the problem, never a crash.
+    with an env. ``--isolation none`` runs envs in the server's threads
+    (:class:`~roll_async.env_service.thread_pool.EnvThreadPool`; for trusted,
+    light envs: more sessions per server). There a hung call keeps its thread
+    until it returns (then the env is closed), but the pool starts another, so
+    ``threads`` stay free for the other sessions, up to ``max_threads`` in all.
+    A malformed request gets a 4xx naming the problem, never a crash.
     """
 
     def __init__(
@@ -86,8 +97,9 @@ class EnvServer:
         *,
         isolation: str = "process",
         env_timeout_s: float = 60.0,
-        max_envs: int = 256,
+        max_envs: int | None = None,
         threads: int = 32,
+        max_threads: int = 1024,
         start_timeout_s: float = 60.0,
         idle_timeout_s: float = 900.0,
     ) -> None:
@@ -97,7 +109,9 @@ class EnvServer:
             )
         self.isolation = isolation
         self.env_timeout_s = float(env_timeout_s)
-        self.max_envs = int(max_envs)
+        self.max_envs = int(
+            DEFAULT_MAX_ENVS[isolation] if max_envs is None else max_envs
+        )
         #: A new env process may take this long to start and build its env (not counted in call timeouts).
         self.start_timeout_s = float(start_timeout_s)
         #: An env nobody called for this long is closed (its client died without closing it); 0 disables.
@@ -106,9 +120,7 @@ class EnvServer:
         self.envs: dict[str, _Hosted] = {}
         self.stats = ServerStats()
         self._ids = itertools.count()
-        self._executor = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="env-server"
-        )
+        self._pool = EnvThreadPool(threads, max_threads=max(threads, max_threads))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -155,6 +167,7 @@ class EnvServer:
                 "env_timeout_s": self.env_timeout_s,
                 "registered": registered_envs(),
                 "stats": vars(self.stats),
+                "threads": self._pool.stats(),
             }
         )
 
@@ -231,14 +244,22 @@ class EnvServer:
         builder = functools.partial(make_env, env_type, env_config)
         if self.isolation == "process":
             env: Any = ProcessEnv(builder, name=f"{env_type}-env")
-            try:
-                await self._in_thread(env.start, max(timeout, self.start_timeout_s))
+            start_timeout = max(timeout, self.start_timeout_s)
+            try:  # start() is bounded by its own timeout; the pool's is a backstop
+                await self._pool.run(
+                    env.start, start_timeout, timeout=start_timeout + 10
+                )
             except Exception as exc:
                 env.kill("start failed")
                 self.stats.env_errors += 1
                 raise _CallFailed(500, "env_error", f"make_env: {exc}") from None
         else:
-            env = await self._timed(self._in_thread(builder), timeout, "make_env", None)
+            env = await self._timed(
+                self._pool.run(builder, timeout=timeout, cleanup=_close_quietly),
+                timeout,
+                "make_env",
+                None,
+            )
         env_id = body.get("env_id") or f"e{next(self._ids)}"
         if not isinstance(env_id, str) or env_id in self.envs:
             await self._dispose(env, after_failure=True) if isinstance(
@@ -331,11 +352,13 @@ class EnvServer:
         async with hosted.lock:
             self.stats.calls += 1
             fn = getattr(hosted.env, method)
-            call = (
-                fn(*args)
-                if inspect.iscoroutinefunction(fn)
-                else self._in_thread(fn, *args)
-            )
+            if inspect.iscoroutinefunction(fn):
+                call = asyncio.wait_for(fn(*args), timeout)
+            else:  # timed by the pool from when it starts; a hung call closes its env when it returns
+                env = hosted.env
+                call = self._pool.run(
+                    fn, *args, timeout=timeout, cleanup=lambda _: _close_quietly(env)
+                )
             try:
                 return await self._timed(call, timeout, method, env_id)
             finally:
@@ -344,9 +367,17 @@ class EnvServer:
     async def _timed(
         self, call: Any, timeout: float, method: str, env_id: str | None
     ) -> Any:
-        """Run ``call`` within ``timeout``; on failure the env is dropped (its process killed) and 500 names why."""
+        """Await ``call`` (bounded by ``timeout`` itself); on failure the env is dropped (its process killed) and 500 names why.
+
+        A call that found no free thread never ran: the env is kept and 503 ``overloaded`` says so.
+        """
         try:
-            return await asyncio.wait_for(call, timeout)
+            return await call
+        except NoFreeThread as exc:
+            self.stats.overloaded += 1
+            raise _CallFailed(
+                503, "overloaded", f"{method}: {exc}; the env was not called"
+            ) from None
         except TimeoutError:
             self.stats.timeouts += 1
             await self._drop(env_id)
@@ -370,11 +401,6 @@ class EnvServer:
                 f"{method}: {type(exc).__name__}: {exc}",
             ) from None
 
-    async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, fn, *args
-        )
-
     async def _drop(self, env_id: str | None) -> None:
         hosted = self.envs.pop(env_id, None) if env_id is not None else None
         if hosted is not None:
@@ -388,11 +414,10 @@ class EnvServer:
                 await env.close()
             return
         if after_failure:
-            return  # an in-thread env may still be running its call: leave it alone
-        close = getattr(env, "close", None)
-        if callable(close):
+            return  # an in-thread env may still be running its call: that call's thread closes it
+        if callable(getattr(env, "close", None)):
             try:
-                await asyncio.wait_for(self._in_thread(close), 5.0)
+                await self._pool.run(_close_quietly, env, timeout=5.0)
             except Exception:
                 logger.debug("env close failed", exc_info=True)
 
@@ -439,7 +464,23 @@ class EnvServer:
             hosted = self.envs.pop(env_id)
             if isinstance(hosted.env, ProcessEnv):
                 hosted.env.kill("server shutdown")
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+
+
+def _close_quietly(env: Any) -> None:
+    """Close an in-thread env (in a pool thread); an env that fails to close is only logged."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                asyncio.run(_await(result))
+        except Exception:
+            logger.debug("env close failed", exc_info=True)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _dumps(obj: Any) -> str:
@@ -478,14 +519,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-envs",
         type=int,
-        default=256,
-        help="most env instances held at once (429 beyond)",
+        default=None,
+        help="most env instances held at once (429 beyond); default 256 with "
+        "--isolation process, 4096 with none",
     )
     parser.add_argument(
         "--threads",
         type=int,
         default=32,
-        help="threads for in-thread envs (--isolation none)",
+        help="threads kept free for short env calls (sync envs; process starts)",
+    )
+    parser.add_argument(
+        "--max-threads",
+        type=int,
+        default=1024,
+        help="most threads in all: slow or hung calls get extra threads up to this "
+        "(a hung call holds its thread until it returns); default 1024",
     )
     parser.add_argument(
         "--idle-timeout-s",
@@ -503,18 +552,32 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(
                 f"roll-async env-server: --import {module}: {exc}"
             ) from None
+    before, after = raise_open_files_limit()
+    if after != before:
+        print(
+            f"roll-async env-server: raised the open-files limit from {before} to {after} "
+            "(every session holds a connection)",
+            flush=True,
+        )
+    if 0 <= after < 4096:
+        print(
+            f"roll-async env-server: warning: the open-files limit is {after} (the hard limit); "
+            "each session holds a connection, so that many sessions at most",
+            flush=True,
+        )
     server = EnvServer(
         isolation=args.isolation,
         env_timeout_s=args.env_timeout_s,
         max_envs=args.max_envs,
         threads=args.threads,
+        max_threads=args.max_threads,
         idle_timeout_s=args.idle_timeout_s,
     )
 
     async def serve() -> None:
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port, backlog=2048)
+        site = web.TCPSite(runner, args.host, args.port, backlog=LISTEN_BACKLOG)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         print(
@@ -531,6 +594,12 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _drain(stream: Any, tail: collections.deque) -> None:
+    """Read a child's output to its end, keeping the last lines (the pipe never fills)."""
+    for line in stream:
+        tail.append(line)
 
 
 def launch_server_process(
@@ -565,6 +634,13 @@ def launch_server_process(
         lines.append(line)
         if "listening on " in line:
             url = line.split("listening on ", 1)[1].split()[0]
+            # Keep reading its output: a full pipe would block the server at its next log line.
+            threading.Thread(
+                target=_drain,
+                args=(process.stdout, collections.deque(lines, maxlen=200)),
+                name="env-server-output",
+                daemon=True,
+            ).start()
             return process, url
     process.kill()
     raise RuntimeError("env-server did not start: " + "".join(lines[-20:]))

@@ -34,7 +34,9 @@ from roll_async.envs.base import Observation
 # env id or env_type), 409 ``busy`` (a call on that env is already running), 429
 # ``full`` (the server holds ``--max-envs`` envs), 500 ``env_error`` / ``timeout``
 # / ``crashed`` (the env raised, ran past its timeout and was killed, or its
-# process died; the env is gone and the client builds a new one).
+# process died; the env is gone and the client builds a new one), 503
+# ``overloaded`` (all ``--max-threads`` threads were busy for the whole timeout;
+# the env was not called and is kept).
 API = "/v1"
 ENV_FAILURE_KINDS = ("env_error", "timeout", "crashed")
 
