@@ -35,7 +35,9 @@ from roll_async.prompts.images import (
     observation_images,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.rewards.episode_text import turn_text
 from roll_async.rewards.scorer import EpisodeRewardScorer
+from roll_async.rewards.turn_rewards import TurnRewards
 from roll_async.trajectory import EpisodeSpec, Trajectory, TurnRecord
 
 logger = logging.getLogger(__name__)
@@ -117,7 +119,8 @@ class EnvManager:
     (``roll_async.prompts.prompt_builder``); nothing already sent is ever
     re-tokenized. Text is decoded only to hand the action to the env (and to a
     reward model: with a ``reward_scorer`` the finished episode is scored before
-    it is handed back, see ``roll_async.rewards``). Observation
+    it is handed back, or with ``per_turn`` each turn once its env step ends,
+    all awaited before the hand-over; see ``roll_async.rewards``). Observation
     images (``render_mode: vision``) are expanded once into ids by the model's
     processor and sent with every later request (``roll_async.prompts.images``).
     Every generated token keeps the weight version that sampled it
@@ -166,6 +169,8 @@ class EnvManager:
         self.env_id = env_id
         #: custom_envs.<Tag>.reward: scores each finished episode (a judge or reward model); None: env reward only.
         self.reward_scorer = reward_scorer
+        #: The current episode's per-turn scoring calls (reward.per_turn), cancelled when the episode ends early.
+        self._turn_rewards: TurnRewards | None = None
         #: Makes request ids unique across schedulers sharing an engine (train and val, restarts).
         self.request_prefix = request_prefix
         self.settings = settings
@@ -288,6 +293,9 @@ class EnvManager:
                 return None
             raise
         finally:
+            if self._turn_rewards is not None:  # calls of a cancelled or failed episode
+                self._turn_rewards.cancel()
+                self._turn_rewards = None
             self._episode_task = None
             self.phases.episode = None
             end_episode = getattr(self.engine, "end_episode", None)
@@ -374,6 +382,7 @@ class EnvManager:
             "turn": 0,
         }
         user_texts = [self._render("instruction_template", fields)]
+        turn_rewards = self._start_turn_rewards(trajectory)
         generated_per_turn: list[list[int]] = []
         try:
             first = self.observations.encode(
@@ -438,6 +447,17 @@ class EnvManager:
             record.reward = float(reward)
             record.metrics = _numeric_metrics(info)
             trajectory.episode_reward += record.reward
+            if turn_rewards is not None:
+                turn_rewards.start(
+                    turn,
+                    turn_text(
+                        trajectory,
+                        turn,
+                        question=user_texts[turn],
+                        first_question=user_texts[0],
+                        reference=reference,
+                    ),
+                )
 
             if terminated:
                 stop_reason = "terminated"
@@ -478,23 +498,43 @@ class EnvManager:
         if self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
             self._check_prefix(trajectory, user_texts, generated_per_turn)
         await self._apply_reward(
-            trajectory, question=user_texts[0], reference=reference
+            trajectory,
+            question=user_texts[0],
+            reference=reference,
+            turn_rewards=turn_rewards,
         )
         trajectory.finished_at = time.time()
         self.stats.episodes += 1
         return trajectory
 
+    def _start_turn_rewards(self, trajectory: Trajectory) -> TurnRewards | None:
+        """This episode's per-turn scorings when its tag's reward has ``per_turn`` (env tags only)."""
+        if self.reward_scorer is None or not self.reward_scorer.config.per_turn:
+            return None
+        self._turn_rewards = TurnRewards(self.reward_scorer, trajectory.traj_id)
+        return self._turn_rewards
+
     async def _apply_reward(
-        self, trajectory: Trajectory, *, question: str | None, reference: str | None
+        self,
+        trajectory: Trajectory,
+        *,
+        question: str | None,
+        reference: str | None,
+        turn_rewards: TurnRewards | None = None,
     ) -> None:
-        """The model reward of ``trajectory`` (outcome: the finished episode), when its tag has one.
+        """The model reward of ``trajectory`` (outcome: the finished episode; per turn: its turns' calls).
 
         A failed call (timeout, engine error, no score in the reply) is counted in the trajectory's
-        metrics and gives zero model reward; the episode is handed over either way.
+        metrics and gives zero model reward (to the episode, or to that turn); the episode is handed
+        over either way.
         """
         if self.reward_scorer is None:
             return
         self.phases.set_phase("reward")
+        if turn_rewards is not None:  # each scored turn carries its own span
+            await turn_rewards.apply(trajectory)
+            self._turn_rewards = None
+            return
         started = time.time()
         outcome = await self.reward_scorer.apply(
             trajectory,

@@ -70,12 +70,15 @@ TIME_ENV_STEP_P99 = "time/env_step/p99"
 # -- rewards from models (roll_async/rewards: LLM judge, reward model) ----------------
 TIME_REWARD_MEAN = "time/reward/mean"
 TIME_REWARD_P99 = "time/reward/p99"
-#: Episodes whose model reward could not be had (timeouts, errors, unparsable judge replies): zero model reward.
+#: Scoring calls (one per episode, or per turn with per_turn) whose model reward could not be had (timeouts, errors,
+#: unparsable judge replies): zero model reward for that episode or turn.
 REWARD_FAILURES = "rollout/reward_failures"
 REWARD_TIMEOUTS = "rollout/reward_timeouts"
 REWARD_PARSE_FAILURES = "rollout/reward_parse_failures"
 REWARD_RETRIES = "rollout/reward_retries"
 #: Per-trajectory keys (Trajectory.metrics) set by rewards.EpisodeRewardScorer; the batch metrics above sum them.
+#: Scored per turn, each scored TurnRecord.metrics holds them for its call, and the trajectory's are the sums
+#: (``model_reward_s``: total seconds; ``model_reward_score``: the mean score) with the count of scored turns.
 MODEL_REWARD_SCORE = "model_reward_score"
 MODEL_REWARD_S = "model_reward_s"
 MODEL_REWARD_FAILED = "model_reward_failed"
@@ -83,6 +86,7 @@ MODEL_REWARD_TIMEOUTS = "model_reward_timeouts"
 MODEL_REWARD_PARSE_FAILED = "model_reward_parse_failed"
 MODEL_REWARD_RETRIES = "model_reward_retries"
 ENV_REWARD = "env_reward"
+MODEL_REWARD_TURNS = "model_reward_turns"
 
 # -- train -----------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
@@ -298,13 +302,13 @@ def reward_batch_metrics(batch: Sequence[Trajectory]) -> dict[str, float]:
     The scorer (roll_async.rewards.scorer) runs inside EnvManagers in many processes, so the batch's reward
     latency and failure counts are rebuilt from what it left in each Trajectory.metrics.
     """
-    scored = [t.metrics for t in batch if MODEL_REWARD_S in t.metrics]
+    scored = [t for t in batch if MODEL_REWARD_S in t.metrics]
     if not scored:
         return {}
-    seconds = [m[MODEL_REWARD_S] for m in scored]
+    seconds = [s for t in scored for s in _reward_call_seconds(t)]
 
     def total(key: str) -> float:
-        return float(sum(m.get(key, 0.0) for m in scored))
+        return float(sum(t.metrics.get(key, 0.0) for t in scored))
 
     return {
         TIME_REWARD_MEAN: mean(seconds),
@@ -314,6 +318,17 @@ def reward_batch_metrics(batch: Sequence[Trajectory]) -> dict[str, float]:
         REWARD_PARSE_FAILURES: total(MODEL_REWARD_PARSE_FAILED),
         REWARD_RETRIES: total(MODEL_REWARD_RETRIES),
     }
+
+
+def _reward_call_seconds(trajectory: Trajectory) -> list[float]:
+    """One latency per scoring call: each scored turn's (reward.per_turn), else the episode's."""
+    if MODEL_REWARD_TURNS not in trajectory.metrics:
+        return [trajectory.metrics[MODEL_REWARD_S]]
+    return [
+        t.metrics[MODEL_REWARD_S]
+        for t in trajectory.turns
+        if MODEL_REWARD_S in t.metrics
+    ]
 
 
 def validation_metrics(

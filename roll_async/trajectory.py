@@ -88,6 +88,10 @@ class TurnRecord:
     env_step_finished_at: float = 0.0
     #: Images in the observation this turn's env step returned (render_mode: vision).
     num_images: int = 0
+    #: When a reward model (custom_envs.<Tag>.reward with per_turn) started and finished scoring this turn (unix
+    #: seconds; 0.0: not scored per turn). It starts after the env step and may overlap the next turns.
+    reward_started_at: float = 0.0
+    reward_finished_at: float = 0.0
 
 
 @dataclass
@@ -125,7 +129,7 @@ class Trajectory:
     #: When the env asked the scheduler for this episode (unix seconds); until ``started_at`` it waited for one.
     episode_requested_at: float = 0.0
     #: When a reward model (custom_envs.<Tag>.reward) started and finished scoring the episode (unix seconds; 0.0:
-    #: not scored). It runs before ``finished_at``, so the episode's span includes it.
+    #: not scored, or scored per turn: see TurnRecord). It runs before ``finished_at``, so the episode's span includes it.
     reward_started_at: float = 0.0
     reward_finished_at: float = 0.0
     #: Observation images in placeholder order (vision envs), and each one's [start, end) span in token_ids.

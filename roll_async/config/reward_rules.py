@@ -1,4 +1,4 @@
-"""The rules of ``custom_envs.<Tag>.reward``: which model scores a finished episode and how its score enters the reward.
+"""The rules of ``custom_envs.<Tag>.reward``: which model scores an episode (or each turn) and how its score enters the reward.
 
 A reward from a model fails in ways an env reward never does (a missing
 checkpoint, a template without the response, a judge that never answers), so
@@ -26,7 +26,7 @@ RewardMode = Literal["add", "replace"]
 #: model_path value meaning the offline tiny model (judge: the tiny policy; reward_model: the tiny reward model).
 TINY_MODEL = "tiny"
 
-#: Fields a prompt_template may use (filled from the episode, see rewards.episode_text).
+#: Fields a prompt_template may use (filled from the episode or, per_turn, from the turn; see rewards.episode_text).
 TEMPLATE_FIELDS = ("question", "response", "reference", "conversation")
 #: Fields a prompt_template must use.
 REQUIRED_TEMPLATE_FIELDS = ("response",)
@@ -89,10 +89,6 @@ class RewardRules:
             raise ConfigError(
                 f"{key('mode')}={self.mode!r} is not a reward mode; use add (env reward + weight * score) "
                 "or replace (weight * score)"
-            )
-        if self.per_turn:
-            raise ConfigError(
-                f"{key('per_turn')}=true is not supported yet: a model scores the finished episode; set it to false"
             )
         self._validate_numbers(key)
         self._validate_template(key)

@@ -115,7 +115,7 @@ class GenerationConfig:
 
 @dataclass
 class RewardConfig(RewardRules):
-    """``custom_envs.<Tag>.reward``: a model (an LLM judge or a reward model) that scores each finished episode.
+    """``custom_envs.<Tag>.reward``: a model (an LLM judge or a reward model) that scores each finished episode (or turn).
 
     Its rules (checked at load, before any engine starts) are in roll_async/config/reward_rules.py; the
     serving and scoring in roll_async/rewards.
@@ -131,7 +131,7 @@ class RewardConfig(RewardRules):
     model_path: str | None = None
     #: Text given to the model; fields {question}, {response}, {reference}, {conversation}; None: the kind's default.
     prompt_template: str | None = None
-    #: add (env reward + weight * score) or replace (weight * score; the env reward stays in metrics).
+    #: add (env reward + weight * score) or replace (weight * score; the env reward stays in metrics); per_turn: of each scored turn.
     mode: str = "add"
     #: Multiplies the model's score before it enters the reward.
     weight: float = 1.0
@@ -157,7 +157,7 @@ class RewardConfig(RewardRules):
     batch_size: int = 16
     #: reward_model: seconds the actor waits for more texts before running a partial batch.
     batch_window_s: float = 0.01
-    #: Score every turn instead of the finished episode (not supported yet: must be false).
+    #: Score each env-stepped turn's reply (question: the user text it answered) instead of the finished episode; the episode reward is then the sum of the turn rewards. Env tags only (not agent).
     per_turn: bool = False
     #: judge: engine replicas serving the judge (never the policy's, never weight-synced).
     num_replicas: int = 1

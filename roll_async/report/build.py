@@ -12,6 +12,8 @@ from roll_async.report.data import ReportData, load_report_data
 
 #: Trace thread ids of the "queued for the trainer" tracks (env id + this), apart from the env tracks.
 _QUEUED_TID = 100_000
+#: Trace thread ids of the per-turn reward tracks (env id + this): a turn's scoring overlaps the next turns.
+_TURN_REWARD_TID = 200_000
 
 
 def _asset(name: str) -> str:
@@ -102,6 +104,7 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
             }
         )
 
+    turn_reward_tracks: set[int] = set()
     for episode in report.episodes:
         tid = int(episode["env_id"])
         args = {
@@ -149,6 +152,28 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
             )
             span("env step", turn["es"], turn["ef"], tid, "env_step", {"turn": index})
         span("reward model", episode.get("rs"), episode.get("rf"), tid, "reward", {})
+        for index, turn in enumerate(episode["turns"]):
+            if turn.get("rs") is None:
+                continue
+            if tid not in turn_reward_tracks:
+                turn_reward_tracks.add(tid)
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": 1,
+                        "tid": _TURN_REWARD_TID + tid,
+                        "args": {"name": f"env {tid}: reward model per turn"},
+                    }
+                )
+            span(
+                f"reward model turn {index}",
+                turn["rs"],
+                turn.get("rf"),
+                _TURN_REWARD_TID + tid,
+                "reward",
+                {"turn": index, "traj_id": episode["traj_id"]},
+            )
         if episode["fate"] == "served":
             # Queued time is the trajectory's, not the env's (which already plays the next episode): its own track.
             span(

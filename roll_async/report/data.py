@@ -8,7 +8,8 @@ Inputs: ``config.yaml`` (how many env instances there are), ``metrics.jsonl``,
 Spans of one env row: ``waiting`` (the env asked for an episode and had none:
 quota full, sync pause), ``reset`` (env build and reset), ``generate``
 (coloured by weight version), ``env_step``, ``reward`` (a judge or reward model
-scoring the finished episode, ``custom_envs.<Tag>.reward``); under them a thin ``queued`` lane
+scoring the finished episode, ``custom_envs.<Tag>.reward``, or with ``per_turn`` one
+thin span per scored turn: they overlap the turns that follow); under them a thin ``queued`` lane
 from an episode's end until its batch left the scheduler.
 
 A straggler is an episode that took at least twice the median duration of
@@ -141,6 +142,9 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
                 "ef": _rel(turn.get("env_step_finished_at"), t0),
                 "v": turn.get("weight_version"),
                 "n": turn.get("generated_tokens"),
+                # The judge / reward model scoring this turn (reward.per_turn), if any.
+                "rs": _rel(turn.get("reward_started_at"), t0),
+                "rf": _rel(turn.get("reward_finished_at"), t0),
             }
         )
     return {

@@ -119,6 +119,13 @@
           title(er, "env step turn " + i + ": " + fmt(t.ef - t.es, 3) + " s\n" + info);
         }
       });
+      // Scored per turn (reward.per_turn): a thin strip per turn along the row's foot; it overlaps the next turns.
+      e.turns.forEach(function (t, i) {
+        if (t.rs === null || t.rs === undefined || t.rf === null || t.rf === undefined) { return; }
+        var tr = svg("rect", { x: x(t.rs), y: y0 + rowH - 4, width: Math.max(0.8, x(t.rf) - x(t.rs)), height: 4, fill: COLORS.reward, "class": "span-reward span-reward-turn" }, g);
+        title(tr, "reward model turn " + i + ": " + fmt(t.rf - t.rs, 3) + " s\n" + info);
+        hasReward = true;
+      });
       if (e.rs !== null && e.rs !== undefined && e.rf !== null && e.rf !== undefined) {
         var rr = svg("rect", { x: x(e.rs), y: y0 + 3, width: Math.max(0.8, x(e.rf) - x(e.rs)), height: rowH - 6, fill: COLORS.reward, "class": "span-reward" }, g);
         title(rr, "reward model " + fmt(e.rf - e.rs, 3) + " s\n" + info);

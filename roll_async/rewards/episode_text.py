@@ -1,9 +1,10 @@
-"""The text of a finished episode that a reward model reads: question, last response, reference, conversation.
+"""The text a reward model reads: question, response, reference, conversation, of a finished episode or of one turn.
 
 A Trajectory stores token ids and per-turn action/observation text but not the
 instruction the env rendered, so the caller (the EnvManager, which has it) may
 pass the question and reference; otherwise the question is decoded from the
-first-turn prompt ids, and the judge still sees the response it must score.
+first-turn prompt ids, and the judge still sees the response it must score. A
+turn's view (``per_turn``) asks about the user text that turn answered.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from roll_async.trajectory import Trajectory
+from roll_async.trajectory import Trajectory, TurnRecord
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,40 @@ def episode_text(
             else ""
         )
     turns = trajectory.turns
-    response = turns[-1].action_text if turns else ""
-    parts = [f"User: {question}"] if question else []
+    return EpisodeText(
+        question=question,
+        response=turns[-1].action_text if turns else "",
+        reference=reference or "",
+        conversation=_conversation(question, turns),
+    )
+
+
+def turn_text(
+    trajectory: Trajectory,
+    turn: int,
+    *,
+    question: str,
+    first_question: str,
+    reference: str | None = None,
+) -> EpisodeText:
+    """Per-turn view: turn ``turn``'s action is the response, ``question`` the user text it answered.
+
+    The conversation runs from ``first_question`` up to this turn's reply (its own observation left out).
+    """
+    turns = trajectory.turns[: turn + 1]
+    return EpisodeText(
+        question=question,
+        response=turns[-1].action_text if turns else "",
+        reference=reference or "",
+        conversation=_conversation(first_question, turns),
+    )
+
+
+def _conversation(first_question: str, turns: list[TurnRecord]) -> str:
+    """The model's actions alternating with the env's observations, without the last observation."""
+    parts = [f"User: {first_question}"] if first_question else []
     for index, turn in enumerate(turns):
         parts.append(f"Assistant: {turn.action_text}")
         if index < len(turns) - 1 and turn.observation:
             parts.append(f"User: {turn.observation}")
-    return EpisodeText(
-        question=question,
-        response=response,
-        reference=reference or "",
-        conversation="\n\n".join(parts),
-    )
+    return "\n\n".join(parts)

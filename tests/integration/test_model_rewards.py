@@ -1,5 +1,6 @@
 """Math and model rewards end to end on CPU with the real engine: math trains, a judge on its own engine scores
-concurrently (and is timed out when it takes too long), and a reward model's score reaches the trainer's batch.
+concurrently (per episode or per turn, and is timed out when it takes too long), and a reward model's score
+reaches the trainer's batch.
 
 One judge engine serves the whole file (module fixture); the policy is the session's shared engine.
 """
@@ -166,6 +167,43 @@ async def test_judge_scores_a_batch_concurrently_and_counts_parse_failures(
         batch_metrics[metrics.TIME_REWARD_P99]
         >= batch_metrics[metrics.TIME_REWARD_MEAN]
     )
+
+
+async def test_a_per_turn_judge_scores_each_stepped_turn(
+    tmp_path, engine, tiny_model_path, judge_handles
+):
+    reward = judge_config(per_turn=True)
+    # Two attempts: a wrong first answer gets a second turn, scored on its own.
+    config = math_config(
+        tmp_path,
+        "custom_envs.Math.max_steps=2",
+        "custom_envs.Math.env_config.max_attempts=2",
+    )
+    service = RewardService(tag="Math", config=reward, handles=judge_handles)
+    batch, batch_metrics, counters = await rollout_with_judge(
+        config, engine, tiny_model_path, service
+    )
+    assert len(batch) == config.rollout_batch_size
+    scored = [t for t in batch if metrics.MODEL_REWARD_TURNS in t.metrics]
+    assert scored, "no trajectory was scored per turn"
+    calls = 0
+    for t in scored:
+        turns = [turn for turn in t.turns if metrics.MODEL_REWARD_S in turn.metrics]
+        assert len(turns) == t.metrics[metrics.MODEL_REWARD_TURNS] >= 1
+        calls += len(turns)
+        scores = [turn.metrics.get(metrics.MODEL_REWARD_SCORE, 0.0) for turn in turns]
+        assert t.episode_reward == pytest.approx(sum(turn.reward for turn in t.turns))
+        assert t.episode_reward == pytest.approx(
+            t.metrics[metrics.ENV_REWARD] + reward.weight * sum(scores)
+        )
+        for turn in turns:
+            assert turn.env_step_finished_at <= turn.reward_started_at
+            assert turn.reward_started_at < turn.reward_finished_at <= t.finished_at
+    assert sum(c["calls"] for c in counters) >= calls
+    assert batch_metrics[metrics.REWARD_FAILURES] == sum(
+        t.metrics[metrics.MODEL_REWARD_FAILED] for t in scored
+    )
+    assert batch_metrics[metrics.TIME_REWARD_MEAN] > 0
 
 
 async def test_a_judge_that_never_answers_is_timed_out_and_the_episodes_arrive(

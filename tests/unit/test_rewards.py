@@ -391,7 +391,6 @@ def test_config_is_omegaconf_compatible():
         ({"prompt_template": "{response"}, "prompt_template", "braces"),
         ({"max_concurrency": 0}, "max_concurrency", "at least 1"),
         ({"timeout_s": 0}, "timeout_s", "> 0"),
-        ({"per_turn": True}, "per_turn", "false"),
         ({"score_pattern": "Score: \\d+"}, "score_pattern", "capture group"),
         ({"score_pattern": "Score: ("}, "score_pattern", "not a regex"),
         ({"score_min": 5, "score_max": 5}, "score_max", "greater"),
