@@ -20,7 +20,7 @@ The result is the median over ``--repeats`` runs with the spread (min, max).
 
     python -m benchmarks.env_server_load --sessions 2000 --steps-per-session 6 --isolation none --name env_server_load_2000
     python -m benchmarks.env_server_load --sessions 2000 --steps-per-session 6 --faulty-fraction 0.05 --fault hang --name env_server_load_2000_hang
-    python -m benchmarks.env_server_load --sessions 32 --steps-per-session 20 --isolation process --name env_server_load_process
+    python -m benchmarks.env_server_load --sessions 32 --steps-per-session 12 --isolation process --faulty-fraction 0.125 --fault hang --name env_server_load_process_32_hang
 """
 
 from __future__ import annotations
