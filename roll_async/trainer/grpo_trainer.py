@@ -19,7 +19,12 @@ import torch
 
 from roll_async.config.schema import TrainerConfig
 from roll_async.errors import ConfigError, NonFiniteLossError
-from roll_async.metrics import TRAIN_TOKEN_LAG_MASKED_FRACTION, TRAIN_TOKEN_LAG_MAX
+from roll_async.metrics import (
+    TRAIN_OPTIMIZER_STEPS,
+    TRAIN_SKIPPED_MICRO_BATCHES,
+    TRAIN_TOKEN_LAG_MASKED_FRACTION,
+    TRAIN_TOKEN_LAG_MAX,
+)
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
@@ -125,6 +130,8 @@ class GradientStats:
     importance_ratio_max: float
     tis_truncated_fraction: float
     num_tokens: int
+    #: Micro-batches with no scored token: not run forward or backward (nothing to learn from them).
+    skipped_micro_batches: int
     #: Per-token log-probs of this pass ([batch, seq], detached): the proximal policy for later epochs.
     logprobs: torch.Tensor
 
@@ -228,6 +235,11 @@ class GRPOTrainer:
             )
             if proximal is None:
                 proximal = stats.logprobs  # the policy before any update of this step
+            if stats.num_tokens == 0:
+                # every micro-batch skipped: no gradient, so no optimizer step (AdamW would still
+                # decay weights and advance its moments); the same holds for every later epoch
+                epochs.append(stats)
+                break
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             if not math.isfinite(grad_norm):
@@ -238,6 +250,12 @@ class GRPOTrainer:
             epochs.append(stats)
             grad_norms.append(grad_norm)
         self.last_step = step
+        if not grad_norms:
+            logger.warning(
+                "step %s: no scored token in the batch (all masked by trainer.max_token_lag, or prompts "
+                "that fill sequence_length): no optimizer step",
+                step,
+            )
         return self._metrics(batch, advantages, epochs, grad_norms)
 
     def accumulate_gradients(
@@ -255,7 +273,8 @@ class GRPOTrainer:
         Each micro-batch's loss is its exact share of the full-batch loss (full
         denominators from ``normalizer``), so the accumulated gradient equals
         that of one pass over the whole batch. ``proximal_logprobs=None`` means
-        "the current weights are the proximal policy" (first epoch).
+        "the current weights are the proximal policy" (first epoch). A micro-batch
+        with no scored token is skipped (its loss would have no graph) and counted.
         """
         cfg = self.config
         batch = batch.to(self.device)
@@ -281,6 +300,9 @@ class GRPOTrainer:
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
             cols = slice(0, width)
             mask = scored[rows, cols]
+            if not bool(mask.any()):
+                totals["skipped"] += 1
+                continue
             out = token_logprobs(
                 self.model,
                 batch.input_ids[rows, cols],
@@ -363,6 +385,7 @@ class GRPOTrainer:
             importance_ratio_max=totals.get("ratio_max", 0.0),
             tis_truncated_fraction=totals["truncated"] / tokens,
             num_tokens=int(totals["tokens"]),
+            skipped_micro_batches=int(totals["skipped"]),
             logprobs=all_logprobs,
         )
 
@@ -425,7 +448,7 @@ class GRPOTrainer:
         grad_norms: list[float],
     ) -> dict[str, float]:
         def mean(values: list[float]) -> float:
-            return sum(values) / len(values)
+            return sum(values) / len(values) if values else 0.0
 
         rewards = batch.rewards.float()
         first = epochs[0]
@@ -446,6 +469,8 @@ class GRPOTrainer:
             "train/advantage/std": float(advantages.float().std(unbiased=False)),
             "train/response_tokens": float(first.num_tokens),
             "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+            TRAIN_SKIPPED_MICRO_BATCHES: float(first.skipped_micro_batches),
+            TRAIN_OPTIMIZER_STEPS: float(len(grad_norms)),
         }
         if self.ref_model is not None:
             metrics["train/kl"] = mean([e.kl for e in epochs])

@@ -338,3 +338,40 @@ def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
     off = GRPOTrainer(config(), tiny_model_path).train_step(versioned, step=0)
     # default: off, lag still reported
     assert off["train/token_lag/masked_fraction"] == 0.0
+
+
+def _lagged(batch: TrajectoryBatch, lagged_rows: list[int]) -> TrajectoryBatch:
+    """``batch`` at policy version 2 with ``lagged_rows`` sampled at version 0, the others at version 2."""
+    import dataclasses
+
+    versions = torch.where(batch.response_mask.bool(), 2, -1)
+    for row in lagged_rows:
+        versions[row] = torch.where(batch.response_mask[row].bool(), 0, -1)
+    return dataclasses.replace(batch, token_versions=versions, policy_version=2)
+
+
+def test_a_micro_batch_with_no_scored_tokens_is_skipped_and_counted(
+    tiny_model_path, batch
+):
+    """A micro-batch wholly masked by max_token_lag has no graph to backward: skipped, counted, not fatal."""
+    trainer = GRPOTrainer(config(max_token_lag=1, micro_batch_size=2), tiny_model_path)
+    before = params(trainer)
+    metrics = trainer.train_step(_lagged(batch, [0, 1]), step=0)
+    assert metrics["train/skipped_micro_batches"] == 1.0
+    assert metrics["train/optimizer_steps"] == 1.0
+    assert trainer.optimizer_steps == 1
+    assert any(not torch.equal(before[n], p) for n, p in params(trainer).items())
+
+
+def test_a_step_whose_micro_batches_are_all_skipped_makes_no_optimizer_step(
+    tiny_model_path, batch
+):
+    trainer = GRPOTrainer(config(max_token_lag=1, micro_batch_size=2), tiny_model_path)
+    before = params(trainer)
+    metrics = trainer.train_step(_lagged(batch, list(range(len(batch)))), step=3)
+    assert metrics["train/skipped_micro_batches"] == 3.0
+    assert metrics["train/optimizer_steps"] == 0.0
+    assert trainer.optimizer_steps == 0 and trainer.last_step == 3
+    assert not trainer.optimizer.state
+    assert all(torch.equal(before[n], p) for n, p in params(trainer).items())
+    assert all(p.grad is None for p in trainer.model.parameters())
