@@ -375,3 +375,55 @@ def test_a_step_whose_micro_batches_are_all_skipped_makes_no_optimizer_step(
     assert not trainer.optimizer.state
     assert all(torch.equal(before[n], p) for n, p in params(trainer).items())
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_a_tokenizer_without_a_pad_token_collates_and_trains(
+    tiny_model_path, tokenizer
+):
+    """Llama-3.1's published tokenizer has no pad token: padding is masked, so the EOS id pads."""
+    import copy
+
+    from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+    from roll_async.trainer import collate
+
+    chatml = build_chatml_test_tokenizer()
+    chatml.pad_token = None
+    assert chatml.pad_token_id is None and chatml.eos_token_id is not None
+    short, long = (
+        Trajectory(
+            tag="t",
+            group_id=0,
+            episode_id=i,
+            env_id=i,
+            seed=0,
+            traj_id=f"t-{i}",
+            created_step=0,
+            token_ids=ids,
+            response_mask=[0] * (len(ids) - 1) + [1],
+            logprobs=[0.0] * (len(ids) - 1) + [-1.0],
+            episode_reward=float(i),
+        )
+        for i, ids in enumerate(
+            [
+                chatml("<|im_start|>user\nUp<|im_end|>")["input_ids"],
+                chatml("<|im_start|>user\nUp Down Left<|im_end|>")["input_ids"],
+            ]
+        )
+    )
+    # exactly what the pipeline passes: the tokenizer's pad_token_id, None here
+    plain = collate_trajectories([short, long], pad_token_id=chatml.pad_token_id)
+    assert plain.input_ids[0, len(short.token_ids) :].eq(0).all()  # documented: 0
+    assert collate.padding_token_id(chatml) == chatml.eos_token_id
+    padded = collate_trajectories(
+        [short, long], pad_token_id=collate.padding_token_id(chatml)
+    )
+    pads = ~padded.attention_mask.bool()
+    assert pads.any() and padded.input_ids[pads].eq(chatml.eos_token_id).all()
+
+    padless = copy.deepcopy(tokenizer)
+    padless.pad_token = None
+    assert padless.pad_token_id is None
+    batch = make_batch(padless)
+    trainer = GRPOTrainer(config(), tiny_model_path, tokenizer=padless)
+    metrics = trainer.train_step(batch, step=0)
+    assert metrics["train/optimizer_steps"] == 1.0
