@@ -313,7 +313,8 @@ class TrainerConfig:
 class WeightSyncConfig:
     """When the trainer's weights reach the engines, and what happens to turns in flight then."""
 
-    #: Push trainer weights to the engine every this many steps.
+    #: Push trainer weights to the engine every this many steps. Sync mode needs 1 (on-policy); async mode
+    #: counts staleness in the versions the engines served, so it needs max_staleness >= interval - 1.
     interval: int = 1
     #: Async mode, what happens to turns in flight during an update: abort (and regenerate), wait, keep.
     in_flight: InFlightPolicy = "abort"

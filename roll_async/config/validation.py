@@ -308,9 +308,27 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(
             f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
         )
+    _validate_weight_sync_interval(config)
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
         raise ConfigError(
             f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
+        )
+
+
+def _validate_weight_sync_interval(config: PipelineConfig) -> None:
+    """Sync mode promises on-policy rollouts; async mode's staleness bound counts weight versions."""
+    interval = config.weight_sync.interval
+    if interval > 1 and config.mode == "sync":
+        raise ConfigError(
+            f"weight_sync.interval={interval} with mode=sync: sync mode trains every batch on the weights that "
+            "generated it, which needs a push after every step; set weight_sync.interval=1, or mode=async with "
+            f"max_staleness>={interval - 1}"
+        )
+    if config.mode == "async" and interval - 1 > config.staleness_bound:
+        raise ConfigError(
+            f"weight_sync.interval={interval} with max_staleness={config.staleness_bound}: between pushes the "
+            f"engines serve weights up to {interval - 1} versions behind the trainer, more than max_staleness "
+            f"allows; raise max_staleness to >= {interval - 1} or lower weight_sync.interval"
         )
 
 
