@@ -304,6 +304,7 @@ def _validate_training(config: PipelineConfig) -> None:
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
         )
     _validate_trainer_placement(trainer)
+    _validate_trainer_dtype(trainer)
     if config.weight_sync.interval < 1:
         raise ConfigError(
             f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
@@ -330,6 +331,23 @@ def _validate_weight_sync_interval(config: PipelineConfig) -> None:
             f"engines serve weights up to {interval - 1} versions behind the trainer, more than max_staleness "
             f"allows; raise max_staleness to >= {interval - 1} or lower weight_sync.interval"
         )
+
+
+def _validate_trainer_dtype(trainer: TrainerConfig) -> None:
+    """The built-in trainer keeps float32 master weights; low precision is its compute dtype (param_dtype)."""
+    if trainer.trainer_cls or trainer.simulate_step_s > 0:
+        return  # a custom trainer reads trainer.dtype its own way; the simulated one has no weights
+    if trainer.dtype not in ("float32", "fp32"):
+        raise ConfigError(pure_low_precision_message(trainer.dtype))
+
+
+def pure_low_precision_message(dtype: str) -> str:
+    """Why ``trainer.dtype`` other than float32 is refused, and the key to use instead."""
+    return (
+        f"trainer.dtype={dtype!r}: pure {dtype} AdamW keeps no float32 master weights, so updates smaller than "
+        "the weights' precision vanish (at lr 1e-6 almost no weight changes); set trainer.dtype=float32 and "
+        "trainer.param_dtype=bfloat16 to compute in bfloat16 with float32 weights"
+    )
 
 
 def _validate_trainer_placement(trainer: TrainerConfig) -> None:

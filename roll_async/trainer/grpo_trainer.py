@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from roll_async.config.schema import TrainerConfig
+from roll_async.config.validation import pure_low_precision_message
 from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.metrics import (
     TRAIN_OPTIMIZER_STEPS,
@@ -152,6 +153,11 @@ class GRPOTrainer:
 
     Dropout is switched off: the PPO ratio and the importance weights compare the
     same policy across passes, which random masks would break.
+
+    Precision: weights and AdamW state are float32 (``trainer.dtype`` must be
+    float32); ``trainer.param_dtype: bfloat16`` runs the forward passes under
+    ``torch.autocast`` in bfloat16, so small updates still land on the float32
+    master weights.
     """
 
     def __init__(
@@ -171,7 +177,12 @@ class GRPOTrainer:
         self.config = config
         self.model_path = str(model_path)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype)
+        if resolve_dtype(config.dtype) != torch.float32:
+            raise ConfigError(pure_low_precision_message(config.dtype))
+        #: Master weights and AdamW state: always float32 (see trainer.param_dtype for the compute dtype).
+        self.dtype = torch.float32
+        #: Forward/backward compute dtype (torch.autocast when not float32).
+        self.compute_dtype = resolve_dtype(config.param_dtype)
         self.model = load_causal_lm(
             self.model_path, self.dtype, self.device, trust_remote_code
         )
@@ -303,16 +314,17 @@ class GRPOTrainer:
             if not bool(mask.any()):
                 totals["skipped"] += 1
                 continue
-            out = token_logprobs(
-                self.model,
-                batch.input_ids[rows, cols],
-                batch.attention_mask[rows, cols],
-                batch.position_ids[rows, cols],
-                score_mask=mask,
-                with_entropy=True,
-                sampling=batch.sampling,
-                model_inputs=self._vision_inputs(batch, rows),
-            )
+            with self._autocast():
+                out = token_logprobs(
+                    self.model,
+                    batch.input_ids[rows, cols],
+                    batch.attention_mask[rows, cols],
+                    batch.position_ids[rows, cols],
+                    score_mask=mask,
+                    with_entropy=True,
+                    sampling=batch.sampling,
+                    model_inputs=self._vision_inputs(batch, rows),
+                )
             logp = out.logprobs
             prox = (
                 proximal_logprobs[rows, cols]
@@ -335,7 +347,7 @@ class GRPOTrainer:
             loss = pg_loss
             kl_value = 0.0
             if self.ref_model is not None and cfg.kl_coef > 0:
-                with torch.no_grad():
+                with torch.no_grad(), self._autocast():
                     ref = token_logprobs(
                         self.ref_model,
                         batch.input_ids[rows, cols],
@@ -412,16 +424,25 @@ class GRPOTrainer:
             rows = slice(start, min(start + self.config.micro_batch_size, len(batch)))
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
             cols = slice(0, width)
-            result[rows, cols] = token_logprobs(
-                self.model,
-                batch.input_ids[rows, cols],
-                batch.attention_mask[rows, cols],
-                batch.position_ids[rows, cols],
-                score_mask=scored[rows, cols],
-                sampling=batch.sampling,
-                model_inputs=self._vision_inputs(batch, rows),
-            ).logprobs
+            with self._autocast():
+                result[rows, cols] = token_logprobs(
+                    self.model,
+                    batch.input_ids[rows, cols],
+                    batch.attention_mask[rows, cols],
+                    batch.position_ids[rows, cols],
+                    score_mask=scored[rows, cols],
+                    sampling=batch.sampling,
+                    model_inputs=self._vision_inputs(batch, rows),
+                ).logprobs
         return result
+
+    def _autocast(self) -> torch.autocast:
+        """Forward passes in ``trainer.param_dtype`` (weights stay float32); a no-op for float32."""
+        return torch.autocast(
+            device_type=self.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != torch.float32,
+        )
 
     def _vision_inputs(
         self, batch: TrajectoryBatch, rows: slice
