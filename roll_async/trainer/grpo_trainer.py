@@ -29,6 +29,7 @@ from roll_async.metrics import (
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
+    KL_REFERENCE_DIR,
     checkpoint_state_dict,
     load_model_weights,
     load_optimizer_state,
@@ -202,6 +203,9 @@ class GRPOTrainer:
                 self.model_path, self.dtype, self.device, trust_remote_code
             )
             self.ref_model.eval().requires_grad_(False)
+        #: "initial": the reference is model.path's weights; "snapshot": a copy taken later (reset_reference,
+        #: after an SFT warm start), which checkpoints save and resume restores.
+        self.reference_source = "initial"
         self.tokenizer = (
             tokenizer
             if tokenizer is not None
@@ -460,6 +464,7 @@ class GRPOTrainer:
         """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
         if self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())
+            self.reference_source = "snapshot"
 
     def _metrics(
         self,
@@ -533,12 +538,18 @@ class GRPOTrainer:
                 "last_step": self.last_step,
                 "model_path": self.model_path,
                 "trainer_config": dataclasses.asdict(self.config),
+                "kl_reference": self.reference_source
+                if self.ref_model is not None
+                else None,
             },
             extra_state=extra_state,
+            reference_model=self.ref_model
+            if self.reference_source == "snapshot"
+            else None,
         )
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore weights and optimizer (a run dir means its newest checkpoint); config hyperparameters win."""
+        """Restore weights, optimizer and KL reference (a run dir means its newest checkpoint); config hyperparameters win."""
         path = resolve_resume_dir(directory)
         trainer_state, extra_state = read_checkpoint_state(path)
         load_model_weights(self.model, path)
@@ -553,7 +564,26 @@ class GRPOTrainer:
                 group["weight_decay"] = self.config.weight_decay
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
+        self._restore_reference(path, trainer_state)
         return extra_state
+
+    def _restore_reference(self, path: Any, trainer_state: dict[str, Any]) -> None:
+        """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
+        if self.ref_model is None:
+            return
+        if trainer_state.get("kl_reference") == "snapshot":
+            load_model_weights(self.ref_model, path / KL_REFERENCE_DIR)
+            self.reference_source = "snapshot"
+        elif (
+            trainer_state.get("kl_reference") is None
+            and self.config.kl_coef > 0
+            and (trainer_state.get("trainer_config") or {}).get("kl_coef", 0) > 0
+        ):
+            logger.warning(
+                "checkpoint %s does not say which KL reference it used (an older checkpoint): the reference is "
+                "model.path's weights, not a post-SFT snapshot",
+                path,
+            )
 
 
 def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:
