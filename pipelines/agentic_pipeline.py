@@ -49,7 +49,7 @@ from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 from roll_async.scheduler.validation import ValidationScheduler
 from roll_async.trainer import build_sft_examples, checkpoint_dir, prune_checkpoints
 from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
-from roll_async.trainer.collate import collate_trajectories
+from roll_async.trainer.collate import collate_trajectories, padding_token_id
 from roll_async.trainer.trainer_actor import (
     build_placed_trainer,
     engine_weight_refs,
@@ -152,7 +152,7 @@ class AgenticPipeline:
             steps=warm.steps,
             lr=warm.lr,
             batch_size=warm.batch_size,
-            pad_token_id=self.tokenizer.pad_token_id,
+            pad_token_id=padding_token_id(self.tokenizer),
             seed=config.seed,
         )
         logger.info("SFT warm start: %s", sft_metrics)
@@ -357,7 +357,7 @@ class AgenticPipeline:
                     served_at = time.time()
                     batch = collate_trajectories(
                         trajectories,
-                        pad_token_id=self.tokenizer.pad_token_id,
+                        pad_token_id=padding_token_id(self.tokenizer),
                         sampling=self.train_sampling,  # what train rollouts sampled with
                         policy_version=self.version_base
                         + step,  # the trainer's weights now (trainer.max_token_lag)

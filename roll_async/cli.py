@@ -190,6 +190,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from roll_async.model.export import export_checkpoint
+
+    try:
+        print(export_checkpoint(args.run_dir, args.out, args.step))
+    except FileExistsError as exc:
+        print(f"roll-async: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
     from roll_async.envs import dataset
 
@@ -328,6 +339,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write RUN_DIR/trace.json (Chrome trace / Perfetto)",
     )
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser(
+        "export",
+        help="write a run's checkpoint as a Hugging Face model directory (weights, config, tokenizer, template)",
+    )
+    p.add_argument(
+        "run_dir", help="a run directory with checkpoints/step_N (or one checkpoint)"
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="the checkpoint's step (default: newest)"
+    )
+    p.add_argument("--out", required=True, help="a new (or empty) output directory")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser(
         "make-env-dataset",

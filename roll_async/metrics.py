@@ -97,6 +97,11 @@ TRAIN_IMPORTANCE_RATIO_MAX = "train/importance_ratio/max"
 #: Share of response tokens dropped from the loss by trainer.max_token_lag, and the largest token lag seen.
 TRAIN_TOKEN_LAG_MASKED_FRACTION = "train/token_lag/masked_fraction"
 TRAIN_TOKEN_LAG_MAX = "train/token_lag/max"
+#: Micro-batches of the step with no scored token (all masked by max_token_lag, or prompts that fill
+#: sequence_length): skipped, not backwarded. Counted once per pass over the batch.
+TRAIN_SKIPPED_MICRO_BATCHES = "train/skipped_micro_batches"
+#: Optimizer steps the train step made: ppo_epochs, or 0 when every micro-batch was skipped.
+TRAIN_OPTIMIZER_STEPS = "train/optimizer_steps"
 TIME_STEP_ROLLOUT = "time/step_rollout"
 TIME_STEP_TRAIN = "time/step_train"
 TIME_STEP_WEIGHT_SYNC = "time/step_weight_sync"

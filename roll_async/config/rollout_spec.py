@@ -59,6 +59,9 @@ class RolloutSpec:
     fixed_rounds: bool
     #: Decode greedily (temperature 0): validation.
     greedy: bool
+    #: The pipeline pushes weights after step s when (s + 1) % interval == 0 (weight_sync.interval; 1 for
+    #: validation): the queue counts a group's staleness from the version the engines served when it was made.
+    weight_sync_interval: int = 1
 
 
 def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
@@ -90,4 +93,5 @@ def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
         serve_order=em.serve_order if train else "fifo",
         fixed_rounds=not train,
         greedy=not train,
+        weight_sync_interval=config.weight_sync.interval if train else 1,
     )

@@ -24,6 +24,8 @@ RequestTransport = Literal["zmq", "ray"]
 EngineDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 #: The trainer's dtype names (roll_async.trainer.grpo_trainer).
 TrainerDtype = Literal["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]
+#: trainer.param_dtype: the built-in trainer's compute dtype (torch.autocast); weights stay float32.
+TrainerParamDtype = Literal["float32", "bfloat16"]
 #: custom_envs.<Tag>.isolation (roll_async.env_service.process_env for ``process``).
 Isolation = Literal["none", "process", "inline"]
 #: <env_manager>.rollout_sched_policy (roll_async/runtime/sched_policy.py maps each to a Linux policy).
@@ -264,8 +266,13 @@ class TrainerConfig:
     trainer_cls: str = ""
     #: Torch device of the trainer: auto (CUDA if available, else CPU), cpu, cuda, cuda:N.
     device: str = "auto"
-    #: The trainer's weight dtype.
+    #: The trainer's weight and AdamW-state dtype. The built-in trainer needs float32: pure bfloat16/float16
+    #: AdamW loses updates below the weights' precision (at lr 1e-6 almost no weight changes); for bf16 compute
+    #: set param_dtype=bfloat16 instead (float32 master weights).
     dtype: TrainerDtype = "float32"
+    #: Compute dtype of the built-in trainer's forward and backward passes (torch.autocast; CPU supports
+    #: bfloat16). Weights and optimizer state stay float32, so a bfloat16 setting still learns at small lr.
+    param_dtype: TrainerParamDtype = "float32"
     #: AdamW learning rate.
     lr: float = 1e-5
     #: AdamW weight decay.
@@ -313,7 +320,8 @@ class TrainerConfig:
 class WeightSyncConfig:
     """When the trainer's weights reach the engines, and what happens to turns in flight then."""
 
-    #: Push trainer weights to the engine every this many steps.
+    #: Push trainer weights to the engine every this many steps. Sync mode needs 1 (on-policy); async mode
+    #: counts staleness in the versions the engines served, so it needs max_staleness >= interval - 1.
     interval: int = 1
     #: Async mode, what happens to turns in flight during an update: abort (and regenerate), wait, keep.
     in_flight: InFlightPolicy = "abort"

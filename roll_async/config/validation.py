@@ -309,14 +309,50 @@ def _validate_training(config: PipelineConfig) -> None:
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
         )
     _validate_trainer_placement(trainer)
+    _validate_trainer_dtype(trainer)
     if config.weight_sync.interval < 1:
         raise ConfigError(
             f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
         )
+    _validate_weight_sync_interval(config)
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
         raise ConfigError(
             f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
         )
+
+
+def _validate_weight_sync_interval(config: PipelineConfig) -> None:
+    """Sync mode promises on-policy rollouts; async mode's staleness bound counts weight versions."""
+    interval = config.weight_sync.interval
+    if interval > 1 and config.mode == "sync":
+        raise ConfigError(
+            f"weight_sync.interval={interval} with mode=sync: sync mode trains every batch on the weights that "
+            "generated it, which needs a push after every step; set weight_sync.interval=1, or mode=async with "
+            f"max_staleness>={interval - 1}"
+        )
+    if config.mode == "async" and interval - 1 > config.staleness_bound:
+        raise ConfigError(
+            f"weight_sync.interval={interval} with max_staleness={config.staleness_bound}: between pushes the "
+            f"engines serve weights up to {interval - 1} versions behind the trainer, more than max_staleness "
+            f"allows; raise max_staleness to >= {interval - 1} or lower weight_sync.interval"
+        )
+
+
+def _validate_trainer_dtype(trainer: TrainerConfig) -> None:
+    """The built-in trainer keeps float32 master weights; low precision is its compute dtype (param_dtype)."""
+    if trainer.trainer_cls or trainer.simulate_step_s > 0:
+        return  # a custom trainer reads trainer.dtype its own way; the simulated one has no weights
+    if trainer.dtype not in ("float32", "fp32"):
+        raise ConfigError(pure_low_precision_message(trainer.dtype))
+
+
+def pure_low_precision_message(dtype: str) -> str:
+    """Why ``trainer.dtype`` other than float32 is refused, and the key to use instead."""
+    return (
+        f"trainer.dtype={dtype!r}: pure {dtype} AdamW keeps no float32 master weights, so updates smaller than "
+        "the weights' precision vanish (at lr 1e-6 almost no weight changes); set trainer.dtype=float32 and "
+        "trainer.param_dtype=bfloat16 to compute in bfloat16 with float32 weights"
+    )
 
 
 def _validate_trainer_placement(trainer: TrainerConfig) -> None:

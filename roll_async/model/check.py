@@ -24,7 +24,7 @@ from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.errors import ChatTemplateError, EngineStartupError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
 from roll_async.sampling import SamplingSettings
-from roll_async.trainer.collate import collate_trajectories
+from roll_async.trainer.collate import collate_trajectories, padding_token_id
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trajectory import GenerationRequest, Trajectory
 
@@ -302,11 +302,7 @@ async def run_checks(
                 "vLLM load", "ok", f"started in {time.perf_counter() - started:.0f} s"
             )
         )
-        pad = (
-            tokenizer.pad_token_id
-            if tokenizer.pad_token_id is not None
-            else (tokenizer.eos_token_id or 0)
-        )
+        pad = padding_token_id(tokenizer)
         for index, current in enumerate([settings, *(also_sampling or [])]):
             rows += await _conversation_rows(
                 engine, builder, trainer, current, pad, with_template_rows=index == 0

@@ -226,8 +226,10 @@ class GroupQueueManager:
     batch ready (a group completes or is dropped, failure, shutdown). ``wakeups`` counts them.
 
     Steps and staleness. Each group records ``created_step``. ``get_batch(batch_size, step)`` first moves the
-    policy step to ``step`` and drops (``dropped_stale_groups``) every pending group with ``step -
-    created_step > staleness_bound`` (0 in sync mode, ``max_staleness`` in async mode). In async mode the
+    policy step to ``step`` and drops (``dropped_stale_groups``) every pending group whose weights lag the
+    trainer's by more than ``staleness_bound`` versions (0 in sync mode, ``max_staleness`` in async mode):
+    ``step - served_version(created_step)``, which is ``step - created_step`` when weights are pushed every
+    step and counts the versions the engines actually served with ``weight_sync.interval > 1``. In async mode the
     policy step stays at ``step`` after the batch is returned, so a group made during training is served at
     ``step + 1`` with staleness 1.
 
@@ -619,7 +621,11 @@ class GroupQueueManager:
         for tag in self.tags:
             # ordered by created_step: the stale groups are a prefix
             pending = self._pending.by_tag[tag]
-            while pending and step - pending[0].created_step > staleness_bound:
+            while (
+                pending
+                and self.rules.version_lag(step, pending[0].created_step)
+                > staleness_bound
+            ):
                 self.counters.dropped_stale_groups += 1
                 self._drop(pending[0], fate="dropped_stale")
         if self._suspended:

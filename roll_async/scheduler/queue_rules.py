@@ -49,6 +49,9 @@ class QueueRules:
     serve_order: ServeOrder = "fifo"
     #: first_complete: a tag may keep as many groups pending as it has env groups (over-provisioning is used).
     env_groups_per_tag: Mapping[str, int] = field(default_factory=dict)
+    #: Steps between weight pushes (weight_sync.interval): the engines serve version ``s - s % interval``
+    #: at policy step ``s``, so staleness is counted from that version (see ``served_version``).
+    weight_sync_interval: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", tuple(self.tags))
@@ -59,6 +62,10 @@ class QueueRules:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"mode={self.mode!r}: use 'sync' or 'async'")
         check_serve_order(self.serve_order)
+        if self.weight_sync_interval < 1:
+            raise ValueError(
+                f"weight_sync_interval={self.weight_sync_interval}: must be >= 1"
+            )
         if self.redundancy_keep not in ("seat_order", "first_finished"):
             raise ValueError(
                 f"redundancy_keep={self.redundancy_keep!r}: use 'seat_order' or 'first_finished'"
@@ -99,6 +106,7 @@ class QueueRules:
             auto_create=not spec.fixed_rounds,
             serve_order=spec.serve_order,
             env_groups_per_tag=env_groups_by_tag(spec),
+            weight_sync_interval=spec.weight_sync_interval,
         )
 
     @property
@@ -110,6 +118,19 @@ class QueueRules:
     def pending_staleness_bound(self) -> int:
         """Steps a pending group may lag the policy step: 0 in sync mode."""
         return 0 if self.mode == "sync" else max(0, self.staleness_bound)
+
+    def served_version(self, step: int) -> int:
+        """The weight version (relative to the run's base) the engines serve at policy step ``step``.
+
+        The pipeline pushes version ``s + 1`` after step ``s`` when ``(s + 1) % weight_sync_interval == 0``, so
+        at step ``step`` they serve the last multiple of the interval. A resumed run's engines may be further on
+        (they get the start step's weights), which only makes this an underestimate: the bound still holds.
+        """
+        return step - step % self.weight_sync_interval
+
+    def version_lag(self, step: int, created_step: int) -> int:
+        """Versions between the trainer at ``step`` and the weights a group made at ``created_step`` used (at most)."""
+        return step - self.served_version(created_step)
 
     @property
     def lookahead(self) -> int:

@@ -21,6 +21,8 @@ import torch
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_STATE_FILE = "extra_state.pt"
+#: Sub-directory holding the KL reference's weights when it is not model.path's (after an SFT warm start).
+KL_REFERENCE_DIR = "kl_reference"
 CHECKPOINT_FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -98,6 +100,7 @@ def write_checkpoint(
     tokenizer: Any = None,
     trainer_state: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
+    reference_model: Any = None,
 ) -> Path:
     """Write a checkpoint directory atomically (temp sibling, then rename); replaces an existing one.
 
@@ -110,6 +113,8 @@ def write_checkpoint(
       scheduler seed state), pickled with ``torch.save``;
     * ``trainer_state.json``: the trainer's step counters and config, for humans and
       for :func:`is_checkpoint` (it is what makes a directory a checkpoint).
+    * ``kl_reference/model.safetensors`` when ``reference_model`` is given: the KL
+      reference's weights (HF names), which resume restores (:func:`load_model_weights`).
 
     Everything is written into a hidden sibling directory that is renamed into
     place at the end, so a crash mid-save never leaves a half checkpoint where
@@ -126,6 +131,17 @@ def write_checkpoint(
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         torch.save(dict(extra_state or {}), tmp / EXTRA_STATE_FILE)
+        if reference_model is not None:
+            from safetensors.torch import (
+                save_file,
+            )  # loaded only when a reference is saved
+
+            (tmp / KL_REFERENCE_DIR).mkdir()
+            weights = {
+                name: t.contiguous()
+                for name, t in checkpoint_state_dict(reference_model).items()
+            }
+            save_file(weights, str(tmp / KL_REFERENCE_DIR / "model.safetensors"))
         state = {"format": CHECKPOINT_FORMAT, **(trainer_state or {})}
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
         old = None

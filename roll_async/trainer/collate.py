@@ -99,10 +99,25 @@ class TrajectoryBatch:
         )
 
 
+def padding_token_id(tokenizer: Any) -> int:
+    """The id to pad with: the tokenizer's pad token, else its EOS token, else 0.
+
+    Padding is masked out of attention and loss, so any valid id serves; many
+    published tokenizers (Llama-3.1's) define no pad token, and then EOS pads.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
 def collate_trajectories(
     trajectories: list[Trajectory],
     *,
-    pad_token_id: int,
+    pad_token_id: int | None,
     pad_to: int | None = None,
     pad_to_multiple_of: int | None = None,
     sampling: SamplingSettings | None = None,
@@ -112,6 +127,7 @@ def collate_trajectories(
 
     ``sampling``: the settings the trajectories were sampled with (default: temperature 1, no top-k/top-p);
     ``policy_version``: the trainer's weight version for this batch (enables ``trainer.max_token_lag``).
+    ``pad_token_id=None`` pads with 0 (padding is masked; :func:`padding_token_id` picks the tokenizer's id).
     """
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
@@ -137,7 +153,8 @@ def collate_trajectories(
     width = max(width, 1)
 
     size = len(trajectories)
-    input_ids = torch.full((size, width), pad_token_id, dtype=torch.long)
+    pad = 0 if pad_token_id is None else int(pad_token_id)
+    input_ids = torch.full((size, width), pad, dtype=torch.long)
     attention_mask = torch.zeros((size, width), dtype=torch.long)
     response_mask = torch.zeros((size, width), dtype=torch.long)
     old_logprobs = torch.zeros((size, width), dtype=torch.float32)

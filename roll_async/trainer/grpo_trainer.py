@@ -18,11 +18,18 @@ from typing import Any
 import torch
 
 from roll_async.config.schema import TrainerConfig
+from roll_async.config.validation import pure_low_precision_message
 from roll_async.errors import ConfigError, NonFiniteLossError
-from roll_async.metrics import TRAIN_TOKEN_LAG_MASKED_FRACTION, TRAIN_TOKEN_LAG_MAX
+from roll_async.metrics import (
+    TRAIN_OPTIMIZER_STEPS,
+    TRAIN_SKIPPED_MICRO_BATCHES,
+    TRAIN_TOKEN_LAG_MASKED_FRACTION,
+    TRAIN_TOKEN_LAG_MAX,
+)
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
+    KL_REFERENCE_DIR,
     checkpoint_state_dict,
     load_model_weights,
     load_optimizer_state,
@@ -125,6 +132,8 @@ class GradientStats:
     importance_ratio_max: float
     tis_truncated_fraction: float
     num_tokens: int
+    #: Micro-batches with no scored token: not run forward or backward (nothing to learn from them).
+    skipped_micro_batches: int
     #: Per-token log-probs of this pass ([batch, seq], detached): the proximal policy for later epochs.
     logprobs: torch.Tensor
 
@@ -145,6 +154,11 @@ class GRPOTrainer:
 
     Dropout is switched off: the PPO ratio and the importance weights compare the
     same policy across passes, which random masks would break.
+
+    Precision: weights and AdamW state are float32 (``trainer.dtype`` must be
+    float32); ``trainer.param_dtype: bfloat16`` runs the forward passes under
+    ``torch.autocast`` in bfloat16, so small updates still land on the float32
+    master weights.
     """
 
     def __init__(
@@ -164,7 +178,12 @@ class GRPOTrainer:
         self.config = config
         self.model_path = str(model_path)
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype)
+        if resolve_dtype(config.dtype) != torch.float32:
+            raise ConfigError(pure_low_precision_message(config.dtype))
+        #: Master weights and AdamW state: always float32 (see trainer.param_dtype for the compute dtype).
+        self.dtype = torch.float32
+        #: Forward/backward compute dtype (torch.autocast when not float32).
+        self.compute_dtype = resolve_dtype(config.param_dtype)
         self.model = load_causal_lm(
             self.model_path, self.dtype, self.device, trust_remote_code
         )
@@ -184,6 +203,9 @@ class GRPOTrainer:
                 self.model_path, self.dtype, self.device, trust_remote_code
             )
             self.ref_model.eval().requires_grad_(False)
+        #: "initial": the reference is model.path's weights; "snapshot": a copy taken later (reset_reference,
+        #: after an SFT warm start), which checkpoints save and resume restores.
+        self.reference_source = "initial"
         self.tokenizer = (
             tokenizer
             if tokenizer is not None
@@ -228,6 +250,11 @@ class GRPOTrainer:
             )
             if proximal is None:
                 proximal = stats.logprobs  # the policy before any update of this step
+            if stats.num_tokens == 0:
+                # every micro-batch skipped: no gradient, so no optimizer step (AdamW would still
+                # decay weights and advance its moments); the same holds for every later epoch
+                epochs.append(stats)
+                break
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             if not math.isfinite(grad_norm):
@@ -238,6 +265,12 @@ class GRPOTrainer:
             epochs.append(stats)
             grad_norms.append(grad_norm)
         self.last_step = step
+        if not grad_norms:
+            logger.warning(
+                "step %s: no scored token in the batch (all masked by trainer.max_token_lag, or prompts "
+                "that fill sequence_length): no optimizer step",
+                step,
+            )
         return self._metrics(batch, advantages, epochs, grad_norms)
 
     def accumulate_gradients(
@@ -255,7 +288,8 @@ class GRPOTrainer:
         Each micro-batch's loss is its exact share of the full-batch loss (full
         denominators from ``normalizer``), so the accumulated gradient equals
         that of one pass over the whole batch. ``proximal_logprobs=None`` means
-        "the current weights are the proximal policy" (first epoch).
+        "the current weights are the proximal policy" (first epoch). A micro-batch
+        with no scored token is skipped (its loss would have no graph) and counted.
         """
         cfg = self.config
         batch = batch.to(self.device)
@@ -281,16 +315,20 @@ class GRPOTrainer:
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
             cols = slice(0, width)
             mask = scored[rows, cols]
-            out = token_logprobs(
-                self.model,
-                batch.input_ids[rows, cols],
-                batch.attention_mask[rows, cols],
-                batch.position_ids[rows, cols],
-                score_mask=mask,
-                with_entropy=True,
-                sampling=batch.sampling,
-                model_inputs=self._vision_inputs(batch, rows),
-            )
+            if not bool(mask.any()):
+                totals["skipped"] += 1
+                continue
+            with self._autocast():
+                out = token_logprobs(
+                    self.model,
+                    batch.input_ids[rows, cols],
+                    batch.attention_mask[rows, cols],
+                    batch.position_ids[rows, cols],
+                    score_mask=mask,
+                    with_entropy=True,
+                    sampling=batch.sampling,
+                    model_inputs=self._vision_inputs(batch, rows),
+                )
             logp = out.logprobs
             prox = (
                 proximal_logprobs[rows, cols]
@@ -313,7 +351,7 @@ class GRPOTrainer:
             loss = pg_loss
             kl_value = 0.0
             if self.ref_model is not None and cfg.kl_coef > 0:
-                with torch.no_grad():
+                with torch.no_grad(), self._autocast():
                     ref = token_logprobs(
                         self.ref_model,
                         batch.input_ids[rows, cols],
@@ -363,6 +401,7 @@ class GRPOTrainer:
             importance_ratio_max=totals.get("ratio_max", 0.0),
             tis_truncated_fraction=totals["truncated"] / tokens,
             num_tokens=int(totals["tokens"]),
+            skipped_micro_batches=int(totals["skipped"]),
             logprobs=all_logprobs,
         )
 
@@ -389,16 +428,25 @@ class GRPOTrainer:
             rows = slice(start, min(start + self.config.micro_batch_size, len(batch)))
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
             cols = slice(0, width)
-            result[rows, cols] = token_logprobs(
-                self.model,
-                batch.input_ids[rows, cols],
-                batch.attention_mask[rows, cols],
-                batch.position_ids[rows, cols],
-                score_mask=scored[rows, cols],
-                sampling=batch.sampling,
-                model_inputs=self._vision_inputs(batch, rows),
-            ).logprobs
+            with self._autocast():
+                result[rows, cols] = token_logprobs(
+                    self.model,
+                    batch.input_ids[rows, cols],
+                    batch.attention_mask[rows, cols],
+                    batch.position_ids[rows, cols],
+                    score_mask=scored[rows, cols],
+                    sampling=batch.sampling,
+                    model_inputs=self._vision_inputs(batch, rows),
+                ).logprobs
         return result
+
+    def _autocast(self) -> torch.autocast:
+        """Forward passes in ``trainer.param_dtype`` (weights stay float32); a no-op for float32."""
+        return torch.autocast(
+            device_type=self.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != torch.float32,
+        )
 
     def _vision_inputs(
         self, batch: TrajectoryBatch, rows: slice
@@ -416,6 +464,7 @@ class GRPOTrainer:
         """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
         if self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())
+            self.reference_source = "snapshot"
 
     def _metrics(
         self,
@@ -425,7 +474,7 @@ class GRPOTrainer:
         grad_norms: list[float],
     ) -> dict[str, float]:
         def mean(values: list[float]) -> float:
-            return sum(values) / len(values)
+            return sum(values) / len(values) if values else 0.0
 
         rewards = batch.rewards.float()
         first = epochs[0]
@@ -446,6 +495,8 @@ class GRPOTrainer:
             "train/advantage/std": float(advantages.float().std(unbiased=False)),
             "train/response_tokens": float(first.num_tokens),
             "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+            TRAIN_SKIPPED_MICRO_BATCHES: float(first.skipped_micro_batches),
+            TRAIN_OPTIMIZER_STEPS: float(len(grad_norms)),
         }
         if self.ref_model is not None:
             metrics["train/kl"] = mean([e.kl for e in epochs])
@@ -487,12 +538,18 @@ class GRPOTrainer:
                 "last_step": self.last_step,
                 "model_path": self.model_path,
                 "trainer_config": dataclasses.asdict(self.config),
+                "kl_reference": self.reference_source
+                if self.ref_model is not None
+                else None,
             },
             extra_state=extra_state,
+            reference_model=self.ref_model
+            if self.reference_source == "snapshot"
+            else None,
         )
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore weights and optimizer (a run dir means its newest checkpoint); config hyperparameters win."""
+        """Restore weights, optimizer and KL reference (a run dir means its newest checkpoint); config hyperparameters win."""
         path = resolve_resume_dir(directory)
         trainer_state, extra_state = read_checkpoint_state(path)
         load_model_weights(self.model, path)
@@ -507,7 +564,26 @@ class GRPOTrainer:
                 group["weight_decay"] = self.config.weight_decay
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
+        self._restore_reference(path, trainer_state)
         return extra_state
+
+    def _restore_reference(self, path: Any, trainer_state: dict[str, Any]) -> None:
+        """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
+        if self.ref_model is None:
+            return
+        if trainer_state.get("kl_reference") == "snapshot":
+            load_model_weights(self.ref_model, path / KL_REFERENCE_DIR)
+            self.reference_source = "snapshot"
+        elif (
+            trainer_state.get("kl_reference") is None
+            and self.config.kl_coef > 0
+            and (trainer_state.get("trainer_config") or {}).get("kl_coef", 0) > 0
+        ):
+            logger.warning(
+                "checkpoint %s does not say which KL reference it used (an older checkpoint): the reference is "
+                "model.path's weights, not a post-SFT snapshot",
+                path,
+            )
 
 
 def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:

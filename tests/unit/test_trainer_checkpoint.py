@@ -136,3 +136,38 @@ def test_load_from_a_non_checkpoint_is_a_clear_error(tiny_model_path, tmp_path):
     trainer = GRPOTrainer(cfg(), tiny_model_path)
     with pytest.raises(FileNotFoundError, match="resume_from"):
         trainer.load_checkpoint(tmp_path)
+
+
+def test_resume_after_sft_restores_the_post_sft_kl_reference(
+    tiny_model_path, tokenizer, tmp_path
+):
+    """sft_warmup + kl_coef: the reference is the post-SFT snapshot; resume must not reload model.path's."""
+    from roll_async.trainer.sft import build_sft_examples, run_sft
+
+    cfg = TrainerConfig(device="cpu", lr=1e-3, micro_batch_size=4, kl_coef=0.1)
+    trainer = GRPOTrainer(cfg, tiny_model_path)
+    examples = build_sft_examples(
+        "sokoban",
+        {},
+        [0, 1],
+        tokenizer,
+        "Reply inside <answer></answer>.",
+        demo_fraction=1.0,
+    )
+    run_sft(trainer, examples, steps=3, lr=1e-2, batch_size=2)
+    trainer.train_step(make_batch(tokenizer, 0), step=0)
+    reference = {n: t.clone() for n, t in trainer.ref_model.state_dict().items()}
+    initial = GRPOTrainer(cfg, tiny_model_path).ref_model.state_dict()
+    assert any(
+        not torch.equal(reference[n], initial[n]) for n in reference
+    )  # SFT moved it
+    trainer.save_checkpoint(tmp_path / "step_0", {"step": 0})
+
+    resumed = GRPOTrainer(cfg, tiny_model_path)
+    resumed.load_checkpoint(tmp_path / "step_0")
+    for name, tensor in resumed.ref_model.state_dict().items():
+        assert torch.equal(tensor, reference[name]), name
+    batch = make_batch(tokenizer, 1)
+    assert resumed.train_step(batch, step=1)["train/kl"] == pytest.approx(
+        trainer.train_step(batch, step=1)["train/kl"], rel=1e-5, abs=1e-7
+    )

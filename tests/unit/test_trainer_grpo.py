@@ -338,3 +338,141 @@ def test_max_token_lag_masks_old_tokens_from_the_loss(tiny_model_path, batch):
     off = GRPOTrainer(config(), tiny_model_path).train_step(versioned, step=0)
     # default: off, lag still reported
     assert off["train/token_lag/masked_fraction"] == 0.0
+
+
+def _lagged(batch: TrajectoryBatch, lagged_rows: list[int]) -> TrajectoryBatch:
+    """``batch`` at policy version 2 with ``lagged_rows`` sampled at version 0, the others at version 2."""
+    import dataclasses
+
+    versions = torch.where(batch.response_mask.bool(), 2, -1)
+    for row in lagged_rows:
+        versions[row] = torch.where(batch.response_mask[row].bool(), 0, -1)
+    return dataclasses.replace(batch, token_versions=versions, policy_version=2)
+
+
+def test_a_micro_batch_with_no_scored_tokens_is_skipped_and_counted(
+    tiny_model_path, batch
+):
+    """A micro-batch wholly masked by max_token_lag has no graph to backward: skipped, counted, not fatal."""
+    trainer = GRPOTrainer(config(max_token_lag=1, micro_batch_size=2), tiny_model_path)
+    before = params(trainer)
+    metrics = trainer.train_step(_lagged(batch, [0, 1]), step=0)
+    assert metrics["train/skipped_micro_batches"] == 1.0
+    assert metrics["train/optimizer_steps"] == 1.0
+    assert trainer.optimizer_steps == 1
+    assert any(not torch.equal(before[n], p) for n, p in params(trainer).items())
+
+
+def test_a_step_whose_micro_batches_are_all_skipped_makes_no_optimizer_step(
+    tiny_model_path, batch
+):
+    trainer = GRPOTrainer(config(max_token_lag=1, micro_batch_size=2), tiny_model_path)
+    before = params(trainer)
+    metrics = trainer.train_step(_lagged(batch, list(range(len(batch)))), step=3)
+    assert metrics["train/skipped_micro_batches"] == 3.0
+    assert metrics["train/optimizer_steps"] == 0.0
+    assert trainer.optimizer_steps == 0 and trainer.last_step == 3
+    assert not trainer.optimizer.state
+    assert all(torch.equal(before[n], p) for n, p in params(trainer).items())
+    assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_a_tokenizer_without_a_pad_token_collates_and_trains(
+    tiny_model_path, tokenizer
+):
+    """Llama-3.1's published tokenizer has no pad token: padding is masked, so the EOS id pads."""
+    import copy
+
+    from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+    from roll_async.trainer import collate
+
+    chatml = build_chatml_test_tokenizer()
+    chatml.pad_token = None
+    assert chatml.pad_token_id is None and chatml.eos_token_id is not None
+    short, long = (
+        Trajectory(
+            tag="t",
+            group_id=0,
+            episode_id=i,
+            env_id=i,
+            seed=0,
+            traj_id=f"t-{i}",
+            created_step=0,
+            token_ids=ids,
+            response_mask=[0] * (len(ids) - 1) + [1],
+            logprobs=[0.0] * (len(ids) - 1) + [-1.0],
+            episode_reward=float(i),
+        )
+        for i, ids in enumerate(
+            [
+                chatml("<|im_start|>user\nUp<|im_end|>")["input_ids"],
+                chatml("<|im_start|>user\nUp Down Left<|im_end|>")["input_ids"],
+            ]
+        )
+    )
+    # exactly what the pipeline passes: the tokenizer's pad_token_id, None here
+    plain = collate_trajectories([short, long], pad_token_id=chatml.pad_token_id)
+    assert plain.input_ids[0, len(short.token_ids) :].eq(0).all()  # documented: 0
+    assert collate.padding_token_id(chatml) == chatml.eos_token_id
+    padded = collate_trajectories(
+        [short, long], pad_token_id=collate.padding_token_id(chatml)
+    )
+    pads = ~padded.attention_mask.bool()
+    assert pads.any() and padded.input_ids[pads].eq(chatml.eos_token_id).all()
+
+    padless = copy.deepcopy(tokenizer)
+    padless.pad_token = None
+    assert padless.pad_token_id is None
+    batch = make_batch(padless)
+    trainer = GRPOTrainer(config(), tiny_model_path, tokenizer=padless)
+    metrics = trainer.train_step(batch, step=0)
+    assert metrics["train/optimizer_steps"] == 1.0
+
+
+def _changed_fraction(
+    trainer: GRPOTrainer, batch: TrajectoryBatch, steps: int
+) -> float:
+    before = params(trainer)
+    on_policy = with_behaviour(batch, trainer.compute_logprobs(batch))
+    for step in range(steps):
+        trainer.train_step(on_policy, step=step)
+    after = params(trainer)
+    changed = sum(int((after[n] != before[n]).sum()) for n in before)
+    return changed / sum(t.numel() for t in before.values())
+
+
+def test_bfloat16_compute_keeps_float32_weights_and_learns_at_a_small_lr(
+    tiny_model_path, batch
+):
+    """param_dtype=bfloat16: autocast compute, float32 masters; pure-bf16 AdamW changed ~2% of weights at lr 1e-6."""
+    fp32 = GRPOTrainer(config(lr=1e-6), tiny_model_path)
+    bf16 = GRPOTrainer(config(lr=1e-6, param_dtype="bfloat16"), tiny_model_path)
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    # the tolerance docs/architecture.md states: behaviour logprobs within 0.02 nats on average, 0.1 at most
+    mask = batch.response_mask.bool().clone()
+    mask[:, 0] = False
+    gap = (bf16.compute_logprobs(batch) - fp32.compute_logprobs(batch))[mask].abs()
+    assert float(gap.mean()) <= 0.02 and float(gap.max()) <= 0.1
+    assert float(gap.max()) > 0  # it did compute in bfloat16
+    reference = _changed_fraction(fp32, batch, steps=3)
+    assert reference > 0.9
+    assert _changed_fraction(bf16, batch, steps=3) >= 0.9 * reference
+
+
+def test_pure_low_precision_weights_are_refused_naming_param_dtype(tiny_model_path):
+    from pathlib import Path
+
+    from roll_async.config.schema import load_config
+    from roll_async.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"trainer.dtype='bfloat16'.*trainer.param_dtype=bfloat16"
+    ):
+        GRPOTrainer(config(dtype="bfloat16"), tiny_model_path)
+    sokoban = Path(__file__).resolve().parents[2] / "configs" / "sokoban.yaml"
+    with pytest.raises(ConfigError, match=r"trainer.param_dtype=bfloat16"):
+        load_config(sokoban, ["trainer.dtype=bf16"])
+    assert (
+        load_config(sokoban, ["trainer.param_dtype=bfloat16"]).trainer.param_dtype
+        == "bfloat16"
+    )
