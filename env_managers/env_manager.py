@@ -144,6 +144,7 @@ class EnvManager:
         clock: Callable[[], float] = time.monotonic,
         agent_gateway: Any = None,
         agent_model_name: str = "",
+        agent_tool_parser: str | None = None,
         observations: ObservationEncoder | None = None,
     ) -> None:
         self.env_id = env_id
@@ -195,6 +196,7 @@ class EnvManager:
                 model_name=agent_model_name,
                 prompts=prompt_builder,
                 turns=self.turns,
+                tool_parser=agent_tool_parser,
                 phases=self.phases,
                 stats=self.stats,
                 clock=clock,

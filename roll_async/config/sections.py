@@ -52,6 +52,8 @@ class ModelConfig:
     chat_template: str | None = None
     #: Extra variables for every chat-template render, e.g. {enable_thinking: false} for Qwen3.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The vLLM tool parser (hermes, llama3_json, mistral, ...) that turns agent replies into tool_calls; None detects it from the chat template.
+    tool_parser: str | None = None
 
 
 @dataclass

@@ -158,6 +158,35 @@ class ChatPromptBuilder:
             template_kwargs=dict(getattr(model, "chat_template_kwargs", None) or {}),
         )
 
+    def with_tools(self, tools: list[dict[str, Any]]) -> ChatPromptBuilder:
+        """A builder whose every render passes ``tools`` (OpenAI function tools) to the template.
+
+        The pieces are measured again with the tools declared, so a template that
+        places tool definitions next to a message (Mistral: before the last user
+        message) gives the deltas it renders with them. Raises ChatTemplateError
+        when the template ignores ``tools`` (a function's name does not appear in
+        a render that declares it).
+        """
+        builder = ChatPromptBuilder(
+            self.tokenizer,
+            self.system_prompt,
+            chat_template=self.chat_template,
+            template_kwargs={**self.template_kwargs, "tools": list(tools)},
+        )
+        rendered = builder._render(
+            builder._system() + [{"role": "user", "content": _SENTINEL_USER}],
+            add_generation_prompt=True,
+        )
+        for tool in tools:
+            name = str((tool.get("function") or {}).get("name", ""))
+            if name and name not in rendered:
+                raise ChatTemplateError(
+                    f"the chat template does not render tools (the function {name!r} does not appear in a "
+                    "render that declares it); set model.chat_template to a template that renders its "
+                    "`tools` argument"
+                )
+        return builder
+
     # -- rendering -------------------------------------------------------------------
 
     def _system(self) -> list[dict[str, str]]:
@@ -304,8 +333,17 @@ class ChatPromptBuilder:
             return list(self.closure_ids[1:])
         return list(self.closure_ids)
 
-    def continuation_text(self, messages: list[dict[str, Any]]) -> str:
-        """Template text of ``messages`` (user/tool/system) after a closed assistant turn, generation prompt included."""
+    def continuation_text(
+        self,
+        messages: list[dict[str, Any]],
+        after: dict[str, Any] | None = None,
+    ) -> str:
+        """Template text of ``messages`` (user/tool/system) after a closed assistant turn, generation prompt included.
+
+        ``after`` is the assistant message the continuation follows when it made tool calls
+        (arguments as objects): tool results are then cut out of renders that follow that very
+        call, since templates check that tool results answer a call (Mistral's alternation).
+        """
         if not messages:
             raise ValueError("continuation needs at least one message")
         roles = [m.get("role") for m in messages]
@@ -313,6 +351,8 @@ class ChatPromptBuilder:
             raise ValueError(
                 f"a continuation holds non-assistant messages only (got roles {roles})"
             )
+        if after is not None and after.get("tool_calls"):
+            return self._after_tool_calls_text(messages, after)
         tail, prompt_ending = self._role_ending(str(roles[-1]))
         rendered = self._render(
             self._reference()
@@ -336,10 +376,46 @@ class ChatPromptBuilder:
             )
         return region[len(self._closure_text) : len(region) - len(tail)] + prompt_ending
 
-    def continuation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def continuation_ids(
+        self,
+        messages: list[dict[str, Any]],
+        after: dict[str, Any] | None = None,
+    ) -> list[int]:
         """Ids the template renders for ``messages`` (user/tool/system) appended after a closed assistant turn,
-        ending with the generation prompt."""
-        return self.encode(self.continuation_text(messages))
+        ending with the generation prompt (``after``: see :meth:`continuation_text`)."""
+        return self.encode(self.continuation_text(messages, after))
+
+    def _after_tool_calls_text(
+        self, messages: list[dict[str, Any]], after: dict[str, Any]
+    ) -> str:
+        """The continuation after a tool-call turn: a render with ``messages`` and the generation prompt,
+        less the render that ends with the tool-call turn (cut just after that turn's closure)."""
+        reference = self._system() + [
+            {"role": "user", "content": _SENTINEL_USER},
+            {**after, "role": "assistant", "content": _SENTINEL_REPLY},
+        ]
+        closed = self._render(reference, add_generation_prompt=False)
+        continued = self._render(reference + list(messages), add_generation_prompt=True)
+        common = _common_prefix(closed, continued)
+        closure_end = common.rfind(self._closure_text) if self._closure_text else -1
+        cut = closure_end + len(self._closure_text) if closure_end >= 0 else len(common)
+        text = continued[cut:]
+        if cut < len(self._reference_head_text()) or any(
+            str(m.get("content") or "") not in text for m in messages
+        ):
+            raise ChatTemplateError(
+                "the chat template renders a tool-call turn followed by its results so that the results cannot "
+                f"be cut out of the render; {_FIX}"
+            )
+        return text
+
+    def _reference_head_text(self) -> str:
+        """The render up to the sentinel user message (what every reference render starts with)."""
+        rendered = self._render(
+            self._system() + [{"role": "user", "content": _SENTINEL_USER}],
+            add_generation_prompt=False,
+        )
+        return rendered[: rendered.find(_SENTINEL_USER)]
 
     def user_delta_ids(self, user_text: str) -> list[int]:
         """The next user message and the generation prompt, as the template renders them after a closed reply
