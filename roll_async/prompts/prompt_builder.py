@@ -9,6 +9,7 @@ with the pieces between turns cut exactly out of the template's own renders.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ _TEXT_CACHE_SIZE = 4096
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
 _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
 _SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
+#: Tool lists whose builders a builder keeps (with_tools); more distinct lists start the cache over.
+_TOOL_BUILDERS_KEPT = 32
 
 _FIX = "set model.chat_template to a template file that keeps every message's content"
 
@@ -132,6 +135,8 @@ class ChatPromptBuilder:
         self._user_delta_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(
             self._user_delta_tuple
         )
+        #: Builders that declare a tool list (with_tools), by the list's JSON.
+        self._tool_builders: dict[str, ChatPromptBuilder] = {}
         self._closure_text = self._measure_closure_text()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -165,8 +170,13 @@ class ChatPromptBuilder:
         places tool definitions next to a message (Mistral: before the last user
         message) gives the deltas it renders with them. Raises ChatTemplateError
         when the template ignores ``tools`` (a function's name does not appear in
-        a render that declares it).
+        a render that declares it). Built once per distinct tool list (an agent
+        tag's episodes usually declare the same tools).
         """
+        key = json.dumps(tools, sort_keys=True)
+        cached = self._tool_builders.get(key)
+        if cached is not None:
+            return cached
         builder = ChatPromptBuilder(
             self.tokenizer,
             self.system_prompt,
@@ -185,6 +195,9 @@ class ChatPromptBuilder:
                     "render that declares it); set model.chat_template to a template that renders its "
                     "`tools` argument"
                 )
+        if len(self._tool_builders) >= _TOOL_BUILDERS_KEPT:
+            self._tool_builders.clear()
+        self._tool_builders[key] = builder
         return builder
 
     # -- rendering -------------------------------------------------------------------

@@ -54,7 +54,7 @@ def agent_config(agent: str, tool_parser: str | None = None) -> PipelineConfig:
         custom_envs={
             "Agent": CustomEnvConfig(
                 env_type="agent",
-                agent=f"roll_async.testing.agents:{agent}",
+                agent=agent if ":" in agent else f"roll_async.testing.agents:{agent}",
                 max_steps=6,
                 max_tokens_per_step=64,
             )
@@ -268,3 +268,20 @@ async def test_max_token_lag_masks_stale_agent_tokens():
         i for i, v in enumerate(trajectory.token_versions) if v in (1, 2) and i > 0
     ]
     assert set(fresh) <= set(kept)
+
+
+async def test_the_tool_calling_example_agent_plays_with_parsed_calls():
+    tokenizer = build_family_test_tokenizer("qwen2_5")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = tokenizer.encode(
+        '<tool_call>\n{"name": "move", "arguments": {"direction": "Right"}}\n</tool_call>',
+        add_special_tokens=False,
+    )
+    engine = FakeEngine(lambda r: call + [eos])
+    config = agent_config("examples.agent_tool_calling:play_with_tools")
+    config.custom_envs["Agent"].env_config = {"size": 3, "p": 0.8, "is_slippery": False}
+    trajectory, _ = await play_one(config, engine, tokenizer)
+    assert trajectory.stop_reason == "terminated", trajectory.error
+    assert trajectory.metrics["agent_tool_calls"] >= 1.0
+    assert trajectory.metrics["agent_segment_breaks"] == 0.0
+    assert trajectory.metrics["agent_tool_parse_errors"] == 0.0
