@@ -147,12 +147,13 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
     """One chat call; with ``stream`` the chunks are put back together into a message."""
     if not stream:
         return (await client.chat.completions.create(**kwargs)).choices[0]
-    content, calls, finish = "", {}, None
+    content, calls, finish, usage_chunks = "", {}, None, 0
     async for chunk in await client.chat.completions.create(
         stream=True, stream_options={"include_usage": True}, **kwargs
     ):
-        if not chunk.choices:
-            assert chunk.usage is not None and chunk.usage.completion_tokens >= 0
+        if not chunk.choices:  # the include_usage chunk, after the finish reason
+            assert finish is not None and chunk.usage.completion_tokens >= 0
+            usage_chunks += 1
             continue
         delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
         content += delta.content or ""
@@ -168,6 +169,7 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
             entry["id"] = call.id or entry["id"]
             entry["function"]["name"] += call.function.name or ""
             entry["function"]["arguments"] += call.function.arguments or ""
+    assert usage_chunks == 1, usage_chunks
     message = openai.types.chat.ChatCompletionMessage.model_validate(
         {
             "role": "assistant",
@@ -339,3 +341,57 @@ async def bad_tool_requests_agent(client: Any, task: Any) -> dict:
     ):  # the parameter each error named, as a 0/1 flag per expected name
         metrics[f"param_{name}_{param}"] = 1.0
     return {"reward": 0.0, "metrics": metrics}
+
+
+async def streaming_responses_agent(client: Any, task: Any) -> dict:
+    """One streamed Responses call with a function tool; returns what the event stream held."""
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    kinds: list[str] = []
+    final = None
+    async with client.responses.stream(
+        model=task.model, input="Weather in Paris?", tools=[tool], max_output_tokens=64
+    ) as stream:
+        async for event in stream:
+            kinds.append(event.type)
+        final = await stream.get_final_response()
+    calls = [item for item in final.output if item.type == "function_call"]
+    return {
+        "reward": 0.0,
+        "metrics": {
+            "created_first": float(kinds[0] == "response.created"),
+            "completed_last": float(kinds[-1] == "response.completed"),
+            "calls": float(len(calls)),
+            "paris": float(
+                bool(calls) and json.loads(calls[0].arguments) == {"city": "Paris"}
+            ),
+        },
+    }
+
+
+async def tool_choice_variants_agent(client: Any, task: Any) -> dict:
+    """tool_choice none (tools declared, nothing parsed) then a named function (met)."""
+    messages = [{"role": "user", "content": "Weather?"}]
+    none = await client.chat.completions.create(
+        model=task.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        max_tokens=64,
+    )
+    named = await client.chat.completions.create(
+        model=task.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+    )
+    return {
+        "reward": 0.0,
+        "metrics": {
+            "none_calls": float(bool(none.choices[0].message.tool_calls)),
+            "none_has_text": float(
+                "get_weather" in (none.choices[0].message.content or "")
+            ),
+            "named_calls": float(len(named.choices[0].message.tool_calls or [])),
+        },
+    }

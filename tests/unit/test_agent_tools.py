@@ -285,3 +285,38 @@ async def test_the_tool_calling_example_agent_plays_with_parsed_calls():
     assert trajectory.metrics["agent_tool_calls"] >= 1.0
     assert trajectory.metrics["agent_segment_breaks"] == 0.0
     assert trajectory.metrics["agent_tool_parse_errors"] == 0.0
+
+
+async def test_the_responses_api_streams_events_ending_in_the_completed_response():
+    tokenizer = build_family_test_tokenizer("qwen2_5")
+    engine, _ = scripted(tokenizer, "qwen2_5")
+    trajectory, _ = await play_one(
+        agent_config("streaming_responses_agent"), engine, tokenizer
+    )
+    assert trajectory.stop_reason == "terminated", trajectory.error
+    assert {
+        k: trajectory.metrics[k]
+        for k in ("created_first", "completed_last", "calls", "paris")
+    } == {
+        "created_first": 1.0,
+        "completed_last": 1.0,
+        "calls": 1.0,
+        "paris": 1.0,
+    }
+
+
+async def test_tool_choice_none_parses_nothing_and_a_met_named_choice_is_served():
+    tokenizer = build_family_test_tokenizer("qwen2_5")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = tokenizer.encode(TOOL_CALL_REPLIES["qwen2_5"], add_special_tokens=False)
+    engine = FakeEngine(lambda r: call + [eos])
+    trajectory, _ = await play_one(
+        agent_config("tool_choice_variants_agent"), engine, tokenizer
+    )
+    assert trajectory.stop_reason == "terminated", trajectory.error
+    assert trajectory.metrics["none_calls"] == 0.0
+    assert trajectory.metrics["none_has_text"] == 1.0
+    assert trajectory.metrics["named_calls"] == 1.0
+    assert trajectory.metrics["agent_tool_choice_unmet"] == 0.0
+    # the two calls declare the same tools but the second does not extend the first: a new segment
+    assert trajectory.metrics["agent_segments"] == 2.0
