@@ -320,3 +320,19 @@ async def test_tool_choice_none_parses_nothing_and_a_met_named_choice_is_served(
     assert trajectory.metrics["agent_tool_choice_unmet"] == 0.0
     # the two calls declare the same tools but the second does not extend the first: a new segment
     assert trajectory.metrics["agent_segments"] == 2.0
+
+
+def test_preflight_names_a_tool_parser_that_is_not_vllm_s():
+    from roll_async.errors import ConfigError
+    from roll_async.pipelines.preflight import check_tool_parser
+
+    config = agent_config("tool_agent", tool_parser="no_such_parser")
+    with pytest.raises(
+        ConfigError, match="model.tool_parser='no_such_parser' is not one of"
+    ):
+        check_tool_parser(config, build_family_test_tokenizer("qwen2_5"))
+    config.model.tool_parser = "mistral"  # needs [TOOL_CALLS] in the vocabulary
+    with pytest.raises(ConfigError, match="does not fit this model's tokenizer"):
+        check_tool_parser(config, build_family_test_tokenizer("qwen2_5"))
+    config.model.tool_parser = "hermes"
+    check_tool_parser(config, build_family_test_tokenizer("qwen2_5"))
