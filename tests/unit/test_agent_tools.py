@@ -7,6 +7,7 @@ The real-engine versions are in tests/integration/test_agent_tools_real_engine.p
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -336,3 +337,108 @@ def test_preflight_names_a_tool_parser_that_is_not_vllm_s():
         check_tool_parser(config, build_family_test_tokenizer("qwen2_5"))
     config.model.tool_parser = "hermes"
     check_tool_parser(config, build_family_test_tokenizer("qwen2_5"))
+
+
+def env_config(env_type: str, env_config: dict) -> PipelineConfig:
+    config = PipelineConfig(
+        sequence_length=2048,
+        rollout_batch_size=1,
+        generation=GenerationConfig(retry_backoff_s=0.001),
+        custom_envs={
+            "Env": CustomEnvConfig(
+                env_type=env_type,
+                max_steps=3,
+                max_tokens_per_step=64,
+                env_config=env_config,
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=1, tags=["Env"]
+        ),
+    )
+    validate_config(config)
+    return config
+
+
+async def play_env(config: PipelineConfig, engine: FakeEngine, tokenizer):
+    (manager,) = build_env_managers(
+        rollout_spec(config, "train"),
+        [(0, "Env")],
+        scheduler=None,
+        engine_for=lambda _: engine,
+        tokenizer=tokenizer,
+    )
+    trajectory = await manager._run_episode(
+        EpisodeSpec(tag="Env", group_id=0, episode_id=1, seed=3, created_step=0)
+    )
+    return trajectory, manager
+
+
+async def test_a_tool_using_env_gets_parsed_calls_and_tool_results_token_exact():
+    from roll_async.envs import make_env
+
+    tokenizer = build_family_test_tokenizer("qwen2_5")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    env = make_env("retrieval_qa", {"action_format": "tools"})
+    env.reset(3)
+    answer = env.question["answers"][0]
+
+    def call(name: str, arguments: dict) -> list[int]:
+        text = f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+        return tokenizer.encode(text, add_special_tokens=False) + [eos]
+
+    outs = [call("search", {"query": "mountain"}), call("answer", {"answer": answer})]
+    replies = iter(outs)
+    engine = FakeEngine(lambda r: next(replies))
+    config = env_config("retrieval_qa", {"action_format": "tools"})
+    trajectory, manager = await play_env(config, engine, tokenizer)
+    assert trajectory.stop_reason == "terminated", trajectory.error
+    assert trajectory.episode_reward == 1.0 and trajectory.num_turns == 2
+    assert trajectory.metrics["agent_tool_calls"] == 2.0
+    assert trajectory.metrics["agent_tool_parse_errors"] == 0.0
+    builder = manager.prompts.with_tools(env.tools())
+    p0, p1 = engine.prompts
+    assert p0 == builder.first_turn_ids(
+        manager.settings.custom_env.instruction_template.format(
+            instruction=env.instruction(),
+            observation=env.render_text(),
+            reward=0.0,
+            turn=0,
+        )
+    )
+    observation = trajectory.turns[0].observation
+    assert observation.startswith('Search results for "mountain"')
+    parsed = {
+        "id": "call00000",
+        "type": "function",
+        "function": {"name": "search", "arguments": '{"query": "mountain"}'},
+    }
+    after = render_form([{"role": "assistant", "content": "", "tool_calls": [parsed]}])[
+        0
+    ]
+    delta = builder.closure_ids_after(outs[0]) + builder.continuation_ids(
+        [{"role": "tool", "tool_call_id": "call00000", "content": observation}], after
+    )
+    assert p1 == p0 + outs[0] + delta
+    generated = [t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m]
+    assert generated == outs[0] + outs[1]
+
+
+def test_code_env_runs_and_submits_through_its_tools():
+    from roll_async.envs import make_env
+    from roll_async.envs.tool_actions import encode_tool_calls
+
+    env = make_env("code", {"action_format": "tools"})
+    _, info = env.reset(0)
+    assert [t["function"]["name"] for t in info["tools"]] == ["run_python", "submit"]
+    run = {"name": "run_python", "arguments": json.dumps({"code": "print(6 * 7)"})}
+    observation, _, done, _, step_info = env.step(
+        encode_tool_calls([{"function": run}])
+    )
+    assert "42" in observation and not done and step_info["metrics"]["action_is_valid"]
+    observation, reward, done, _, step_info = env.step("no call at all")
+    assert not step_info["metrics"]["action_is_valid"] and reward < 0
+    submit = {"name": "submit", "arguments": json.dumps({"code": env.task["solution"]})}
+    _, reward, done, _, _ = env.step(encode_tool_calls([{"function": submit}]))
+    assert done and reward == 1.0 and env.success
+    assert env.expert_responses() is None
