@@ -222,8 +222,20 @@ async def streaming_tool_agent(client: Any, task: Any) -> dict:
 
 
 async def responses_tool_agent(client: Any, task: Any) -> dict:
-    """:func:`tool_agent` through the Responses API: function_call items answered with function_call_output."""
-    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    """:func:`tool_agent` through the Responses API: function_call items answered with function_call_output.
+
+    Sent as the OpenAI Agents SDK's OpenAIResponsesModel sends it: a strict function tool (same schema as
+    the chat agent's, so both render the same prompt), ``include``,
+    ``truncation``, ``metadata``, ``store=False``, the previous output items echoed with their ids.
+    """
+    function = WEATHER_TOOL["function"]
+    tool = {
+        "type": "function",
+        "name": function["name"],
+        "description": function["description"],
+        "parameters": function["parameters"],
+        "strict": True,
+    }
     items: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
     calls = 0
     for turn in range(3):
@@ -234,6 +246,9 @@ async def responses_tool_agent(client: Any, task: Any) -> dict:
             tools=[tool],
             max_output_tokens=64,
             store=False,
+            include=[],
+            truncation="disabled",
+            metadata={},
         )
         items += [item.model_dump(exclude_none=True) for item in response.output]
         called = [item for item in response.output if item.type == "function_call"]
