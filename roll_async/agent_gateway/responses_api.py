@@ -1,8 +1,4 @@
-"""The Responses API (``POST /v1/responses``) over the same session: its input items become chat messages and its output items come from the same reply, so an agent on the Responses API (e.g. the OpenAI Agents SDK's default model class) gets the same token-exact trajectory as one on chat completions.
-
-Stateless: every call carries its whole input (``previous_response_id`` and
-stored conversations are refused with a 400 naming the parameter).
-"""
+"""The Responses API (``POST /v1/responses``) over the same session: its input items become chat messages and its output items come from the same reply, so an agent on the Responses API (e.g. the OpenAI Agents SDK's default model class) gets the same token-exact trajectory as one on chat completions; stateless, every call carries its whole input (``previous_response_id`` and stored conversations are refused with a 400 naming the parameter)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Server-sent chunks for ``stream: true``: a served reply cut into the OpenAI ``chat.completion.chunk`` sequence (role, content, one delta per tool call, finish reason, optional usage), so a streaming agent gets the same trajectory as a non-streaming one.
-
-The reply is generated whole (the session's token bookkeeping, parse and
-counters are the non-streaming path's) and then sent as chunks; streaming
-changes how the agent reads the reply, never what is trained on.
-"""
+"""Server-sent chunks for ``stream: true``: a served reply cut into the OpenAI ``chat.completion.chunk`` sequence (role, content, one delta per tool call, finish reason, optional usage); the reply is generated whole first (the non-streaming path's token bookkeeping, parse and counters), so streaming changes how the agent reads a reply, never what is trained on."""
 
 from __future__ import annotations
 

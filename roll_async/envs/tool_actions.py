@@ -1,11 +1,4 @@
-"""The action a tool-using env receives: the model's parsed function calls as one JSON text, so the calls cross every wire an action crosses (threads, env processes, env servers) unchanged, and the function-tool schemas an env declares.
-
-An env declares tools by returning OpenAI function tools from ``tools()``
-(``BaseEnv.reset`` puts them in ``info["tools"]``); the rollout then renders them
-through the model's chat template, parses each reply with the model's tool
-parser and calls ``step`` with :func:`encode_tool_calls` of the calls (or the
-raw reply when it made none, which the env treats as a format error).
-"""
+"""The action a tool-using env receives: the model's parsed function calls as one JSON text, so they cross every wire an action crosses (threads, env processes, env servers) unchanged; an env declares OpenAI function tools in ``tools()`` (``BaseEnv.reset`` puts them in ``info["tools"]``), the rollout renders them through the chat template, parses each reply with the model's tool parser and calls ``step`` with :func:`encode_tool_calls` of the calls (or the raw reply when it made none: a format error for the env)."""
 
 from __future__ import annotations
 
