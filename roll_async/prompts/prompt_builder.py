@@ -24,6 +24,8 @@ _TEXT_CACHE_SIZE = 4096
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
 _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
 _SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
+_SENTINEL_LAST_USER = "ROLL_ASYNC_SENTINEL_LAST_USER"
+_SENTINEL_LAST_REPLY = "ROLL_ASYNC_SENTINEL_LAST_REPLY"
 #: Tool lists whose builders a builder keeps (with_tools); more distinct lists start the cache over.
 _TOOL_BUILDERS_KEPT = 32
 
@@ -92,6 +94,9 @@ class ChatPromptBuilder:
       first one (Gemma, no system role): the first turn is rendered as the template
       renders it; later user turns are rendered as the template renders a user
       message *followed by a reply*, so the system prompt is not repeated per turn.
+      A template that merges it into the last user message wherever that message
+      stands (followed by a reply or not) is measured with one more user turn and
+      reply after the piece (``_measure_trailer``), so no later turn carries it either.
     * BOS (Llama-3, Gemma, Mistral) belongs to the first render only; a
       generation prompt that varies (``enable_thinking``) is taken from the
       template's own ``add_generation_prompt`` output for the message's role.
@@ -138,6 +143,7 @@ class ChatPromptBuilder:
         #: Builders that declare a tool list (with_tools), by the list's JSON.
         self._tool_builders: dict[str, ChatPromptBuilder] = {}
         self._closure_text = self._measure_closure_text()
+        self._trailing = self._measure_trailer()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids: set[int] = {eos} if isinstance(eos, int) else set()
@@ -303,6 +309,32 @@ class ChatPromptBuilder:
             ids = ids[:-1]
         return self._decode(ids) if ids else ""
 
+    def _measure_trailer(self) -> list[dict[str, str]]:
+        """Messages rendered after a measured piece's reply: none, or one more user turn and reply when the
+        template puts the system prompt on the last user message even when a reply follows it (the piece
+        would otherwise carry the system prompt into every later turn)."""
+        if not self.system_prompt:
+            return []
+        rendered = self._render(
+            self._reference()
+            + [
+                {"role": "user", "content": _SENTINEL_NEXT},
+                {"role": "assistant", "content": _SENTINEL_NEXT_REPLY},
+            ],
+            add_generation_prompt=False,
+        )
+        region = rendered[
+            self._end_of(rendered, _SENTINEL_REPLY, "assistant") : rendered.rfind(
+                _SENTINEL_NEXT_REPLY
+            )
+        ]
+        if self.system_prompt not in region:
+            return []
+        return [
+            {"role": "user", "content": _SENTINEL_LAST_USER},
+            {"role": "assistant", "content": _SENTINEL_LAST_REPLY},
+        ]
+
     def _role_ending(self, role: str) -> tuple[str, str]:
         """(tail, prompt_ending) for a last message of ``role``: its end + the next assistant header, and
         its end + the generation prompt, both measured on a sentinel message."""
@@ -310,7 +342,8 @@ class ChatPromptBuilder:
             probe = {"role": role, "content": _SENTINEL_NEXT}
             followed = self._render(
                 self._reference()
-                + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+                + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}]
+                + self._trailing,
                 add_generation_prompt=False,
             )
             tail_start = self._end_of(followed, _SENTINEL_NEXT, role)
@@ -370,7 +403,8 @@ class ChatPromptBuilder:
         rendered = self._render(
             self._reference()
             + list(messages)
-            + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}]
+            + self._trailing,
             add_generation_prompt=False,
         )
         region = rendered[
