@@ -44,7 +44,7 @@ InFlightPolicy = Literal["abort", "wait", "keep"]
 class ModelConfig:
     """The HF model that the engine serves and the trainer trains."""
 
-    #: Local HF model directory or hub id; None (or tiny) means the offline tiny model, tiny-vl the tiny vision-language one (built on first use).
+    #: Local HF model directory or hub id; None (or tiny) means the offline tiny model, tiny-vl the tiny vision-language one, tiny-<family> a zoo family's (tiny-qwen2_5, tiny-llama3, ...; built on first use).
     path: str | None = None
     #: Let transformers and vLLM run the model repository's own Python code (custom architectures).
     trust_remote_code: bool = False
