@@ -29,7 +29,9 @@ def resolve_model_path(path: str | None) -> str:
     if path.startswith(FAMILY_PREFIX) and "/" not in path:
         family = path[len(FAMILY_PREFIX) :]
         if family not in FAMILIES:
-            choices = ", ".join(["tiny", "tiny-vl"] + [FAMILY_PREFIX + f for f in FAMILIES])
+            choices = ", ".join(
+                ["tiny", "tiny-vl"] + [FAMILY_PREFIX + f for f in FAMILIES]
+            )
             raise FileNotFoundError(
                 f"model.path={path!r} names no offline tiny model; choose one of: {choices}"
             )
