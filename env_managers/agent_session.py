@@ -13,8 +13,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from roll_async.agent_gateway.chat_request import Sampling
 from roll_async.agent_gateway.server import AgentGateway
-from roll_async.agent_gateway.session import AgentSession, Sampling
+from roll_async.agent_gateway.session import AgentSession
 from roll_async.agent_gateway.task import AgentTask, agent_result, load_agent_function
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
 from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter
@@ -64,6 +65,7 @@ class AgentEpisodeRunner:
         model_name: str,
         prompts: ChatPromptBuilder,
         turns: TurnGenerator,
+        tool_parser: str | None = None,
         phases: PhaseReporter,
         stats: EnvManagerStats,
         clock: Callable[[], float] = time.monotonic,
@@ -73,6 +75,8 @@ class AgentEpisodeRunner:
         self.model_name = model_name
         self.prompts = prompts
         self.turns = turns
+        #: ``model.tool_parser``: the vLLM tool parser for replies to requests with tools (None: detected).
+        self.tool_parser = tool_parser
         self.phases = phases
         self.stats = stats
         self._clock = clock
@@ -117,6 +121,7 @@ class AgentEpisodeRunner:
             max_tokens_per_step=cfg.max_tokens_per_step,
             sequence_length=settings.sequence_length,
             max_calls=cfg.max_steps,
+            tool_parser=self.tool_parser,
         )
         base_url = gateway.open_session(session)
         import openai  # optional dependency (the ``envs`` extra), needed by agent tags only
@@ -218,6 +223,7 @@ def _fill(trajectory: Trajectory, session: AgentSession) -> Trajectory:
     trajectory.token_ids = list(last.token_ids)
     trajectory.response_mask = list(last.response_mask)
     trajectory.logprobs = list(last.logprobs)
+    trajectory.token_versions = list(last.token_versions)
     trajectory.prompt_length = last.prompt_length
     trajectory.turns = list(last.turns)
     versions = last.weight_versions
@@ -250,4 +256,7 @@ def _session_metrics(session: AgentSession) -> dict[str, float]:
         "agent_segments": float(len(session.segments)),
         "agent_segment_breaks": float(session.segment_breaks),
         "agent_dropped_generated_tokens": float(dropped),
+        "agent_tool_calls": float(session.tool_calls),
+        "agent_tool_parse_errors": float(session.tool_parse_errors),
+        "agent_tool_choice_unmet": float(session.tool_choice_unmet),
     }

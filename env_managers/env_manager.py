@@ -26,6 +26,7 @@ from roll_async.env_managers.env_status import (
     EnvProgress,
     PhaseReporter,
 )
+from roll_async.env_managers.env_tools import EnvTools, EnvToolsError
 from roll_async.env_managers.turn_generator import TurnGenerator
 from roll_async.errors import ChatTemplateError, EnvCallError, VisionInputError
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
@@ -163,6 +164,7 @@ class EnvManager:
         clock: Callable[[], float] = time.monotonic,
         agent_gateway: Any = None,
         agent_model_name: str = "",
+        agent_tool_parser: str | None = None,
         observations: ObservationEncoder | None = None,
         reward_scorer: EpisodeRewardScorer | None = None,
     ) -> None:
@@ -215,6 +217,8 @@ class EnvManager:
         #: Agent tags (custom_envs.<Tag>.agent): the worker's loopback chat endpoint and the model id it serves.
         self.agent_gateway = agent_gateway
         self.agent_model_name = agent_model_name
+        #: ``model.tool_parser``: parses replies into calls for agent sessions and tool-using envs.
+        self.tool_parser = agent_tool_parser
         self._agent_episodes = (
             AgentEpisodeRunner(
                 settings,
@@ -222,6 +226,7 @@ class EnvManager:
                 model_name=agent_model_name,
                 prompts=prompt_builder,
                 turns=self.turns,
+                tool_parser=agent_tool_parser,
                 phases=self.phases,
                 stats=self.stats,
                 clock=clock,
@@ -375,6 +380,15 @@ class EnvManager:
 
         info = info if isinstance(info, dict) else {}
         reference = _reference(info)
+        env_tools: EnvTools | None = None
+        if info.get("tools"):
+            try:
+                env_tools = await EnvTools.open(
+                    self.prompts, info["tools"], self.tool_parser
+                )
+            except EnvToolsError as exc:
+                return self._fail(trajectory, exc)
+        prompts = env_tools.prompts if env_tools is not None else self.prompts
         fields = {
             "instruction": str(info.get("instruction") or ""),
             "observation": self.observations.text(observation),
@@ -386,7 +400,7 @@ class EnvManager:
         generated_per_turn: list[list[int]] = []
         try:
             first = self.observations.encode(
-                self.prompts.first_turn_ids(user_texts[0]), observation
+                prompts.first_turn_ids(user_texts[0]), observation
             )
         except VisionInputError as exc:
             return self._fail(trajectory, exc)
@@ -413,6 +427,11 @@ class EnvManager:
             )
             generated_per_turn.append(list(generation.token_ids))
             action_text = self.prompts.decode(generation.token_ids)
+            tool_turn = (
+                env_tools.turn(generation.token_ids, turn)
+                if env_tools is not None
+                else None
+            )
             record = generation.turn_record(turn, action_text)
             trajectory.turns.append(record)
             self._note_versions(trajectory, generation.weight_versions)
@@ -431,7 +450,9 @@ class EnvManager:
                     terminated,
                     truncated,
                     info,
-                ) = await self.env_calls.call("step", action_text)
+                ) = await self.env_calls.call(
+                    "step", tool_turn.action_text if tool_turn else action_text
+                )
             except EnvCallError as exc:
                 record.env_step_s = self._clock() - started
                 record.env_step_finished_at = time.time()
@@ -475,9 +496,14 @@ class EnvManager:
                 "turn": turn + 1,
             }
             user_texts.append(self._render("observation_template", fields))
-            delta_ids = self.prompts.closure_ids_after(
-                generation.token_ids
-            ) + self.prompts.user_delta_ids(user_texts[-1])
+            if env_tools is not None and tool_turn is not None:
+                delta_ids = env_tools.delta_ids(
+                    generation.token_ids, tool_turn, record.observation, user_texts[-1]
+                )
+            else:
+                delta_ids = self.prompts.closure_ids_after(
+                    generation.token_ids
+                ) + self.prompts.user_delta_ids(user_texts[-1])
             try:
                 delta = self.observations.encode(delta_ids, observation)
             except VisionInputError as exc:
@@ -495,7 +521,12 @@ class EnvManager:
 
         trajectory.stop_reason = stop_reason
         trajectory.metrics = _episode_metrics(trajectory.turns)
-        if self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
+        if env_tools is not None:
+            trajectory.metrics["agent_tool_calls"] = float(env_tools.calls)
+            trajectory.metrics["agent_tool_parse_errors"] = float(
+                env_tools.parse_errors
+            )
+        elif self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
             self._check_prefix(trajectory, user_texts, generated_per_turn)
         await self._apply_reward(
             trajectory,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from roll_async.agent_gateway.session import Sampling
+from roll_async.agent_gateway.chat_request import Sampling
 from roll_async.config.schema import GenerationConfig
 from roll_async.engine.router import EngineClient
 from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter

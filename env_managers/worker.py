@@ -122,6 +122,7 @@ def build_env_managers(
                 request_prefix=request_prefix,
                 agent_gateway=agent_gateway,
                 agent_model_name=served_model_name(spec.model.path),
+                agent_tool_parser=spec.model.tool_parser,
                 observations=observation_encoder(custom_env, vision),
                 reward_scorer=(reward_scorers or {}).get(tag),
             )

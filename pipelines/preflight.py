@@ -13,7 +13,9 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from roll_async.agent_gateway.errors import OpenAIError
 from roll_async.agent_gateway.task import load_agent_function
+from roll_async.agent_gateway.tool_calls import ToolCallParser
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.env_service.client import check_service
@@ -203,6 +205,17 @@ def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
             raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
 
 
+def check_tool_parser(config: PipelineConfig, tokenizer: Any) -> None:
+    """``model.tool_parser`` must name one of vLLM's tool parsers that fits the tokenizer (set only for agents)."""
+    name = config.model.tool_parser
+    if not name:
+        return
+    try:
+        ToolCallParser(name, tokenizer)
+    except OpenAIError as exc:
+        raise ConfigError(exc.message) from None
+
+
 def check_architecture(config: PipelineConfig, model_path: str) -> None:
     """The model's architecture must be one transformers (trainer) and vLLM (engine) can load.
 
@@ -286,5 +299,6 @@ def preflight(config: PipelineConfig) -> tuple[str, Any]:
     check_architecture(config, model_path)
     tokenizer = load_checked_tokenizer(config, model_path)
     check_chat_template(config, tokenizer)
+    check_tool_parser(config, tokenizer)
     check_vision(config, model_path)
     return model_path, tokenizer

@@ -46,6 +46,12 @@ STALLED_ENVS = "rollout/stalled_envs"
 RESUMED_GENERATIONS = "rollout/resumed_generations"
 #: Agent sessions: calls that rewrote history and so started a new token segment (summed over the batch).
 AGENT_SEGMENT_BREAKS = "rollout/agent_segment_breaks"
+#: Agent sessions: replies that looked like a tool call but did not parse (returned as content; summed).
+AGENT_TOOL_PARSE_ERRORS = "rollout/agent_tool_parse_errors"
+#: Agent sessions: replies without the call tool_choice (required / a named function) asked for (summed).
+AGENT_TOOL_CHOICE_UNMET = "rollout/agent_tool_choice_unmet"
+#: Agent sessions: parsed tool calls returned to agents (summed).
+AGENT_TOOL_CALLS = "rollout/agent_tool_calls"
 #: Share of checked trajectories whose ids differ from a fresh render of their text (template rewrites history).
 PREFIX_MISMATCH_RATE = "rollout/prefix_mismatch_rate"
 #: Per-trajectory flag (Trajectory.metrics key) set by EnvManagers on every PREFIX_CHECK_EVERY_EPISODES-th episode.
@@ -277,6 +283,15 @@ def rollout_metrics(
         ),
         AGENT_SEGMENT_BREAKS: float(
             sum(t.metrics.get("agent_segment_breaks", 0.0) for t in batch)
+        ),
+        AGENT_TOOL_PARSE_ERRORS: float(
+            sum(t.metrics.get("agent_tool_parse_errors", 0.0) for t in batch)
+        ),
+        AGENT_TOOL_CHOICE_UNMET: float(
+            sum(t.metrics.get("agent_tool_choice_unmet", 0.0) for t in batch)
+        ),
+        AGENT_TOOL_CALLS: float(
+            sum(t.metrics.get("agent_tool_calls", 0.0) for t in batch)
         ),
         PREFIX_MISMATCH_RATE: mean(
             [t.metrics[PREFIX_MISMATCH] for t in batch if PREFIX_MISMATCH in t.metrics]

@@ -15,7 +15,15 @@ from typing import Any
 
 from aiohttp import web
 
-from roll_async.agent_gateway.session import AgentSession, OpenAIError
+from roll_async.agent_gateway.chat_request import parse_chat_request
+from roll_async.agent_gateway.errors import OpenAIError
+from roll_async.agent_gateway.responses_api import (
+    parse_responses_request,
+    response_body,
+    response_events,
+)
+from roll_async.agent_gateway.session import AgentSession
+from roll_async.agent_gateway.streaming import SSE_DONE, chat_chunks, sse
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +39,10 @@ class AgentGateway:
     session with no custom headers. Routes under that prefix:
 
     * ``GET  /v1/models`` (and ``/v1/models/<id>``): the served model;
-    * ``POST /v1/chat/completions``: :meth:`AgentSession.chat_completion`.
+    * ``POST /v1/chat/completions``: :meth:`AgentSession.serve`, as a
+      ``chat.completion`` or, with ``stream: true``, server-sent chunks;
+    * ``POST /v1/responses``: the Responses API over the same session
+      (stateless; streamed too with ``stream: true``).
 
     Everything else, an unknown or ended session, a malformed body or a request
     the session cannot serve gets an OpenAI-style ``{"error": {...}}`` response
@@ -59,6 +70,7 @@ class AgentGateway:
             app.router.add_post(
                 "/sessions/{sid}/v1/chat/completions", self._chat_completions
             )
+            app.router.add_post("/sessions/{sid}/v1/responses", self._responses)
             app.router.add_route("*", "/{tail:.*}", self._not_served)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -116,21 +128,55 @@ class AgentGateway:
         except OpenAIError as exc:
             return _error(exc)
 
-    async def _chat_completions(self, request: web.Request) -> web.Response:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        async def serve(session: AgentSession, body: Any) -> web.StreamResponse:
+            chat = parse_chat_request(body, session.model_name)
+            reply = await session.serve(chat)
+            completion = session.completion_body(reply)
+            if not chat.stream:
+                return web.json_response(completion)
+            chunks = chat_chunks(
+                reply,
+                completion_id=completion["id"],
+                model=session.model_name,
+                include_usage=chat.include_usage,
+            )
+            return await _stream(request, [(None, c) for c in chunks], done=True)
+
+        return await self._handle(request, serve)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        async def serve(session: AgentSession, body: Any) -> web.StreamResponse:
+            chat = parse_responses_request(body, session.model_name)
+            reply = await session.serve(chat)
+            response = response_body(
+                reply,
+                response_id=f"resp_{session.session_id}_{reply.call_index}",
+                model=session.model_name,
+                body=body,
+            )
+            if not chat.stream:
+                return web.json_response(response)
+            return await _stream(request, response_events(response), done=False)
+
+        return await self._handle(request, serve)
+
+    async def _handle(self, request: web.Request, serve: Any) -> web.StreamResponse:
+        """Run ``serve(session, body)``; every failure becomes an OpenAI-style error response."""
         try:
             session = self._session(request)
             try:
                 body: Any = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise OpenAIError(400, f"the request body is not JSON: {exc}") from None
-            return web.json_response(await session.chat_completion(body))
+            return await serve(session, body)
         except OpenAIError as exc:
             return _error(exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             # an engine failure after its retries: the agent sees a server error
-            logger.warning("agent gateway: chat completion failed: %s", exc)
+            logger.warning("agent gateway: model call failed: %s", exc)
             return _error(
                 OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
             )
@@ -140,10 +186,27 @@ class AgentGateway:
             OpenAIError(
                 404,
                 f"{request.method} {request.path} is not served; the agent endpoint serves "
-                "GET /sessions/<id>/v1/models and POST /sessions/<id>/v1/chat/completions",
+                "GET /sessions/<id>/v1/models, POST /sessions/<id>/v1/chat/completions and "
+                "POST /sessions/<id>/v1/responses",
                 code="not_found",
             )
         )
+
+
+async def _stream(
+    request: web.Request, events: Any, *, done: bool
+) -> web.StreamResponse:
+    """Send ``(event name, payload)`` pairs as server-sent events (then ``[DONE]`` for chat chunks)."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for name, event in events:
+        await response.write(sse(event, name))
+    if done:
+        await response.write(SSE_DONE)
+    await response.write_eof()
+    return response
 
 
 def _error(exc: OpenAIError) -> web.Response:

@@ -1,67 +1,39 @@
-"""One agent episode's chat-completions state: token-in/token-out across calls, segments when history is rewritten.
+"""One agent episode's model-call state: token-in/token-out across calls, segments when history is rewritten.
 
 Agent code sends whole message lists, but training needs the exact ids the
-engine saw and generated; a session extends its ids while calls only append,
-starts a new segment when the agent rewrites history, and refuses what the
-trainer could not reproduce.
+engine saw and generated; a session extends its ids while calls only append
+(tool calls and tool results included), starts a new segment when the agent
+rewrites history, and refuses what the trainer could not reproduce. Both
+endpoints (chat completions, responses) come here as one ``ChatRequest``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from roll_async.agent_gateway.chat_request import (
+    ChatRequest,
+    Message,
+    Sampling,
+    parse_chat_request,
+    render_form,
+)
+from roll_async.agent_gateway.errors import OpenAIError
+from roll_async.agent_gateway.tool_calls import (
+    ParsedReply,
+    ToolCallParser,
+    detect_tool_parser,
+)
+from roll_async.errors import ChatTemplateError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trajectory import TurnRecord
 
-_ROLES = ("system", "user", "assistant", "tool", "developer")
-_UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
-
-
-class OpenAIError(Exception):
-    """An error the gateway answers with ``{"error": {...}}`` and ``status``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = (
-            status,
-            message,
-            type,
-            code,
-            param,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-@dataclass
-class Sampling:
-    """Per-call sampling from the request (None: the config's value)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
+__all__ = ["AgentSession", "OpenAIError", "Reply", "Sampling", "Segment"]
 
 
 class GenerationLike(Protocol):
@@ -71,6 +43,7 @@ class GenerationLike(Protocol):
     logprobs: list[float]
     finish_reason: str
     weight_versions: list[int]
+    token_versions: list[int]
 
     def turn_record(self, turn: int, action_text: str) -> TurnRecord: ...
 
@@ -86,51 +59,86 @@ class Segment:
     token_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: The weight version that sampled each generated id; -1 on prompt, template and tool-result ids.
+    token_versions: list[int] = field(default_factory=list)
     prompt_length: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
-    #: The last call's messages (normalised) and the reply text it was given.
-    messages: list[dict[str, str]] = field(default_factory=list)
-    reply: str = ""
+    #: The last call's messages (normalised) and the assistant message it was given.
+    messages: list[Message] = field(default_factory=list)
+    reply_message: Message = field(default_factory=dict)
     last_generated: list[int] = field(default_factory=list)
+    #: The tools the segment's prompt declares (JSON text; "" for none): other tools start a new segment.
+    tools_key: str = ""
 
     def append(
-        self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None
+        self,
+        ids: list[int],
+        *,
+        generated: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
     ) -> None:
         self.token_ids.extend(ids)
         self.response_mask.extend([1 if generated else 0] * len(ids))
         self.logprobs.extend(
             logprobs if generated and logprobs is not None else [0.0] * len(ids)
         )
+        if generated and versions is not None and len(versions) == len(ids):
+            self.token_versions.extend(versions)
+        elif generated:
+            version = self.weight_versions[-1] if self.weight_versions else -1
+            self.token_versions.extend([version] * len(ids))
+        else:
+            self.token_versions.extend([-1] * len(ids))
 
     @property
     def generated_tokens(self) -> int:
         return int(sum(self.response_mask))
 
 
+@dataclass
+class Reply:
+    """One served call: the assistant message (OpenAI form), finish reason and token counts."""
+
+    message: Message
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    call_index: int
+
+
 class AgentSession:
-    """The chat-completions endpoint of one episode (see the module docstring).
+    """The model endpoint of one episode (see the module docstring).
 
     A call *extends* the conversation when its messages are exactly the previous
-    call's messages, then the assistant reply that call returned (role and text),
-    then one or more non-assistant messages. Its prompt is then the previous
-    prompt ids + the generated ids as the engine returned them + the template's
-    turn closure + the template delta for the new messages
-    (``ChatPromptBuilder.closure_ids_after`` and ``continuation_ids``): nothing is
-    re-rendered. Any other call (the agent edited, dropped or summarised history,
-    or changed the reply text) starts a new *segment* whose prompt is the template
-    render of its messages; ``segment_breaks`` counts these.
+    call's messages, then the assistant message that call returned (role, text
+    and tool calls, as returned), then one or more non-assistant messages (user
+    or ``tool`` results), with the same tools declared. Its prompt is then the
+    previous prompt ids + the generated ids as the engine returned them + the
+    template's turn closure + the template delta for the new messages
+    (``ChatPromptBuilder.closure_ids_after`` and ``continuation_ids``): nothing
+    is re-rendered, a tool call's reply included. Any other call (the agent
+    edited, dropped or summarised history, changed the reply or the tools)
+    starts a new *segment* whose prompt is the template render of its messages;
+    ``segment_breaks`` counts these.
+
+    Function calling: the request's tools go to the chat template (its ``tools``
+    argument), and the reply text is parsed by a vLLM tool parser
+    (``tool_parser``, else detected from the template) into ``tool_calls``. A
+    reply that looks like a call but does not parse is returned as content and
+    counted (``tool_parse_errors``). ``tool_choice`` is not enforced by
+    constrained decoding (the trainer could not reproduce its logprobs): with
+    ``required`` or a named function, a reply without the asked call is
+    returned as content, ``finish_reason: stop``, and counted
+    (``tool_choice_unmet``); ``none`` declares the tools but parses nothing.
 
     Only the last segment becomes the trajectory (see docs/architecture.md "Agent
-    sessions"); earlier segments are kept here for the counts.
-
-    Requests the session cannot serve faithfully raise :class:`OpenAIError`, which
-    the server turns into an OpenAI-style error response: tools/function calling,
-    ``n`` > 1, streaming, penalties and logit bias (the trainer could not reproduce
-    the behaviour logprobs), non-text content, a model id that is not the served
-    one. When the episode's limits are reached (``max_steps`` calls, or no room
-    left under ``sequence_length``) the call gets an error too and the session
-    records why, so the episode ends with that stop reason.
+    sessions"); earlier segments are kept here for the counts. Requests the
+    session cannot serve faithfully raise :class:`OpenAIError` (an OpenAI-style
+    error response). When the episode's limits are reached (``max_steps``
+    calls, or no room left under ``sequence_length``) the call gets an error too
+    and the session records why, so the episode ends with that stop reason.
     """
 
     def __init__(
@@ -143,6 +151,7 @@ class AgentSession:
         max_tokens_per_step: int,
         sequence_length: int,
         max_calls: int,
+        tool_parser: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session_id = session_id
@@ -152,10 +161,18 @@ class AgentSession:
         self.max_tokens_per_step = max_tokens_per_step
         self.sequence_length = sequence_length
         self.max_calls = max_calls
+        #: A vLLM tool parser name; None detects it from the chat template when tools are declared.
+        self.tool_parser = tool_parser
         self._clock = clock
         self.segments: list[Segment] = []
         self.segment_breaks = 0
         self.calls = 0
+        #: Replies that looked like a tool call but did not parse (returned as content).
+        self.tool_parse_errors = 0
+        #: Replies without the call ``tool_choice`` (required / a named function) asked for.
+        self.tool_choice_unmet = 0
+        #: Parsed tool calls returned to the agent.
+        self.tool_calls = 0
         #: ``max_steps`` or ``max_length`` once a limit refused a call.
         self.limit_reason: str | None = None
         self.busy = False
@@ -164,13 +181,19 @@ class AgentSession:
         self.last_activity = clock()
         self._lock = asyncio.Lock()
         self._in_flight: set[asyncio.Task] = set()
+        self._builders: dict[str, ChatPromptBuilder] = {"": prompts}
+        self._parser: ToolCallParser | None = None
         self.closed = False
 
     # -- the endpoint ------------------------------------------------------------------
 
     async def chat_completion(self, body: Any) -> dict[str, Any]:
-        """Serve one ``POST /v1/chat/completions`` body; raises OpenAIError for what cannot be served."""
-        messages, max_tokens, sampling = self._parse_request(body)
+        """Serve one ``POST /v1/chat/completions`` body (non-streamed form); raises OpenAIError."""
+        request = parse_chat_request(body, self.model_name)
+        return self.completion_body(await self.serve(request))
+
+    async def serve(self, request: ChatRequest) -> Reply:
+        """Serve one checked call, in order with the session's other calls."""
         async with self._lock:  # calls of one session are served in order
             if self.closed:
                 raise OpenAIError(
@@ -181,12 +204,30 @@ class AgentSession:
                 self._in_flight.add(task)
             self.busy = True
             try:
-                return await self._serve(messages, max_tokens, sampling)
+                return await self._serve(request)
             finally:
                 self.busy = False
                 self.last_activity = self._clock()
                 if task is not None:
                     self._in_flight.discard(task)
+
+    def completion_body(self, reply: Reply) -> dict[str, Any]:
+        """A reply as a ``chat.completion`` object."""
+        return {
+            "id": f"chatcmpl-{self.session_id}-{reply.call_index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": reply.message,
+                    "finish_reason": reply.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": usage(reply),
+        }
 
     def close(self) -> None:
         """End the session: later calls are refused and an in-flight generation is cancelled (its request aborted)."""
@@ -207,9 +248,7 @@ class AgentSession:
 
     # -- token bookkeeping -------------------------------------------------------------
 
-    async def _serve(
-        self, messages: list[dict[str, str]], max_tokens: int | None, sampling: Sampling
-    ) -> dict[str, Any]:
+    async def _serve(self, request: ChatRequest) -> Reply:
         if self.calls >= self.max_calls:
             self.limit_reason = "max_steps"
             raise OpenAIError(
@@ -217,23 +256,34 @@ class AgentSession:
                 f"this episode allows {self.max_calls} model calls (custom_envs.<tag>.max_steps)",
                 code="max_steps_exceeded",
             )
+        messages, sampling = request.messages, request.sampling
+        tools_key = (
+            json.dumps(request.tools.tools, sort_keys=True) if request.tools else ""
+        )
+        prompts = await self._prompts_for(request, tools_key)
         segment = self.segments[-1] if self.segments else None
-        new_messages = self._extension(segment, messages)
+        new_messages = self._extension(segment, messages, tools_key)
         now = self._clock()
         starts_segment = segment is None or new_messages is None
+        try:
+            if not starts_segment:
+                after = render_form([segment.reply_message])[0]
+                prompt_delta = prompts.closure_ids_after(
+                    segment.last_generated
+                ) + prompts.continuation_ids(new_messages, after)
+            else:
+                prompt_delta = prompts.render_ids(
+                    render_form(messages), add_generation_prompt=True
+                )
+        except ChatTemplateError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from None
         if not starts_segment:
-            prompt_delta = self.prompts.closure_ids_after(
-                segment.last_generated
-            ) + self.prompts.continuation_ids(new_messages)
             previous = segment.turns[-1]
             previous.observation = "\n".join(m["content"] for m in new_messages)
             previous.env_step_s = now - self.last_activity
             prompt = segment.token_ids + prompt_delta
         else:
-            segment, prompt_delta = (
-                Segment(),
-                self.prompts.render_ids(messages, add_generation_prompt=True),
-            )
+            segment = Segment(tools_key=tools_key)
             prompt = list(prompt_delta)
         budget = self.sequence_length - len(prompt)
         if budget <= 0:
@@ -245,6 +295,7 @@ class AgentSession:
                 param="messages",
             )
         limit = min(self.max_tokens_per_step, budget)
+        max_tokens = request.max_tokens
         try:
             generation = await self._generate(
                 prompt,
@@ -260,200 +311,122 @@ class AgentSession:
             self.segments.append(segment)
             segment.prompt_length = len(prompt_delta)
         segment.append(prompt_delta, generated=False)
-        segment.append(
-            generation.token_ids, generated=True, logprobs=generation.logprobs
-        )
         segment.weight_versions.extend(generation.weight_versions)
-        text = self._reply_text(
-            generation.token_ids, generation.finish_reason, sampling.stop
+        segment.append(
+            generation.token_ids,
+            generated=True,
+            logprobs=generation.logprobs,
+            versions=list(getattr(generation, "token_versions", None) or []),
         )
-        segment.turns.append(generation.turn_record(len(segment.turns), text))
-        segment.messages, segment.reply, segment.last_generated = (
-            messages,
-            text,
-            list(generation.token_ids),
+        message, finish = self._reply_message(generation, request)
+        segment.turns.append(
+            generation.turn_record(
+                len(segment.turns), self.prompts.decode(generation.token_ids)
+            )
         )
-        self.calls += 1
-        finish = "length" if generation.finish_reason == "length" else "stop"
-        return {
-            "id": f"chatcmpl-{self.session_id}-{self.calls}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(generation.token_ids),
-                "total_tokens": len(prompt) + len(generation.token_ids),
-            },
+        segment.messages, segment.last_generated = messages, list(generation.token_ids)
+        segment.reply_message = {
+            "role": "assistant",
+            "content": message["content"] or "",
+            **(
+                {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+            ),
         }
+        self.calls += 1
+        return Reply(
+            message, finish, len(prompt), len(generation.token_ids), self.calls
+        )
+
+    async def _prompts_for(
+        self, request: ChatRequest, tools_key: str
+    ) -> ChatPromptBuilder:
+        """The prompt builder that declares the request's tools (and its parser, loaded once off the event loop)."""
+        if request.tools is None:
+            return self.prompts
+        if self._parser is None:
+            name = self.tool_parser or detect_tool_parser(self.prompts.chat_template)
+            if name is None:
+                raise OpenAIError(
+                    400,
+                    "tools were given but this model's tool-call format is unknown: set model.tool_parser "
+                    "to a vLLM tool parser (hermes, llama3_json, mistral, ...)",
+                    param="tools",
+                )
+            self._parser = await asyncio.to_thread(
+                ToolCallParser, name, self.prompts.tokenizer
+            )
+        if tools_key not in self._builders:
+            try:
+                self._builders[tools_key] = self.prompts.with_tools(request.tools.tools)
+            except ChatTemplateError as exc:
+                raise OpenAIError(400, str(exc), param="tools") from None
+        return self._builders[tools_key]
+
+    def _reply_message(
+        self, generation: GenerationLike, request: ChatRequest
+    ) -> tuple[Message, str]:
+        """The assistant message and finish reason for a generation: content, or parsed tool calls."""
+        stop = request.sampling.stop
+        text = self._strip_stop(
+            self.prompts.decode(generation.token_ids), generation.finish_reason, stop
+        )
+        finish = "length" if generation.finish_reason == "length" else "stop"
+        tools = request.tools
+        if tools is None or tools.choice == "none" or self._parser is None:
+            return {"role": "assistant", "content": text}, finish
+        raw = self._strip_stop(
+            self.prompts.reply_text(generation.token_ids),
+            generation.finish_reason,
+            stop,
+        )
+        # ids unique in the episode, 9 characters as Mistral's templates require
+        parsed = self._parser.parse(raw, tools, f"call{self.calls:04d}")
+        if parsed.parse_error is not None:
+            self.tool_parse_errors += 1
+        unmet = (tools.choice == "required" and not parsed.tool_calls) or (
+            tools.choice == "function"
+            and not any(
+                c["function"]["name"] == tools.function for c in parsed.tool_calls
+            )
+        )
+        if unmet:
+            self.tool_choice_unmet += 1
+            parsed = ParsedReply(text, [])
+        if not parsed.tool_calls:
+            return {"role": "assistant", "content": text}, finish
+        self.tool_calls += len(parsed.tool_calls)
+        return {
+            "role": "assistant",
+            "content": parsed.content,
+            "tool_calls": parsed.tool_calls,
+        }, "tool_calls"
 
     @staticmethod
     def _extension(
-        segment: Segment | None, messages: list[dict[str, str]]
-    ) -> list[dict[str, str]] | None:
+        segment: Segment | None, messages: list[Message], tools_key: str
+    ) -> list[Message] | None:
         """The new messages when ``messages`` extends the segment's last call, else None (a new segment)."""
-        if segment is None or not segment.turns:
+        if segment is None or not segment.turns or segment.tools_key != tools_key:
             return None
-        head = segment.messages + [{"role": "assistant", "content": segment.reply}]
+        head = segment.messages + [segment.reply_message]
         if len(messages) <= len(head) or messages[: len(head)] != head:
             return None
         new = messages[len(head) :]
         return None if any(m["role"] == "assistant" for m in new) else new
 
-    def _reply_text(
-        self, token_ids: list[int], finish_reason: str, stop: list[str]
-    ) -> str:
-        """The reply as the OpenAI API gives it: special tokens dropped, a matched stop string removed."""
-        text = self.prompts.decode(token_ids)
+    @staticmethod
+    def _strip_stop(text: str, finish_reason: str, stop: list[str]) -> str:
+        """A matched stop string removed from the end of a reply (the OpenAI API does not return it)."""
         if finish_reason == "stop":
             for s in stop:
                 if s and text.endswith(s):
                     return text[: -len(s)]
         return text
 
-    # -- request checks ----------------------------------------------------------------
 
-    def _parse_request(
-        self, body: Any
-    ) -> tuple[list[dict[str, str]], int | None, Sampling]:
-        if not isinstance(body, dict):
-            raise OpenAIError(400, "the request body must be a JSON object")
-        model = body.get("model")
-        if model != self.model_name:
-            raise OpenAIError(
-                404,
-                f"the model {model!r} is not served here; the served model is {self.model_name!r} (GET /v1/models)",
-                code="model_not_found",
-                param="model",
-            )
-        if body.get("tools") or body.get("functions"):
-            raise OpenAIError(
-                400,
-                "tools / function calling are not supported by the roll-async agent endpoint; "
-                "describe actions in the messages and parse the reply",
-                param="tools",
-            )
-        if body.get("n") not in (None, 1):
-            raise OpenAIError(
-                400,
-                f"n={body.get('n')} is not supported; roll-async generates one choice per call (n=1)",
-                param="n",
-            )
-        if body.get("stream"):
-            raise OpenAIError(
-                400,
-                "stream=true is not supported by the roll-async agent endpoint",
-                param="stream",
-            )
-        for key in _UNSUPPORTED_NONZERO:
-            if body.get(key):
-                raise OpenAIError(
-                    400,
-                    f"{key} is not supported: the trainer could not reproduce penalised logprobs",
-                    param=key,
-                )
-        if body.get("logit_bias"):
-            raise OpenAIError(
-                400,
-                "logit_bias is not supported: the trainer could not reproduce biased logprobs",
-                param="logit_bias",
-            )
-        response_format = body.get("response_format")
-        if response_format and (
-            not isinstance(response_format, dict)
-            or response_format.get("type") != "text"
-        ):
-            raise OpenAIError(
-                400,
-                "response_format other than text is not supported",
-                param="response_format",
-            )
-        messages = self._parse_messages(body.get("messages"))
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens is not None and (
-            not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise OpenAIError(
-                400,
-                f"max_tokens={max_tokens!r} must be a positive integer",
-                param="max_tokens",
-            )
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise OpenAIError(
-                400, "stop must be a string or a list of strings", param="stop"
-            )
-        sampling = Sampling(
-            temperature=_number(body, "temperature", 0.0, 2.0),
-            top_p=_number(body, "top_p", 0.0, 1.0),
-            top_k=int(body["top_k"]) if isinstance(body.get("top_k"), int) else None,
-            stop=stop,
-            seed=body.get("seed") if isinstance(body.get("seed"), int) else None,
-        )
-        return messages, max_tokens, sampling
-
-    @staticmethod
-    def _parse_messages(raw: Any) -> list[dict[str, str]]:
-        if not isinstance(raw, list) or not raw:
-            raise OpenAIError(
-                400, "messages must be a non-empty list", param="messages"
-            )
-        messages = []
-        for i, message in enumerate(raw):
-            if not isinstance(message, dict) or message.get("role") not in _ROLES:
-                raise OpenAIError(
-                    400,
-                    f"messages[{i}] needs a role among {list(_ROLES)}",
-                    param="messages",
-                )
-            if message.get("tool_calls"):
-                raise OpenAIError(
-                    400,
-                    f"messages[{i}] carries tool_calls; tool calling is not supported",
-                    param="messages",
-                )
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: text only
-                parts = []
-                for part in content:
-                    if not isinstance(part, dict) or part.get("type") != "text":
-                        raise OpenAIError(
-                            400,
-                            f"messages[{i}] has non-text content; only text is supported",
-                            param="messages",
-                        )
-                    parts.append(str(part.get("text", "")))
-                content = "".join(parts)
-            if content is None:
-                content = ""
-            if not isinstance(content, str):
-                raise OpenAIError(
-                    400, f"messages[{i}].content must be text", param="messages"
-                )
-            role = "system" if message["role"] == "developer" else message["role"]
-            messages.append({"role": role, "content": content})
-        return messages
-
-
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not low <= float(value) <= high
-    ):
-        raise OpenAIError(
-            400, f"{key}={value!r} must be a number in [{low}, {high}]", param=key
-        )
-    return float(value)
+def usage(reply: Reply) -> dict[str, int]:
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+    }

@@ -50,7 +50,7 @@ InFlightPolicy = Literal["abort", "wait", "keep"]
 class ModelConfig:
     """The HF model that the engine serves and the trainer trains."""
 
-    #: Local HF model directory or hub id; None (or tiny) means the offline tiny model, tiny-vl the tiny vision-language one (built on first use).
+    #: Local HF model directory or hub id; None (or tiny) means the offline tiny model, tiny-vl the tiny vision-language one, tiny-<family> a zoo family's (tiny-qwen2_5, tiny-llama3, ...; built on first use).
     path: str | None = None
     #: Let transformers and vLLM run the model repository's own Python code (custom architectures).
     trust_remote_code: bool = False
@@ -58,6 +58,8 @@ class ModelConfig:
     chat_template: str | None = None
     #: Extra variables for every chat-template render, e.g. {enable_thinking: false} for Qwen3.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The vLLM tool parser (hermes, llama3_json, mistral, ...) that turns agent replies into tool_calls; None detects it from the chat template.
+    tool_parser: str | None = None
 
 
 @dataclass

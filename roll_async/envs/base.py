@@ -147,7 +147,11 @@ class BaseEnv:
         self.success = False
         self._started = True
         self._reset(self.seed)
-        return self.render(), {"instruction": self.instruction(), "seed": self.seed}
+        info: dict[str, Any] = {"instruction": self.instruction(), "seed": self.seed}
+        tools = self.tools()
+        if tools:
+            info["tools"] = tools
+        return self.render(), info
 
     def step(
         self, action_text: str
@@ -236,6 +240,16 @@ class BaseEnv:
         mark = sep.strip()
         glue = sep if not mark else (f"{mark} " if mark in ",;" else f" {mark} ")
         return glue.join(actions)
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        """OpenAI function tools this env takes its actions through (None: actions are tagged text).
+
+        When set, ``reset`` puts them in ``info["tools"]``, the rollout declares them through the
+        chat template, and ``step`` receives the parsed calls as
+        :func:`roll_async.envs.tool_actions.encode_tool_calls` text (or the raw reply when the
+        model made no call).
+        """
+        return None
 
     # ---- for subclasses -------------------------------------------------------------
     def _reset(self, seed: int) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.parsing import ParsedAction
 from roll_async.envs.sandbox import SandboxLimits, SandboxResult, run_python
+from roll_async.envs.tool_actions import decode_tool_calls, function_tool
 
 DEFAULT_TASKS = Path(__file__).parent / "data" / "code_tasks.json"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -67,9 +68,15 @@ class CodeEnvConfig(EnvConfig):
     success_reward: float = 1.0
     partial_credit: bool = False
     run_reward: float = 0.0
+    #: tags: fenced blocks to run, ``<answer>`` to submit; tools: the ``run_python`` and ``submit`` function tools.
+    action_format: str = "tags"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.action_format not in ("tags", "tools"):
+            raise ValueError(
+                f"code env: action_format must be tags or tools, got {self.action_format!r}"
+            )
         if self.tasks_path is not None and not Path(self.tasks_path).is_file():
             raise ValueError(f"tasks_path {self.tasks_path!r} is not a file")
         for name in (
@@ -177,7 +184,41 @@ class CodeEnv(BaseEnv):
         self.limit_hits = 0
         self.tests_passed = 0.0
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        if self.config.action_format != "tools":
+            return None
+        code = {"code": {"type": "string", "description": "Python source"}}
+        return [
+            function_tool(
+                "run_python",
+                "Run Python code in a sandbox and see what it printed.",
+                code,
+                ["code"],
+            ),
+            function_tool(
+                "submit",
+                "Submit the complete solution (the function definition); hidden tests grade it and the episode ends.",
+                code,
+                ["code"],
+            ),
+        ]
+
     def _parse(self, action_text: str) -> ParsedAction:
+        if self.config.action_format == "tools":
+            calls = decode_tool_calls(action_text)
+            if not calls:
+                return ParsedAction(
+                    error="no tool call; call run_python(code) or submit(code)"
+                )
+            name, arguments = calls[0]
+            code = str(arguments.get("code", ""))
+            kind = {"run_python": "run", "submit": "answer"}.get(name)
+            if kind is None or not code.strip():
+                return ParsedAction(
+                    raw=name,
+                    error=f"call run_python(code) or submit(code) with code, not {name}({arguments})",
+                )
+            return ParsedAction(actions=[f"{kind}:{code}"], raw=code, is_valid=True)
         text = action_text or ""
         run = _FENCE.search(text)
         answer = self.parser.regex.search(text)
@@ -239,12 +280,25 @@ class CodeEnv(BaseEnv):
 
     def instruction(self) -> str:
         cfg = self.config
+        if cfg.action_format == "tools":
+            return (
+                "Solve a small Python programming task. Call run_python(code) to run code in a sandbox "
+                f"(no network, {cfg.cpu_s:g}s CPU, {cfg.memory_mb} MB) and see its output; call submit(code) "
+                "with the complete solution (the function definition) to have hidden tests grade it, which "
+                f"ends the episode. You have {cfg.max_steps} turns."
+            )
         return (
             "Solve a small Python programming task. To run code and see its output, write it in a fenced block:\n"
             "```python\nprint(1 + 1)\n```\n"
             f"Code runs in a sandbox (no network, {cfg.cpu_s:g}s CPU, {cfg.memory_mb} MB). When you are done, submit the "
             "complete solution (the function definition) inside <answer></answer>; hidden tests then grade it and the "
             f"episode ends. You have {cfg.max_steps} turns."
+        )
+
+    def expert_responses(self) -> list[str] | None:
+        """Tagged responses; None in tools mode (a call's text depends on the model's format)."""
+        return (
+            None if self.config.action_format == "tools" else super().expert_responses()
         )
 
     def solve(self) -> list[str] | None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig, InvalidAction
 from roll_async.envs.parsing import ParsedAction, wrap_with_pattern
+from roll_async.envs.tool_actions import decode_tool_calls, function_tool
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "retrieval_qa.json"
 _STOPWORDS = frozenset(
@@ -42,9 +43,15 @@ class RetrievalQAConfig(EnvConfig):
     answer_reward: float = 1.0
     search_reward: float = 0.0
     search_pattern: str = r"<search>(.*?)</search>"
+    #: tags: ``<search>`` / ``<answer>`` in the text; tools: the ``search`` and ``answer`` function tools.
+    action_format: str = "tags"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.action_format not in ("tags", "tools"):
+            raise ValueError(
+                f"action_format must be tags or tools, got {self.action_format!r}"
+            )
         if self.split not in ("train", "val", "all"):
             raise ValueError(f"split must be train, val or all, got {self.split!r}")
         if self.reward_metric not in ("em", "f1"):
@@ -196,7 +203,27 @@ class RetrievalQAEnv(BaseEnv):
         self.results_text = ""
         self.em = self.f1 = 0.0
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        if self.config.action_format != "tools":
+            return None
+        return [
+            function_tool(
+                "search",
+                f"Search the encyclopedia; returns the top {self.config.top_k} passages.",
+                {"query": {"type": "string"}},
+                ["query"],
+            ),
+            function_tool(
+                "answer",
+                "Give the final answer in a few words; ends the episode.",
+                {"answer": {"type": "string"}},
+                ["answer"],
+            ),
+        ]
+
     def _parse(self, action_text: str) -> ParsedAction:
+        if self.config.action_format == "tools":
+            return self._parse_calls(action_text)
         search = self._search_re.search(action_text or "")
         answer = self.parser.regex.search(action_text or "")
         if search and (not answer or search.start() < answer.start()):
@@ -214,6 +241,23 @@ class RetrievalQAEnv(BaseEnv):
                 f"or answer with {self.parser.wrap('...')}"
             )
         return parsed
+
+    def _parse_calls(self, action_text: str) -> ParsedAction:
+        """The first call of a tools-mode action: ``search(query)`` or ``answer(answer)``."""
+        calls = decode_tool_calls(action_text)
+        if not calls:
+            return ParsedAction(
+                error="no tool call; call the search tool or the answer tool"
+            )
+        name, arguments = calls[0]
+        key = {"search": "query", "answer": "answer"}.get(name)
+        value = str(arguments.get(key, "")).strip() if key else ""
+        if not value:
+            return ParsedAction(
+                raw=name,
+                error=f"call search(query) or answer(answer) with a non-empty value, not {name}({arguments})",
+            )
+        return ParsedAction(actions=[f"{name}: {value}"], raw=value, is_valid=True)
 
     def _apply(self, action: str) -> tuple[float, bool, str]:
         kind, _, text = action.partition(": ")
@@ -264,6 +308,12 @@ class RetrievalQAEnv(BaseEnv):
 
     def instruction(self) -> str:
         cfg = self.config
+        if cfg.action_format == "tools":
+            return (
+                "Answer a question about a fictional world using a search engine over its encyclopedia. "
+                f"Call the search tool to see the top {cfg.top_k} passages for a query (at most "
+                f"{cfg.max_searches} times), then call the answer tool with the answer in a few words."
+            )
         return (
             "Answer a question about a fictional world using a search engine over its encyclopedia. "
             f"Search with {wrap_with_pattern(cfg.search_pattern, 'your query')}; you will see the top {cfg.top_k} "
@@ -285,4 +335,5 @@ class RetrievalQAEnv(BaseEnv):
         ]
 
     def expert_responses(self) -> list[str] | None:
-        return self.solve()
+        """Tagged responses; None in tools mode (a call's text depends on the model's format)."""
+        return None if self.config.action_format == "tools" else self.solve()

@@ -25,20 +25,40 @@ from roll_async.model.tiny_build import (
 from roll_async.model.tiny_tokenizer import train_tokenizer
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
-ZOO_BUILD_ID = "zoo-v1"
+ZOO_BUILD_ID = "zoo-v2"
 HEAD_DIM = 64
 
-#: ChatML; a default system prompt when none is given; tool results wrapped in
+#: ChatML; a default system prompt when none is given; function tools listed in the system turn
+#: inside ``<tools>``, calls as ``<tool_call>`` JSON (hermes), tool results wrapped in
 #: ``<tool_response>`` inside a user turn.
 QWEN2_5_TEMPLATE = (
-    "{%- if messages[0].role == 'system' %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content }}"
+    "{%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, '
+    '\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- else %}"
     "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant') %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'\\n<tool_call>\\n{\\"name\\": \\"\' + tool_call.name + \'\\", \\"arguments\\": \' }}'
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
     "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
@@ -92,17 +112,36 @@ QWEN3_TEMPLATE = (
 )
 
 #: BOS ``<|begin_of_text|>``, header tokens, a system turn with the knowledge-cutoff lines always
-#: present, ``<|eot_id|>`` closes turns, content trimmed.
+#: present, ``<|eot_id|>`` closes turns, content trimmed; function tools go into the first user
+#: message (Llama 3.1's ``tools_in_user_message``), a call is one JSON object with ``parameters``
+#: (llama3_json), tool results are ``ipython`` turns.
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
+    "{%- if not tools is defined %}{%- set tools = none %}{%- endif %}"
     "{%- if messages[0].role == 'system' %}{%- set system_message = messages[0].content | trim %}"
     "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
     "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{%- if tools is not none %}{{- 'Environment: ipython\\n' }}{%- endif %}"
     "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
     "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- if tools is not none %}"
+    "{%- set first_user_message = messages[0].content | trim %}{%- set messages = messages[1:] %}"
+    "{{- '<|start_header_id|>user<|end_header_id|>\\n\\n' }}"
+    "{{- 'Given the following functions, please respond with a JSON for a function call with its proper "
+    "arguments that best answers the given prompt.\\n\\n' }}"
+    '{{- \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
+    "value}.Do not use variables.\\n\\n' }}"
+    "{%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}"
+    "{{- first_user_message + '<|eot_id|>' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.role in ['ipython', 'tool'] %}"
     "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}"
+    "{%- elif message.tool_calls %}"
+    "{%- set tool_call = message.tool_calls[0].function %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{{- '{\"name\": \"' + tool_call.name + '\", \"parameters\": ' + tool_call.arguments | tojson + '}' }}"
+    "{{- '<|eot_id|>' }}"
     "{%- else %}"
     "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}"
     "{%- endif %}"
@@ -111,20 +150,45 @@ LLAMA3_TEMPLATE = (
 )
 
 #: BOS ``<s>``, ``[INST] ... [/INST]``, the system prompt merged into the *last* user message,
-#: ``</s>`` after each reply, strict user/assistant alternation.
+#: ``</s>`` after each reply, user/assistant alternation (tool-call turns aside); function tools in
+#: ``[AVAILABLE_TOOLS]`` before the last user message, calls as ``[TOOL_CALLS]`` + a JSON list
+#: (Mistral 7B v0.3, the pre-v11 mistral parser format), results in ``[TOOL_RESULTS]``.
 MISTRAL_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
     "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
-    "{{- bos_token }}"
+    "{%- if not tools is defined %}{%- set tools = none %}{%- endif %}"
+    "{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{%- set ns = namespace(index=0) %}"
     "{%- for message in loop_messages %}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{%- if not (message.role == 'tool' or message.tool_calls) %}"
+    "{%- if (message['role'] == 'user') != (ns.index % 2 == 0) %}"
     "{{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}"
     "{%- endif %}"
+    "{%- set ns.index = ns.index + 1 %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{{- bos_token }}"
+    "{%- for message in loop_messages %}"
     "{%- if message['role'] == 'user' %}"
+    "{%- if tools is not none and (message == user_messages[-1]) %}"
+    "{{- '[AVAILABLE_TOOLS] [' }}"
+    "{%- for tool in tools %}{{- tool | tojson }}{%- if not loop.last %}{{- ', ' }}{%- endif %}{%- endfor %}"
+    "{{- '][/AVAILABLE_TOOLS]' }}"
+    "{%- endif %}"
     "{%- if loop.last and system_message is defined %}{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}"
     "{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message.tool_calls %}"
+    "{{- '[TOOL_CALLS] [' }}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- set function = tool_call.function %}"
+    '{{- \'{"name": "\' + function.name + \'", "arguments": \' + function.arguments | tojson }}'
+    "{{- ', \"id\": \"' + tool_call.id + '\"}' }}{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+    "{%- endfor %}"
+    "{{- ']' + eos_token }}"
     "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] | trim + eos_token }}"
-    "{%- else %}{{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '[TOOL_RESULTS] ' + {'content': message['content'], 'call_id': message['tool_call_id']} | tojson + ' [/TOOL_RESULTS]' }}"
+    "{%- else %}{{- raise_exception('Only user, assistant and tool roles are supported, with the exception of an initial optional system message!') }}"
     "{%- endif %}"
     "{%- endfor %}"
 )
@@ -288,7 +352,8 @@ FAMILIES: dict[str, Family] = {
             _CHATML,
             "<|im_end|>",
             "<|endoftext|>",
-            summary="ChatML, default system prompt, append-only",
+            added_tokens=["<tool_call>", "</tool_call>"],
+            summary="ChatML, default system prompt, append-only; hermes <tool_call> tools",
             make_config=_qwen2,
         ),
         Family(
@@ -324,23 +389,36 @@ FAMILIES: dict[str, Family] = {
                 "<|end_header_id|>",
                 "<|eot_id|>",
                 "<|finetune_right_pad_id|>",
+                "<|python_tag|>",
+                "<|eom_id|>",
             ],
             "<|eot_id|>",
             "<|finetune_right_pad_id|>",
             bos_token="<|begin_of_text|>",
             extra_eos_tokens=["<|end_of_text|>"],
-            summary="BOS, header tokens, system turn always rendered, content trimmed",
+            summary="BOS, header tokens, system turn always rendered, content trimmed; JSON tool calls",
             make_config=_llama,
         ),
         Family(
             "mistral",
             "MistralForCausalLM",
             MISTRAL_TEMPLATE,
-            ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+            [
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[TOOL_CALLS]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+            ],
             "</s>",
             "<unk>",
             bos_token="<s>",
-            summary="BOS, [INST] turns, system prompt merged into the last user message",
+            summary="BOS, [INST] turns, system prompt merged into the last user message; [TOOL_CALLS]",
             make_config=_mistral,
         ),
         Family(

@@ -1,24 +1,41 @@
 """Turn the ``model.path`` a config names into a model directory or hub id the engine and trainer load.
 
 Configs may leave the path unset or name an offline tiny model (``tiny``,
-``tiny-vl``), which is built on first use, or give a local directory or a hub
-id; resolving them in one place makes a wrong path fail early with the fix.
+``tiny-vl``, or a zoo family as ``tiny-<family>``, e.g. ``tiny-qwen2_5`` whose
+template renders tools), which is built on first use, or give a local directory
+or a hub id; resolving them in one place makes a wrong path fail early with the
+fix.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from roll_async.model.families import FAMILIES, build_family_model
 from roll_async.model.tiny import build_tiny_model
 from roll_async.model.tiny_vl import build_tiny_vl_model
 
+#: ``model.path`` values that name a zoo family's tiny model: ``tiny-`` and the family.
+FAMILY_PREFIX = "tiny-"
+
 
 def resolve_model_path(path: str | None) -> str:
-    """The model a config names: None means the tiny model (built if missing); a local path must exist."""
+    """The model a config names: None means the tiny model (built if missing), ``tiny-<family>`` a zoo
+    family's tiny model (built if missing); a local path must exist."""
     if path is None or path == "tiny":
         return str(build_tiny_model())
     if path == "tiny-vl":
         return str(build_tiny_vl_model())
+    if path.startswith(FAMILY_PREFIX) and "/" not in path:
+        family = path[len(FAMILY_PREFIX) :]
+        if family not in FAMILIES:
+            choices = ", ".join(
+                ["tiny", "tiny-vl"] + [FAMILY_PREFIX + f for f in FAMILIES]
+            )
+            raise FileNotFoundError(
+                f"model.path={path!r} names no offline tiny model; choose one of: {choices}"
+            )
+        return str(build_family_model(family))
     looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1
     expanded = Path(path).expanduser()
     if expanded.exists():

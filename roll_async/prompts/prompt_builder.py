@@ -9,6 +9,7 @@ with the pieces between turns cut exactly out of the template's own renders.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,10 @@ _TEXT_CACHE_SIZE = 4096
 _SENTINEL_USER = "ROLL_ASYNC_SENTINEL_USER"
 _SENTINEL_NEXT = "ROLL_ASYNC_SENTINEL_NEXT"
 _SENTINEL_NEXT_REPLY = "ROLL_ASYNC_SENTINEL_NEXT_REPLY"
+_SENTINEL_LAST_USER = "ROLL_ASYNC_SENTINEL_LAST_USER"
+_SENTINEL_LAST_REPLY = "ROLL_ASYNC_SENTINEL_LAST_REPLY"
+#: Tool lists whose builders a builder keeps (with_tools); more distinct lists start the cache over.
+_TOOL_BUILDERS_KEPT = 32
 
 _FIX = "set model.chat_template to a template file that keeps every message's content"
 
@@ -89,6 +94,9 @@ class ChatPromptBuilder:
       first one (Gemma, no system role): the first turn is rendered as the template
       renders it; later user turns are rendered as the template renders a user
       message *followed by a reply*, so the system prompt is not repeated per turn.
+      A template that merges it into the last user message wherever that message
+      stands (followed by a reply or not) is measured with one more user turn and
+      reply after the piece (``_measure_trailer``), so no later turn carries it either.
     * BOS (Llama-3, Gemma, Mistral) belongs to the first render only; a
       generation prompt that varies (``enable_thinking``) is taken from the
       template's own ``add_generation_prompt`` output for the message's role.
@@ -132,7 +140,10 @@ class ChatPromptBuilder:
         self._user_delta_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(
             self._user_delta_tuple
         )
+        #: Builders that declare a tool list (with_tools), by the list's JSON.
+        self._tool_builders: dict[str, ChatPromptBuilder] = {}
         self._closure_text = self._measure_closure_text()
+        self._trailing = self._measure_trailer()
         self.closure_ids: list[int] = self.encode(self._closure_text)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_token_ids: set[int] = {eos} if isinstance(eos, int) else set()
@@ -157,6 +168,43 @@ class ChatPromptBuilder:
             chat_template=chat_template,
             template_kwargs=dict(getattr(model, "chat_template_kwargs", None) or {}),
         )
+
+    def with_tools(self, tools: list[dict[str, Any]]) -> ChatPromptBuilder:
+        """A builder whose every render passes ``tools`` (OpenAI function tools) to the template.
+
+        The pieces are measured again with the tools declared, so a template that
+        places tool definitions next to a message (Mistral: before the last user
+        message) gives the deltas it renders with them. Raises ChatTemplateError
+        when the template ignores ``tools`` (a function's name does not appear in
+        a render that declares it). Built once per distinct tool list (an agent
+        tag's episodes usually declare the same tools).
+        """
+        key = json.dumps(tools, sort_keys=True)
+        cached = self._tool_builders.get(key)
+        if cached is not None:
+            return cached
+        builder = ChatPromptBuilder(
+            self.tokenizer,
+            self.system_prompt,
+            chat_template=self.chat_template,
+            template_kwargs={**self.template_kwargs, "tools": list(tools)},
+        )
+        rendered = builder._render(
+            builder._system() + [{"role": "user", "content": _SENTINEL_USER}],
+            add_generation_prompt=True,
+        )
+        for tool in tools:
+            name = str((tool.get("function") or {}).get("name", ""))
+            if name and name not in rendered:
+                raise ChatTemplateError(
+                    f"the chat template does not render tools (the function {name!r} does not appear in a "
+                    "render that declares it); set model.chat_template to a template that renders its "
+                    "`tools` argument"
+                )
+        if len(self._tool_builders) >= _TOOL_BUILDERS_KEPT:
+            self._tool_builders.clear()
+        self._tool_builders[key] = builder
+        return builder
 
     # -- rendering -------------------------------------------------------------------
 
@@ -261,6 +309,32 @@ class ChatPromptBuilder:
             ids = ids[:-1]
         return self._decode(ids) if ids else ""
 
+    def _measure_trailer(self) -> list[dict[str, str]]:
+        """Messages rendered after a measured piece's reply: none, or one more user turn and reply when the
+        template puts the system prompt on the last user message even when a reply follows it (the piece
+        would otherwise carry the system prompt into every later turn)."""
+        if not self.system_prompt:
+            return []
+        rendered = self._render(
+            self._reference()
+            + [
+                {"role": "user", "content": _SENTINEL_NEXT},
+                {"role": "assistant", "content": _SENTINEL_NEXT_REPLY},
+            ],
+            add_generation_prompt=False,
+        )
+        region = rendered[
+            self._end_of(rendered, _SENTINEL_REPLY, "assistant") : rendered.rfind(
+                _SENTINEL_NEXT_REPLY
+            )
+        ]
+        if self.system_prompt not in region:
+            return []
+        return [
+            {"role": "user", "content": _SENTINEL_LAST_USER},
+            {"role": "assistant", "content": _SENTINEL_LAST_REPLY},
+        ]
+
     def _role_ending(self, role: str) -> tuple[str, str]:
         """(tail, prompt_ending) for a last message of ``role``: its end + the next assistant header, and
         its end + the generation prompt, both measured on a sentinel message."""
@@ -268,7 +342,8 @@ class ChatPromptBuilder:
             probe = {"role": role, "content": _SENTINEL_NEXT}
             followed = self._render(
                 self._reference()
-                + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+                + [probe, {"role": "assistant", "content": _SENTINEL_NEXT_REPLY}]
+                + self._trailing,
                 add_generation_prompt=False,
             )
             tail_start = self._end_of(followed, _SENTINEL_NEXT, role)
@@ -304,8 +379,17 @@ class ChatPromptBuilder:
             return list(self.closure_ids[1:])
         return list(self.closure_ids)
 
-    def continuation_text(self, messages: list[dict[str, Any]]) -> str:
-        """Template text of ``messages`` (user/tool/system) after a closed assistant turn, generation prompt included."""
+    def continuation_text(
+        self,
+        messages: list[dict[str, Any]],
+        after: dict[str, Any] | None = None,
+    ) -> str:
+        """Template text of ``messages`` (user/tool/system) after a closed assistant turn, generation prompt included.
+
+        ``after`` is the assistant message the continuation follows when it made tool calls
+        (arguments as objects): tool results are then cut out of renders that follow that very
+        call, since templates check that tool results answer a call (Mistral's alternation).
+        """
         if not messages:
             raise ValueError("continuation needs at least one message")
         roles = [m.get("role") for m in messages]
@@ -313,11 +397,14 @@ class ChatPromptBuilder:
             raise ValueError(
                 f"a continuation holds non-assistant messages only (got roles {roles})"
             )
+        if after is not None and after.get("tool_calls"):
+            return self._after_tool_calls_text(messages, after)
         tail, prompt_ending = self._role_ending(str(roles[-1]))
         rendered = self._render(
             self._reference()
             + list(messages)
-            + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}],
+            + [{"role": "assistant", "content": _SENTINEL_NEXT_REPLY}]
+            + self._trailing,
             add_generation_prompt=False,
         )
         region = rendered[
@@ -336,10 +423,46 @@ class ChatPromptBuilder:
             )
         return region[len(self._closure_text) : len(region) - len(tail)] + prompt_ending
 
-    def continuation_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    def continuation_ids(
+        self,
+        messages: list[dict[str, Any]],
+        after: dict[str, Any] | None = None,
+    ) -> list[int]:
         """Ids the template renders for ``messages`` (user/tool/system) appended after a closed assistant turn,
-        ending with the generation prompt."""
-        return self.encode(self.continuation_text(messages))
+        ending with the generation prompt (``after``: see :meth:`continuation_text`)."""
+        return self.encode(self.continuation_text(messages, after))
+
+    def _after_tool_calls_text(
+        self, messages: list[dict[str, Any]], after: dict[str, Any]
+    ) -> str:
+        """The continuation after a tool-call turn: a render with ``messages`` and the generation prompt,
+        less the render that ends with the tool-call turn (cut just after that turn's closure)."""
+        reference = self._system() + [
+            {"role": "user", "content": _SENTINEL_USER},
+            {**after, "role": "assistant", "content": _SENTINEL_REPLY},
+        ]
+        closed = self._render(reference, add_generation_prompt=False)
+        continued = self._render(reference + list(messages), add_generation_prompt=True)
+        common = _common_prefix(closed, continued)
+        closure_end = common.rfind(self._closure_text) if self._closure_text else -1
+        cut = closure_end + len(self._closure_text) if closure_end >= 0 else len(common)
+        text = continued[cut:]
+        if cut < len(self._reference_head_text()) or any(
+            str(m.get("content") or "") not in text for m in messages
+        ):
+            raise ChatTemplateError(
+                "the chat template renders a tool-call turn followed by its results so that the results cannot "
+                f"be cut out of the render; {_FIX}"
+            )
+        return text
+
+    def _reference_head_text(self) -> str:
+        """The render up to the sentinel user message (what every reference render starts with)."""
+        rendered = self._render(
+            self._system() + [{"role": "user", "content": _SENTINEL_USER}],
+            add_generation_prompt=False,
+        )
+        return rendered[: rendered.find(_SENTINEL_USER)]
 
     def user_delta_ids(self, user_text: str) -> list[int]:
         """The next user message and the generation prompt, as the template renders them after a closed reply

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import openai
@@ -104,3 +105,308 @@ async def unservable_requests_agent(client: Any, task: Any) -> dict:
         model=task.model, messages=messages, max_tokens=4
     )
     return {"reward": 0.0, "metrics": statuses}
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+#: A tool call as each family's model writes it (its template's call format), then the turn's end token.
+TOOL_CALL_REPLIES = {
+    "qwen2_5": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    "mistral": '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+}
+#: The call every TOOL_CALL_REPLIES text parses to (the first call of an episode: id ``call00000``).
+PARSED_CALL = {
+    "id": "call00000",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def _assistant_message(message: Any) -> dict:
+    """A returned assistant message as the agent echoes it (what ``message.model_dump()`` carries)."""
+    echoed: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        echoed["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    return echoed
+
+
+async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
+    """One chat call; with ``stream`` the chunks are put back together into a message."""
+    if not stream:
+        return (await client.chat.completions.create(**kwargs)).choices[0]
+    content, calls, finish, usage_chunks = "", {}, None, 0
+    async for chunk in await client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    ):
+        if not chunk.choices:  # the include_usage chunk, after the finish reason
+            assert finish is not None and chunk.usage.completion_tokens >= 0
+            usage_chunks += 1
+            continue
+        delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(
+                call.index,
+                {
+                    "id": "",
+                    "type": "function",
+                    "function": {"name": "", "arguments": ""},
+                },
+            )
+            entry["id"] = call.id or entry["id"]
+            entry["function"]["name"] += call.function.name or ""
+            entry["function"]["arguments"] += call.function.arguments or ""
+    assert usage_chunks == 1, usage_chunks
+    message = openai.types.chat.ChatCompletionMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [calls[i] for i in sorted(calls)] or None,
+        }
+    )
+    return openai.types.chat.chat_completion.Choice(
+        index=0, message=message, finish_reason=finish
+    )
+
+
+async def _tool_agent(client: Any, task: Any, stream: bool) -> dict:
+    """Three calls with a function tool: every tool call gets a ``tool`` result, a plain reply a user turn."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a test agent."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    calls = 0
+    for turn in range(3):
+        choice = await _chat(
+            client,
+            stream,
+            model=task.model,
+            messages=messages,
+            tools=[WEATHER_TOOL],
+            max_tokens=64,
+        )
+        messages.append(_assistant_message(choice.message))
+        for call in choice.message.tool_calls or []:
+            calls += 1
+            assert choice.finish_reason == "tool_calls"
+            city = json.loads(call.function.arguments)["city"]
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": f"sunny in {city}"}
+            )
+        if not choice.message.tool_calls and turn < 2:
+            messages.append({"role": "user", "content": f"Go on ({turn})."})
+    return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
+
+
+async def tool_agent(client: Any, task: Any) -> dict:
+    """Three chat calls declaring a function tool; tool calls answered with tool results."""
+    return await _tool_agent(client, task, stream=False)
+
+
+async def streaming_tool_agent(client: Any, task: Any) -> dict:
+    """:func:`tool_agent` with ``stream=True`` (chunks put back together)."""
+    return await _tool_agent(client, task, stream=True)
+
+
+async def responses_tool_agent(client: Any, task: Any) -> dict:
+    """:func:`tool_agent` through the Responses API: function_call items answered with function_call_output.
+
+    Sent as the OpenAI Agents SDK's OpenAIResponsesModel sends it: a strict function tool (same schema as
+    the chat agent's, so both render the same prompt), ``include``,
+    ``truncation``, ``metadata``, ``store=False``, the previous output items echoed with their ids.
+    """
+    function = WEATHER_TOOL["function"]
+    tool = {
+        "type": "function",
+        "name": function["name"],
+        "description": function["description"],
+        "parameters": function["parameters"],
+        "strict": True,
+    }
+    items: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    calls = 0
+    for turn in range(3):
+        response = await client.responses.create(
+            model=task.model,
+            instructions="You are a test agent.",
+            input=items,
+            tools=[tool],
+            max_output_tokens=64,
+            store=False,
+            include=[],
+            truncation="disabled",
+            metadata={},
+        )
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+        called = [item for item in response.output if item.type == "function_call"]
+        for item in called:
+            calls += 1
+            city = json.loads(item.arguments)["city"]
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": item.call_id,
+                    "output": f"sunny in {city}",
+                }
+            )
+        if not called and turn < 2:
+            items.append({"role": "user", "content": f"Go on ({turn})."})
+    return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
+
+
+async def tool_choice_agent(client: Any, task: Any) -> dict:
+    """One call with tool_choice=required; returns whether a call came back."""
+    reply = await client.chat.completions.create(
+        model=task.model,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=16,
+    )
+    got = reply.choices[0]
+    return {
+        "reward": 0.0,
+        "metrics": {
+            "got_calls": float(bool(got.message.tool_calls)),
+            "finish_stop": float(got.finish_reason == "stop"),
+        },
+    }
+
+
+async def bad_tool_requests_agent(client: Any, task: Any) -> dict:
+    """Requests the endpoint must refuse with a 400 naming the parameter; returns status + param per case."""
+    messages = [{"role": "user", "content": "Hi."}]
+    call = {
+        "id": "call_x",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    attempts = {
+        "bad_schema": dict(
+            messages=messages,
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "objekt"}},
+                }
+            ],
+        ),
+        "unknown_tool_call_id": dict(
+            messages=messages
+            + [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_other", "content": "x"},
+            ],
+            tools=[WEATHER_TOOL],
+        ),
+        "penalty": dict(messages=messages, presence_penalty=0.5),
+        "logit_bias": dict(messages=messages, logit_bias={"5": 1.0}),
+        "n2": dict(messages=messages, n=2),
+        "structured": dict(
+            messages=messages,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            },
+        ),
+        "named_unknown": dict(
+            messages=messages,
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        ),
+    }
+    metrics: dict[str, float] = {}
+    params: dict[str, str] = {}
+    for name, kwargs in attempts.items():
+        try:
+            await client.chat.completions.create(model=task.model, **kwargs)
+            metrics[name] = 200.0
+        except openai.APIStatusError as exc:
+            metrics[name] = float(exc.status_code)
+            params[name] = str((exc.body or {}).get("param"))
+    try:
+        await client.responses.create(
+            model=task.model, input="Hi.", previous_response_id="resp_1"
+        )
+        metrics["previous_response_id"] = 200.0
+    except openai.APIStatusError as exc:
+        metrics["previous_response_id"] = float(exc.status_code)
+        params["previous_response_id"] = str((exc.body or {}).get("param"))
+    await client.chat.completions.create(
+        model=task.model, messages=messages, max_tokens=4
+    )
+    for (
+        name,
+        param,
+    ) in (
+        params.items()
+    ):  # the parameter each error named, as a 0/1 flag per expected name
+        metrics[f"param_{name}_{param}"] = 1.0
+    return {"reward": 0.0, "metrics": metrics}
+
+
+async def streaming_responses_agent(client: Any, task: Any) -> dict:
+    """One streamed Responses call with a function tool; returns what the event stream held."""
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    kinds: list[str] = []
+    final = None
+    async with client.responses.stream(
+        model=task.model, input="Weather in Paris?", tools=[tool], max_output_tokens=64
+    ) as stream:
+        async for event in stream:
+            kinds.append(event.type)
+        final = await stream.get_final_response()
+    calls = [item for item in final.output if item.type == "function_call"]
+    return {
+        "reward": 0.0,
+        "metrics": {
+            "created_first": float(kinds[0] == "response.created"),
+            "completed_last": float(kinds[-1] == "response.completed"),
+            "calls": float(len(calls)),
+            "paris": float(
+                bool(calls) and json.loads(calls[0].arguments) == {"city": "Paris"}
+            ),
+        },
+    }
+
+
+async def tool_choice_variants_agent(client: Any, task: Any) -> dict:
+    """tool_choice none (tools declared, nothing parsed) then a named function (met)."""
+    messages = [{"role": "user", "content": "Weather?"}]
+    none = await client.chat.completions.create(
+        model=task.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        max_tokens=64,
+    )
+    named = await client.chat.completions.create(
+        model=task.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+    )
+    return {
+        "reward": 0.0,
+        "metrics": {
+            "none_calls": float(bool(none.choices[0].message.tool_calls)),
+            "none_has_text": float(
+                "get_weather" in (none.choices[0].message.content or "")
+            ),
+            "named_calls": float(len(named.choices[0].message.tool_calls or [])),
+        },
+    }

@@ -93,3 +93,12 @@ def test_missing_local_model_paths_are_rejected(path):
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model_path(path)
+
+
+def test_a_zoo_family_is_named_as_tiny_family():
+    from roll_async.model.families import default_family_dir
+    from roll_async.model.paths import resolve_model_path
+
+    assert resolve_model_path("tiny-qwen2_5") == str(default_family_dir("qwen2_5"))
+    with pytest.raises(FileNotFoundError, match="tiny-qwen2_5, tiny-qwen3"):
+        resolve_model_path("tiny-nope")

@@ -175,3 +175,44 @@ def test_load_tokenizer_fast_path_matches_auto_tokenizer(tiny_model_path):
         auto.eos_token_id,
         auto.pad_token_id,
     )
+
+
+#: ChatML that prepends the system text to the LAST user message, wherever it stands (a reply may follow).
+SYSTEM_ON_LAST_USER = (
+    "{%- set ns = namespace(last=-1) -%}"
+    "{%- for m in messages %}{% if m['role'] == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor -%}"
+    "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' -%}"
+    "{%- for m in messages %}{% if m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n"
+    "{% if loop.index0 == ns.last and system %}{{ system }}\n\n{% endif %}{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_system_prompt_on_the_last_user_message_is_said_once(chatml):
+    """Over a 3-turn trajectory the system text appears once in the ids, and each turn's prompt only appends."""
+    system = "Answer in one word."
+    builder = ChatPromptBuilder(chatml, system, chat_template=SYSTEM_ON_LAST_USER)
+    users = ["grid 1", "grid 2", "grid 3"]
+    first = builder.first_turn_ids(users[0])
+    assert chatml.decode(first) == (
+        f"<|im_start|>user\n{system}\n\ngrid 1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompts = [first]
+    ids = list(first)
+    for user in users[1:]:
+        generated = encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]
+        delta = builder.user_delta_ids(user)
+        assert system not in chatml.decode(delta)
+        assert chatml.decode(delta) == (
+            f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        ids = ids + generated + builder.closure_ids_after(generated) + delta
+        prompts.append(list(ids))
+    for shorter, longer in zip(prompts, prompts[1:]):
+        assert longer[: len(shorter)] == shorter
+    assert chatml.decode(ids).count(system) == 1
+    assert ids == builder.incremental_ids(
+        users, [encode(chatml, "<answer>Up</answer>") + [chatml.eos_token_id]] * 2
+    )
+    tool_turn = builder.continuation_text([{"role": "tool", "content": "found it"}])
+    assert system not in tool_turn and "found it" in tool_turn
