@@ -384,19 +384,26 @@ class AgenticPipeline:
                 step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
                 step_metrics["timestamp/train_end"] = time.time()
                 last_completed = step
-                if self.interrupt.is_set:
-                    raise SignalReceived(self.interrupt.signal_name)
-                step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(
-                    self._sync_weights(step)
-                )
-                if config.eval_steps > 0 and (step + 1) % config.eval_steps == 0:
+                # A signal during the train step: the step is trained (and checkpointed on the way out), so its
+                # metrics and trajectories are still written; no weight sync, validation or checkpoint here.
+                stopping = self.interrupt.is_set
+                if not stopping:
+                    step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(
+                        self._sync_weights(step)
+                    )
+                if (
+                    not stopping
+                    and config.eval_steps > 0
+                    and (step + 1) % config.eval_steps == 0
+                ):
                     step_metrics.update(
                         await self.interrupt.race(self._validate(step + 1))
                     )
                 save_every = config.checkpoint.save_interval
-                if (
-                    save_every > 0 and (step + 1) % save_every == 0
-                ) or step == config.max_steps - 1:
+                if not stopping and (
+                    (save_every > 0 and (step + 1) % save_every == 0)
+                    or step == config.max_steps - 1
+                ):
                     await self._checkpoint(step)
                     last_saved = step
                 step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
@@ -424,6 +431,8 @@ class AgenticPipeline:
                         print(line, flush=True)
                 if progress is not None:
                     progress.update(1)
+                if stopping:
+                    raise SignalReceived(self.interrupt.signal_name)
         except SignalReceived:
             checkpoint = await self._checkpoint_on_interrupt(last_completed, last_saved)
             interrupted = RunInterrupted(

@@ -30,6 +30,10 @@ STALENESS_MAX = "rollout/staleness/max"
 WEIGHT_LAG_MEAN = "rollout/weight_version_lag/mean"
 WEIGHT_LAG_MAX = "rollout/weight_version_lag/max"
 DROPPED_STALE_GROUPS = "rollout/dropped_stale_groups"
+#: Groups created since the previous batch, and the groups pending when this batch was served: with the groups
+#: served and dropped (stale, filtered, errors) they account for every group (none lost).
+CREATED_GROUPS = "rollout/created_groups"
+PENDING_GROUPS = "rollout/pending_groups"
 FILTERED_GROUPS = "rollout/filtered_groups"
 FILTER_BYPASSED_GROUPS = "rollout/filter_bypassed_groups"
 ENV_ERRORS = "rollout/env_errors"
@@ -129,6 +133,7 @@ COUNTER_METRICS: dict[str, str] = {
     "cancelled_episodes": CANCELLED_EPISODES,
     "worker_restarts": WORKER_RESTARTS,
     "episodes_lost_to_restart": EPISODES_LOST_TO_RESTART,
+    "created_groups": CREATED_GROUPS,
 }
 
 
@@ -305,6 +310,7 @@ def rollout_metrics(
         out[metric_name] = float((counters or {}).get(field_name, 0))
     out[STALLED_ENVS] = float((gauges or {}).get("stalled_envs", 0))
     for gauge, metric_name in (
+        ("pending_groups", PENDING_GROUPS),
         ("env_busy_fraction", ENV_BUSY_FRACTION),
         ("groups_started_earlier_fraction", GROUPS_STARTED_EARLIER_FRACTION),
     ):

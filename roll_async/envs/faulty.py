@@ -5,11 +5,16 @@ or raise; this wrapper injects those faults so tests, the env server and users
 can check that a run survives them. Faults are drawn from the OS's randomness,
 not the episode seed, so a group's retries do not fault the same way forever.
 As ``env_type: faulty`` its ``env_config`` names the wrapped env in
-``inner_env_type`` / ``inner_env_config``.
+``inner_env_type`` / ``inner_env_config``. With ``trigger_dir`` set it injects
+nothing at random: it is the test hook of the chaos soak (``benchmarks/chaos.py``),
+which drops a file ``<name>.<fault>`` there for each fault it schedules; the next
+call of any env reading that directory claims it (an atomic rename into
+``claimed/``, so exactly one env does, across processes) and injects that fault.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -34,6 +39,9 @@ class FaultyEnvConfig:
     #: reset | step: which call may fault.
     fault_on: str = "step"
     hang_s: float = 3600.0
+    #: A directory of fault files (``<name>.<fault>``): when set, only the faults dropped there are injected,
+    #: each once, by the env call that claims it (``fault`` and ``fault_probability`` are not used).
+    trigger_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -59,15 +67,45 @@ class FaultyEnv(EnvWrapper):
         super().__init__(env, config or FaultyEnvConfig())
         self._rng = random.Random(os.urandom(8))
 
+    def _claim_trigger(self) -> str | None:
+        """The fault of the first trigger file this env claims, or None when there is none."""
+        trigger_dir = self.config.trigger_dir
+        assert trigger_dir is not None
+        try:
+            names = sorted(os.listdir(trigger_dir))
+        except FileNotFoundError:
+            return None
+        for name in names:
+            fault = name.rsplit(".", 1)[-1]
+            if fault not in FAULTS:
+                continue
+            claimed = os.path.join(trigger_dir, "claimed", name)
+            try:
+                os.rename(os.path.join(trigger_dir, name), claimed)
+            except FileNotFoundError:  # another env claimed it first
+                continue
+            with open(claimed, "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "at": time.time()}) + "\n")
+            return fault
+        return None
+
     def _maybe_fault(self, call: str) -> None:
         cfg = self.config
-        if call != cfg.fault_on or self._rng.random() >= cfg.fault_probability:
+        if call != cfg.fault_on:
             return
-        if cfg.fault == "hang":
+        if cfg.trigger_dir is not None:
+            fault = self._claim_trigger()
+            if fault is None:
+                return
+        elif self._rng.random() >= cfg.fault_probability:
+            return
+        else:
+            fault = cfg.fault
+        if fault == "hang":
             time.sleep(cfg.hang_s)
-        elif cfg.fault == "crash":
+        elif fault == "crash":
             os._exit(3)
-        elif cfg.fault == "segfault":
+        elif fault == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
         raise RuntimeError(f"injected fault in {call}")
 

@@ -223,6 +223,33 @@ class CallServer:
         self.calls_served += 1
         self._reply(identity, reply)
 
+    async def reopen(self) -> None:
+        """Fault injection: drop every caller's connection while the actor lives on.
+
+        The socket closes and a new one binds the same addresses; calls in flight keep running
+        and their answers go to routing ids the new socket does not know (dropped, as after a
+        real drop), so callers see ``CallConnectionLost``, reconnect and retry. Used by the chaos
+        soak (``benchmarks/chaos.py``) through ``ServesCallsOverZmq.drop_call_connections``.
+        """
+        self._socket.close()
+        try:
+            os.unlink(self.endpoint.ipc.removeprefix("ipc://"))
+        except OSError:
+            pass
+        socket = _LoopSocket(_context().socket(zmq.ROUTER), self._on_message)
+        socket.socket.bind(self.endpoint.ipc)
+        for _ in range(
+            200
+        ):  # the TCP port is free once ZMQ's I/O thread closed the old socket
+            try:
+                socket.socket.bind(self.endpoint.tcp)
+                break
+            except zmq.ZMQError:
+                await asyncio.sleep(0.01)
+        else:
+            raise RuntimeError(f"call socket: {self.endpoint.tcp} did not come free")
+        self._socket = socket
+
     def close(self) -> None:
         for task in list(self._tasks.values()):
             task.cancel()
@@ -274,6 +301,14 @@ class ServesCallsOverZmq:
         if self._call_server is not None:
             self._call_server.close()
             self._call_server = None
+
+    async def drop_call_connections(self) -> bool:
+        """Fault injection (the chaos soak): every caller's connection drops, the actor and its calls live on
+        (``CallServer.reopen``); False when no call socket is open."""
+        if self._call_server is None:
+            return False
+        await self._call_server.reopen()
+        return True
 
     @property
     def calls_served(self) -> int:

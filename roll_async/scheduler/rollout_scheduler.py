@@ -505,6 +505,13 @@ class RolloutScheduler:
             "workers": [w if isinstance(w, dict) else repr(w) for w in workers],
         }
 
+    async def drop_queue_connections(self) -> bool:
+        """Fault injection (``benchmarks/chaos.py``): the queue actor's call socket is replaced, so every worker's
+        hand-over connection drops while the queue lives (``rollout/transport_reconnects``)."""
+        if not self._started:
+            return False
+        return bool(await self._queue.drop_call_connections.remote())
+
     async def shutdown(self) -> None:
         """Stop the loops and kill the actors; safe to call twice."""
         if not self._started:
