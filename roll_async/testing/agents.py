@@ -410,3 +410,78 @@ async def tool_choice_variants_agent(client: Any, task: Any) -> dict:
             "named_calls": float(len(named.choices[0].message.tool_calls or [])),
         },
     }
+
+
+async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict:
+    """A real OpenAI Agents SDK ``Agent`` with one ``@function_tool``, run by ``Runner.run`` (tracing off).
+
+    ``task.env_config``: ``model_settings`` adds ``agents.ModelSettings`` fields (what the SDK then sends;
+    ``reasoning`` as a dict), ``auto_previous_response_id`` runs with server-side state (a refused request
+    ends the run: its status and the parameter it named are returned as metrics).
+    """
+    import agents  # the OpenAI Agents SDK (openai-agents), imported only by these agents
+    from openai.types.shared import Reasoning
+
+    agents.set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return f"sunny in {city}"
+
+    settings = dict(task.env_config.get("model_settings", {}))
+    if isinstance(settings.get("reasoning"), dict):
+        settings["reasoning"] = Reasoning(**settings["reasoning"])
+    run_config = None
+    if model_class == "chat":
+        model: Any = agents.OpenAIChatCompletionsModel(
+            model=task.model, openai_client=client
+        )
+        served_by = model
+    else:  # a model name through the SDK's default provider: its default OpenAIResponsesModel
+        model = task.model
+        provider = agents.OpenAIProvider(openai_client=client)
+        run_config = agents.RunConfig(model_provider=provider)
+        served_by = provider.get_model(task.model)
+    agent = agents.Agent(
+        name="weather",
+        instructions="You are a test agent.",
+        tools=[get_weather],
+        model=model,
+        model_settings=agents.ModelSettings(max_tokens=64, **settings),
+    )
+    metrics = {
+        "tool_ran_for_paris": 0.0,
+        "finished_sunny": 0.0,
+        f"model_class_{type(served_by).__name__}": 1.0,
+    }
+    try:
+        result = await agents.Runner.run(
+            agent,
+            "What is the weather in Paris?",
+            max_turns=3,
+            run_config=run_config,
+            auto_previous_response_id=bool(
+                task.env_config.get("auto_previous_response_id")
+            ),
+        )
+    except openai.APIStatusError as exc:
+        metrics["refused_status"] = float(exc.status_code)
+        metrics[f"refused_param_{(exc.body or {}).get('param')}"] = 1.0
+        return {"reward": 0.0, "metrics": metrics}
+    metrics["tool_ran_for_paris"] = float(cities == ["Paris"])
+    metrics["finished_sunny"] = float(result.final_output == "sunny")
+    metrics["model_calls"] = float(len(result.raw_responses))
+    return {"reward": 1.0, "metrics": metrics}
+
+
+async def agents_sdk_chat_agent(client: Any, task: Any) -> dict:
+    """The Agents SDK on ``OpenAIChatCompletionsModel`` over the session's client."""
+    return await _agents_sdk_agent(client, task, "chat")
+
+
+async def agents_sdk_responses_agent(client: Any, task: Any) -> dict:
+    """The Agents SDK on its default model class (``OpenAIResponsesModel``) over the session's client."""
+    return await _agents_sdk_agent(client, task, "responses")
