@@ -115,8 +115,10 @@ async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_pla
 ):
     config = make_config(
         {
+            # 20x: a slow episode lasts long enough for several fast ones even while another
+            # test worker's engine shares the two cores (generation then takes seconds).
             "Fast": sokoban_env(step_latency_s=0.2),
-            "Slow": sokoban_env(step_latency_s=2.0),
+            "Slow": sokoban_env(step_latency_s=4.0),
         },
         mode="async",
         max_staleness=3,
