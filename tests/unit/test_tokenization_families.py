@@ -7,55 +7,14 @@ import pytest
 
 from roll_async.model.families import FAMILIES
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.testing.family_tokenizers import build_family_test_tokenizer
 
 SYSTEM = "You are an agent."
 
 
-def _tokenizer(name: str):
-    """The family's tokens on a small BPE trained in well under a second (the zoo uses the env corpus)."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    family = FAMILIES[name]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=family.special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(
-        [
-            "user assistant system turn reply one two grid state <answer>Up</answer> You are an agent."
-        ]
-        * 20,
-        trainer,
-    )
-    tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t in family.added_tokens]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=family.eos_token,
-        pad_token=family.pad_token,
-        bos_token=family.bos_token,
-        chat_template=family.chat_template,
-        clean_up_tokenization_spaces=False,
-    )
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_tokenizer(request):
-    return request.param, _tokenizer(request.param)
+    return request.param, build_family_test_tokenizer(request.param)
 
 
 def _conversation(builder: ChatPromptBuilder):
@@ -92,7 +51,7 @@ def test_incremental_ids_are_the_templates_render_for_append_only_families(
 
 
 def test_qwen3_think_stripping_keeps_the_models_ids_and_takes_the_next_turn_from_the_template():
-    tokenizer = _tokenizer("qwen3")
+    tokenizer = build_family_test_tokenizer("qwen3")
     builder = ChatPromptBuilder(tokenizer, SYSTEM)
     reply = builder.encode("<think>\nplan\n</think>\n\n<answer>Up</answer>") + [
         tokenizer.eos_token_id
@@ -112,7 +71,7 @@ def test_qwen3_think_stripping_keeps_the_models_ids_and_takes_the_next_turn_from
 
 
 def test_qwen3_enable_thinking_false_changes_the_generation_prompt_of_every_turn():
-    tokenizer = _tokenizer("qwen3")
+    tokenizer = build_family_test_tokenizer("qwen3")
     builder = ChatPromptBuilder(
         tokenizer, SYSTEM, template_kwargs={"enable_thinking": False}
     )
@@ -125,7 +84,7 @@ def test_qwen3_enable_thinking_false_changes_the_generation_prompt_of_every_turn
 
 
 def test_mistral_system_prompt_is_rendered_once_not_per_turn():
-    tokenizer = _tokenizer("mistral")
+    tokenizer = build_family_test_tokenizer("mistral")
     builder = ChatPromptBuilder(tokenizer, SYSTEM)
     assert (
         tokenizer.decode(builder.first_turn_ids("grid 1"))
@@ -139,7 +98,7 @@ def test_mistral_system_prompt_is_rendered_once_not_per_turn():
 
 
 def test_gemma_has_no_system_role_and_bos_only_once():
-    tokenizer = _tokenizer("gemma3")
+    tokenizer = build_family_test_tokenizer("gemma3")
     builder = ChatPromptBuilder(tokenizer, SYSTEM)
     assert tokenizer.decode(builder.first_turn_ids("g1")).startswith(
         f"<bos><start_of_turn>user\n{SYSTEM}\n\ng1"
@@ -151,13 +110,13 @@ def test_gemma_has_no_system_role_and_bos_only_once():
 
 
 def test_phi3_closure_stops_at_the_turn_end_not_inside_the_next_tag():
-    builder = ChatPromptBuilder(_tokenizer("phi3"), SYSTEM)
+    builder = ChatPromptBuilder(build_family_test_tokenizer("phi3"), SYSTEM)
     assert builder.tokenizer.decode(builder.closure_ids) == "<|end|>\n"
 
 
 @pytest.mark.parametrize("name", ["qwen2_5", "qwen3"])
 def test_tool_results_continue_as_the_template_groups_them(name):
-    tokenizer = _tokenizer(name)
+    tokenizer = build_family_test_tokenizer(name)
     builder = ChatPromptBuilder(tokenizer, SYSTEM)
     text = tokenizer.decode(
         builder.continuation_ids(
