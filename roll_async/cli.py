@@ -98,6 +98,14 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
     return 0
 
 
+def _rerun_command(
+    command: str, args: argparse.Namespace, replaced: tuple[str, ...], *extra: str
+) -> str:
+    """The command line to go on after an interrupt: the same config and overrides, less ``replaced``."""
+    kept = [o for o in args.overrides if not o.startswith(replaced)]
+    return " ".join([f"roll-async {command}", args.config, *kept, *extra])
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args, "rollout")
@@ -114,18 +122,11 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         run_rollout(config)
     except RolloutInterrupted as stop:
         # A rollout run has no resume: the command collects the remaining batches in a new run directory.
-        kept = [
-            o
-            for o in args.overrides
-            if not o.startswith(("num_batches=", "output_dir="))
-        ]
-        command = " ".join(
-            [
-                "roll-async rollout",
-                args.config,
-                *kept,
-                f"num_batches={config.num_batches - stop.batch}",
-            ]
+        command = _rerun_command(
+            "rollout",
+            args,
+            ("num_batches=", "output_dir="),
+            f"num_batches={config.num_batches - stop.batch}",
         )
         print(f"{stop}; collect the rest with: {command}", file=sys.stderr, flush=True)
         return exit_status(stop.signal_name)
@@ -154,13 +155,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         run_train(config)
     except RunInterrupted as stop:
-        kept = [
-            o
-            for o in args.overrides
-            if not o.startswith(("checkpoint.resume_from=", "output_dir="))
-        ]
-        command = " ".join(
-            ["roll-async train", args.config, *kept, f"output_dir={stop.run_dir}"]
+        command = _rerun_command(
+            "train",
+            args,
+            ("checkpoint.resume_from=", "output_dir="),
+            f"output_dir={stop.run_dir}",
         )
         if stop.checkpoint:
             print(
