@@ -124,31 +124,12 @@ def interrupted_run(tmp_path_factory):
         "logging.progress_bar=false",
         f"output_dir={run}",
     )
-    seen: set[int] = set()
-    deadline = time.monotonic() + 1500
-    while len([r for r in _metrics(run) if "train/loss" in r]) < 2:
-        if proc.poll() is not None:
-            pytest.fail(
-                f"the run ended before two steps (exit {proc.returncode}):\n{proc.stdout.read()[-4000:]}"
-            )
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("two training steps did not complete within 1500 s")
-        seen |= _descendants(proc.pid)
-        time.sleep(1.0)
-    seen |= _descendants(proc.pid)
-    os.killpg(proc.pid, signal.SIGINT)
-    out = _finish(proc, timeout=300)
-    deadline = time.monotonic() + 60
-    while _alive(seen) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    return {
-        "run": run,
-        "rc": proc.returncode,
-        "out": out,
-        "left": _alive(seen),
-        "children": seen,
-    }
+    return _signal_after(
+        proc,
+        run,
+        lambda: len([r for r in _metrics(run) if "train/loss" in r]) >= 2,
+        lambda proc: os.killpg(proc.pid, signal.SIGINT),
+    )
 
 
 def test_first_sigint_checkpoints_the_last_completed_step_and_exits_130(
@@ -400,6 +381,16 @@ def _terminate_after(
     proc: subprocess.Popen, run: Path, done: Callable[[], bool]
 ) -> dict:
     """SIGTERM the main process alone (as ``timeout -s TERM``, ``kill PID`` or an orchestrator do) once ``done()``."""
+    return _signal_after(proc, run, done, lambda proc: proc.send_signal(signal.SIGTERM))
+
+
+def _signal_after(
+    proc: subprocess.Popen,
+    run: Path,
+    done: Callable[[], bool],
+    send: Callable[[subprocess.Popen], None],
+) -> dict:
+    """``send`` the run its signal once ``done()``; its exit, output and the processes it left behind."""
     seen: set[int] = set()
     deadline = time.monotonic() + 1500
     while not done():
@@ -413,7 +404,7 @@ def _terminate_after(
         seen |= _descendants(proc.pid)
         time.sleep(1.0)
     seen |= _descendants(proc.pid)
-    proc.send_signal(signal.SIGTERM)
+    send(proc)
     out = _finish(proc, timeout=300)
     deadline = time.monotonic() + 60
     while _alive(seen) and time.monotonic() < deadline:
