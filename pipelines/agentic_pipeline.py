@@ -31,6 +31,7 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError, NonFiniteLossError
+from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async.pipelines.preflight import preflight, used_tags
@@ -266,6 +267,18 @@ class AgenticPipeline:
         await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)
         prune_checkpoints(self.run_dir.checkpoints, self.config.checkpoint.keep_last)
 
+    def _export_hf(self, step: int) -> None:
+        """checkpoint.export_hf_interval: the step's checkpoint as a Hugging Face model in RUN_DIR/hf/step_N."""
+        assert self.run_dir is not None
+        out = self.run_dir.root / "hf" / f"step_{step}"
+        if out.exists():
+            logger.info(
+                "%s exists (an earlier run of this step): not exported again", out
+            )
+            return
+        export_checkpoint(self.run_dir.root, out, step)
+        logger.info("step %d exported as a Hugging Face model: %s", step, out)
+
     async def _validate(self, step: int) -> dict[str, float]:
         if self.val_scheduler is None:
             return {}
@@ -400,12 +413,19 @@ class AgenticPipeline:
                         await self.interrupt.race(self._validate(step + 1))
                     )
                 save_every = config.checkpoint.save_interval
+                export_every = config.checkpoint.export_hf_interval
+                export_now = export_every > 0 and (
+                    (step + 1) % export_every == 0 or step == config.max_steps - 1
+                )
                 if not stopping and (
                     (save_every > 0 and (step + 1) % save_every == 0)
                     or step == config.max_steps - 1
+                    or export_now
                 ):
                     await self._checkpoint(step)
                     last_saved = step
+                if not stopping and export_now:
+                    await asyncio.to_thread(self._export_hf, step)
                 step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
                 if self.engines:
                     step_metrics["weight_version"] = float(

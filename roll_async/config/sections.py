@@ -39,6 +39,8 @@ RedundancyKeep = Literal["seat_order", "first_finished"]
 AdvantageEstimator = Literal["grpo", "rloo"]
 LossAgg = Literal["token_mean", "seq_mean"]
 TrainerPlacement = Literal["driver", "ray_actor"]
+#: trainer.strategy: one process holds the whole model, or SPMD ranks shard it with torch FSDP2.
+TrainerStrategy = Literal["single", "fsdp2"]
 InFlightPolicy = Literal["abort", "wait", "keep"]
 
 
@@ -316,6 +318,16 @@ class TrainerConfig:
     placement: TrainerPlacement = "driver"
     #: ray_actor only: GPUs the trainer actor reserves (fractions allowed); 0 trains on the actor's CPU.
     num_gpus: float = 0.0
+    #: single: one process holds the whole model (placement says where). fsdp2: ``num_ranks`` SPMD ranks, each a
+    #: Ray actor in one placement group, shard parameters, gradients and AdamW state with torch FSDP2
+    #: (roll_async.trainer.ranks); placement and num_gpus are for single only.
+    strategy: TrainerStrategy = "single"
+    #: fsdp2: the number of ranks (world size). Ray packs them onto as few nodes as hold them.
+    num_ranks: int = 1
+    #: fsdp2: GPUs per rank (1 on GPU nodes; 0 trains on CPU with gloo, as the CPU tests do).
+    gpus_per_rank: float = 0.0
+    #: fsdp2: dtype of the gradient reduce-scatter between ranks (FSDP2's MixedPrecisionPolicy.reduce_dtype).
+    reduce_dtype: TrainerParamDtype = "float32"
 
 
 @dataclass
@@ -357,6 +369,9 @@ class CheckpointConfig:
     keep_last: int = 2
     #: A run directory (or its checkpoints/step_N) to continue from.
     resume_from: str | None = None
+    #: Also write a Hugging Face model directory (RUN_DIR/hf/step_N, what ``roll-async export`` writes) every
+    #: this many steps and at the end (0: never during the run).
+    export_hf_interval: int = 0
 
 
 @dataclass

@@ -309,7 +309,13 @@ def _validate_training(config: PipelineConfig) -> None:
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
         )
     _validate_trainer_placement(trainer)
+    _validate_trainer_strategy(trainer)
     _validate_trainer_dtype(trainer)
+    if config.checkpoint.export_hf_interval < 0:
+        raise ConfigError(
+            f"checkpoint.export_hf_interval={config.checkpoint.export_hf_interval}: must be >= 0 (0: no export "
+            "during the run)"
+        )
     if config.weight_sync.interval < 1:
         raise ConfigError(
             f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
@@ -353,6 +359,44 @@ def pure_low_precision_message(dtype: str) -> str:
         "the weights' precision vanish (at lr 1e-6 almost no weight changes); set trainer.dtype=float32 and "
         "trainer.param_dtype=bfloat16 to compute in bfloat16 with float32 weights"
     )
+
+
+def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
+    """trainer.strategy / num_ranks / gpus_per_rank: ranks are for fsdp2, one process for single."""
+    if trainer.num_ranks < 1:
+        raise ConfigError(f"trainer.num_ranks={trainer.num_ranks}: must be >= 1")
+    if trainer.gpus_per_rank < 0:
+        raise ConfigError(
+            f"trainer.gpus_per_rank={trainer.gpus_per_rank}: must be >= 0"
+        )
+    if trainer.strategy == "single":
+        if trainer.num_ranks > 1 or trainer.gpus_per_rank > 0:
+            raise ConfigError(
+                f"trainer.num_ranks={trainer.num_ranks} / gpus_per_rank={trainer.gpus_per_rank} need "
+                "trainer.strategy=fsdp2 (single is one process; give it GPUs with placement=ray_actor and "
+                "num_gpus)"
+            )
+        return
+    if trainer.trainer_cls or trainer.simulate_step_s > 0:
+        raise ConfigError(
+            "trainer.strategy=fsdp2 shards the built-in GRPO trainer; it cannot be combined with "
+            "trainer.trainer_cls or trainer.simulate_step_s > 0: set trainer.strategy=single"
+        )
+    if trainer.placement != "driver" or trainer.num_gpus > 0:
+        raise ConfigError(
+            "trainer.strategy=fsdp2 always runs its ranks as Ray actors: leave trainer.placement and "
+            "trainer.num_gpus unset and give each rank GPUs with trainer.gpus_per_rank"
+        )
+    if trainer.gpus_per_rank not in (0, 1):
+        raise ConfigError(
+            f"trainer.gpus_per_rank={trainer.gpus_per_rank}: an fsdp2 rank drives one device; use 1 (one GPU "
+            "per rank) or 0 (CPU ranks)"
+        )
+    if trainer.device.startswith("cuda") and trainer.gpus_per_rank == 0:
+        raise ConfigError(
+            f"trainer.device={trainer.device!r} with trainer.gpus_per_rank=0: Ray gives the ranks no GPU; set "
+            "trainer.gpus_per_rank=1 or trainer.device=auto"
+        )
 
 
 def _validate_trainer_placement(trainer: TrainerConfig) -> None:

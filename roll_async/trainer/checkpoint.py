@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,26 @@ def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     try:  # transformers >= 5: the exact helpers save_pretrained uses
-        from transformers.core_model_loading import revert_weight_conversion
         from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
-        state = remove_tied_weights_from_state_dict(state, model)
-        return revert_weight_conversion(model, state)
     except ImportError:
         return _drop_shared_storage(state)
+    return to_checkpoint_names(model, remove_tied_weights_from_state_dict(state, model))
+
+
+def to_checkpoint_names(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Module-name weights (tied aliases already dropped) under the names ``save_pretrained`` writes.
+
+    transformers 5 may load some checkpoints into fused or renamed parameters;
+    this reverts that, for the whole state dict or for one decoder layer's part
+    of it (the sharded trainer gathers and converts a layer at a time).
+    """
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return state
+    return revert_weight_conversion(model, state)
 
 
 def _drop_shared_storage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -122,15 +136,11 @@ def write_checkpoint(
     resume from checkpoints you wrote.
     """
     target = Path(directory).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = new_temp_sibling(target)
     try:
         model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        torch.save(dict(extra_state or {}), tmp / EXTRA_STATE_FILE)
         if reference_model is not None:
             from safetensors.torch import (
                 save_file,
@@ -142,19 +152,102 @@ def write_checkpoint(
                 for name, t in checkpoint_state_dict(reference_model).items()
             }
             save_file(weights, str(tmp / KL_REFERENCE_DIR / "model.safetensors"))
-        state = {"format": CHECKPOINT_FORMAT, **(trainer_state or {})}
-        (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, default=str))
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            target.rename(old)
-        tmp.rename(target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        write_checkpoint_state(tmp, tokenizer, trainer_state, extra_state)
+        swap_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def new_temp_sibling(target: Path) -> Path:
+    """A fresh hidden directory beside ``target`` to write a checkpoint into before it is renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+
+
+def write_checkpoint_state(
+    directory: Path,
+    tokenizer: Any,
+    trainer_state: dict[str, Any] | None,
+    extra_state: dict[str, Any] | None,
+) -> None:
+    """The small files of a checkpoint: tokenizer, ``extra_state.pt`` and, last, ``trainer_state.json``."""
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    torch.save(dict(extra_state or {}), directory / EXTRA_STATE_FILE)
+    state = {"format": CHECKPOINT_FORMAT, **(trainer_state or {})}
+    (directory / TRAINER_STATE_FILE).write_text(
+        json.dumps(state, indent=2, default=str)
+    )
+
+
+def swap_into_place(tmp: Path, target: Path) -> None:
+    """Rename a finished ``tmp`` to ``target``, replacing an existing one only after the rename."""
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        target.rename(old)
+    tmp.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+#: Largest safetensors file write_hf_weights writes (as save_pretrained's default shard size).
+HF_SHARD_BYTES = 5 << 30
+
+
+def write_hf_weights(
+    chunks: Iterable[dict[str, torch.Tensor]],
+    directory: Path,
+    model_config: Any,
+    generation_config: Any = None,
+    shard_bytes: int = HF_SHARD_BYTES,
+) -> None:
+    """Write weights that arrive in parts (one decoder layer at a time) as HF safetensors shards with an index.
+
+    What ``save_pretrained`` writes, without one process ever holding the whole
+    model: a shard is flushed once it reaches ``shard_bytes``.
+    """
+    from safetensors.torch import save_file  # loaded only when weights are written
+
+    directory.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[str, list[str]]] = []
+    pending: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if pending:
+            name = f"model-part-{len(files) + 1:05d}.safetensors"
+            save_file(
+                {k: v.contiguous() for k, v in pending.items()}, str(directory / name)
+            )
+            files.append((name, list(pending)))
+            pending, size = {}, 0
+
+    for chunk in chunks:
+        for name, tensor in chunk.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if pending and size + nbytes > shard_bytes:
+                flush()
+            pending[name] = tensor
+            size += nbytes
+            total += nbytes
+    flush()
+    count = len(files)
+    weight_map: dict[str, str] = {}
+    for index, (old, names) in enumerate(files, start=1):
+        new = f"model-{index:05d}-of-{count:05d}.safetensors"
+        (directory / old).rename(directory / new)
+        weight_map.update(dict.fromkeys(names, new))
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps(index_file, indent=2, sort_keys=True)
+    )
+    model_config.save_pretrained(directory)
+    if generation_config is not None:
+        generation_config.save_pretrained(directory)
 
 
 def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

@@ -12,10 +12,14 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from roll_async.config.schema import TrainerConfig
 from roll_async.config.validation import pure_low_precision_message
@@ -35,7 +39,11 @@ from roll_async.trainer.checkpoint import (
     load_optimizer_state,
     read_checkpoint_state,
     resolve_resume_dir,
+    swap_into_place,
+    tied_parameter_names,
     write_checkpoint,
+    write_checkpoint_state,
+    write_hf_weights,
 )
 from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.losses import (
@@ -46,6 +54,15 @@ from roll_async.trainer.losses import (
     token_logprobs,
     truncated_importance_weights,
 )
+from roll_async.trainer.parallel.process_group import RankInfo
+from roll_async.trainer.parallel.sharded_checkpoint import (
+    has_reference,
+    is_sharded_checkpoint,
+    load_sharded,
+    save_sharded,
+)
+from roll_async.trainer.parallel.sharding import rank_memory, shard_model
+from roll_async.trainer.parallel.weight_gather import gathered_weight_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +185,7 @@ class GRPOTrainer:
         *,
         trust_remote_code: bool = False,
         tokenizer: Any = None,
+        rank: RankInfo | None = None,
     ) -> None:
         if config.ppo_epochs < 1:
             raise ConfigError(f"trainer.ppo_epochs={config.ppo_epochs}: must be >= 1")
@@ -177,15 +195,19 @@ class GRPOTrainer:
             )
         self.config = config
         self.model_path = str(model_path)
-        self.device = resolve_device(config.device)
+        #: This process's place among the fsdp2 ranks; None for the single strategy.
+        self.rank = rank
+        self.device = rank.device if rank is not None else resolve_device(config.device)
         if resolve_dtype(config.dtype) != torch.float32:
             raise ConfigError(pure_low_precision_message(config.dtype))
         #: Master weights and AdamW state: always float32 (see trainer.param_dtype for the compute dtype).
         self.dtype = torch.float32
         #: Forward/backward compute dtype (torch.autocast when not float32).
         self.compute_dtype = resolve_dtype(config.param_dtype)
+        # fsdp2 ranks load on the CPU and shard; fully_shard moves each shard to the rank's device.
+        load_device = torch.device("cpu") if rank is not None else self.device
         self.model = load_causal_lm(
-            self.model_path, self.dtype, self.device, trust_remote_code
+            self.model_path, self.dtype, load_device, trust_remote_code
         )
         #: The model's processor when it is vision-language: it turns a batch's images into pixel inputs.
         self.vision = (
@@ -195,14 +217,31 @@ class GRPOTrainer:
         )
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        #: Tied aliases (lm_head sharing the embedding): left out of the weights sent to engines and exports.
+        self.tied_names = tied_parameter_names(self.model)
+        if rank is not None:
+            shard_model(
+                self.model,
+                rank,
+                self.compute_dtype,
+                resolve_dtype(config.reduce_dtype),
+            )
         self.model.train()
         # The reference exists only when the KL term needs it (a full second copy of the weights).
         self.ref_model = None
         if config.kl_coef > 0:
             self.ref_model = load_causal_lm(
-                self.model_path, self.dtype, self.device, trust_remote_code
+                self.model_path, self.dtype, load_device, trust_remote_code
             )
             self.ref_model.eval().requires_grad_(False)
+            if rank is not None:
+                shard_model(
+                    self.ref_model,
+                    rank,
+                    self.compute_dtype,
+                    resolve_dtype(config.reduce_dtype),
+                    trainable=False,
+                )
         #: "initial": the reference is model.path's weights; "snapshot": a copy taken later (reset_reference,
         #: after an SFT warm start), which checkpoints save and resume restores.
         self.reference_source = "initial"
@@ -441,11 +480,14 @@ class GRPOTrainer:
         return result
 
     def _autocast(self) -> torch.autocast:
-        """Forward passes in ``trainer.param_dtype`` (weights stay float32); a no-op for float32."""
+        """Forward passes in ``trainer.param_dtype`` (weights stay float32); a no-op for float32.
+
+        Under fsdp2 the mixed-precision policy casts the gathered parameters instead.
+        """
         return torch.autocast(
             device_type=self.device.type,
             dtype=self.compute_dtype,
-            enabled=self.compute_dtype != torch.float32,
+            enabled=self.compute_dtype != torch.float32 and self.rank is None,
         )
 
     def _vision_inputs(
@@ -519,60 +561,144 @@ class GRPOTrainer:
     # -- weights and checkpoints ------------------------------------------------------
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
-        """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out)."""
-        return {
-            name: t.detach().to("cpu", copy=True)
-            for name, t in checkpoint_state_dict(self.model).items()
-        }
+        """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out).
+
+        Under fsdp2 this gathers the whole model on the main rank ({} elsewhere);
+        weight syncs use :meth:`engine_weight_chunks`, which never does.
+        """
+        merged: dict[str, torch.Tensor] = {}
+        for chunk in self.engine_weight_chunks():
+            merged.update(chunk)
+        return merged
+
+    def engine_weight_chunks(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The weights for the engines in parts: one part under single, one per shard unit under fsdp2.
+
+        Under fsdp2 every rank must iterate in step (each part is gathered
+        collectively); only the main rank's parts hold tensors.
+        """
+        if self.rank is None:
+            yield {
+                name: t.detach().to("cpu", copy=True)
+                for name, t in checkpoint_state_dict(self.model).items()
+            }
+            return
+        yield from gathered_weight_chunks(self.model, self.rank, self.tied_names)
+
+    def memory(self) -> dict[str, int]:
+        """Parameter and AdamW-state bytes this process holds (its shards under fsdp2)."""
+        return rank_memory(self.model, self.optimizer)
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
     ) -> None:
+        if self.rank is not None:
+            self._save_sharded_checkpoint(Path(directory).resolve(), extra_state)
+            return
         write_checkpoint(
             directory,
             model=self.model,
             optimizer=self.optimizer,
             tokenizer=self.tokenizer,
-            trainer_state={
-                "optimizer_steps": self.optimizer_steps,
-                "last_step": self.last_step,
-                "model_path": self.model_path,
-                "trainer_config": dataclasses.asdict(self.config),
-                "kl_reference": self.reference_source
-                if self.ref_model is not None
-                else None,
-            },
+            trainer_state=self._trainer_state(),
             extra_state=extra_state,
             reference_model=self.ref_model
             if self.reference_source == "snapshot"
             else None,
         )
 
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "optimizer_steps": self.optimizer_steps,
+            "last_step": self.last_step,
+            "model_path": self.model_path,
+            "trainer_config": dataclasses.asdict(self.config),
+            "kl_reference": self.reference_source
+            if self.ref_model is not None
+            else None,
+            "world_size": self.rank.world_size if self.rank is not None else 1,
+        }
+
+    def _save_sharded_checkpoint(
+        self, target: Path, extra_state: dict[str, Any]
+    ) -> None:
+        """fsdp2: every rank writes its DCP shards; the main rank writes HF weights (layer by layer) and the rest.
+
+        The directory is written beside the target and renamed into place by the
+        main rank once every rank has finished, as for a single checkpoint; with
+        several nodes the run directory must be on a shared filesystem.
+        """
+        assert self.rank is not None
+        tmp = target.parent / f".{target.name}.tmp-sharded"
+        if self.rank.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        reference = self.ref_model if self.reference_source == "snapshot" else None
+        save_sharded(tmp, self.model, self.optimizer, reference)
+        chunks = gathered_weight_chunks(self.model, self.rank, self.tied_names)
+        if self.rank.is_main:
+            write_hf_weights(
+                chunks,
+                tmp,
+                self.model.config,
+                getattr(self.model, "generation_config", None),
+            )
+            write_checkpoint_state(
+                tmp, self.tokenizer, self._trainer_state(), extra_state
+            )
+            swap_into_place(tmp, target)
+        else:
+            for _ in chunks:
+                pass
+        dist.barrier()
+
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore weights, optimizer and KL reference (a run dir means its newest checkpoint); config hyperparameters win."""
+        """Restore weights, optimizer and KL reference (a run dir means its newest checkpoint); config hyperparameters win.
+
+        A DCP checkpoint (written by fsdp2 at any number of ranks) loads under
+        either strategy; a single checkpoint (HF weights + ``optimizer.pt``) only
+        under single.
+        """
         path = resolve_resume_dir(directory)
         trainer_state, extra_state = read_checkpoint_state(path)
-        load_model_weights(self.model, path)
-        if load_optimizer_state(self.optimizer, path):
-            # resuming with a changed lr etc. uses the new values
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.config.lr
-                group["betas"] = (
-                    float(self.config.adam_betas[0]),
-                    float(self.config.adam_betas[1]),
-                )
-                group["weight_decay"] = self.config.weight_decay
+        if is_sharded_checkpoint(path):
+            snapshot = trainer_state.get("kl_reference") == "snapshot"
+            reference = self.ref_model if snapshot and has_reference(path) else None
+            load_sharded(path, self.model, self.optimizer, reference)
+            self._apply_config_hyperparameters()
+        elif self.rank is not None:
+            raise ConfigError(
+                f"checkpoint.resume_from={str(directory)!r}: {path.name} was written by trainer.strategy=single "
+                "(HF weights and optimizer.pt), which trainer.strategy=fsdp2 cannot reshard; resume it with "
+                "trainer.strategy=single, or start the fsdp2 run from its weights with model.path"
+            )
+        else:
+            load_model_weights(self.model, path)
+            if load_optimizer_state(self.optimizer, path):
+                self._apply_config_hyperparameters()
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
         self._restore_reference(path, trainer_state)
         return extra_state
+
+    def _apply_config_hyperparameters(self) -> None:
+        """Resuming with a changed lr etc. uses the new values."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr
+            group["betas"] = (
+                float(self.config.adam_betas[0]),
+                float(self.config.adam_betas[1]),
+            )
+            group["weight_decay"] = self.config.weight_decay
 
     def _restore_reference(self, path: Any, trainer_state: dict[str, Any]) -> None:
         """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
         if self.ref_model is None:
             return
         if trainer_state.get("kl_reference") == "snapshot":
-            load_model_weights(self.ref_model, path / KL_REFERENCE_DIR)
+            if not is_sharded_checkpoint(path):
+                load_model_weights(self.ref_model, path / KL_REFERENCE_DIR)
             self.reference_source = "snapshot"
         elif (
             trainer_state.get("kl_reference") is None

@@ -218,7 +218,8 @@ def run_sft(
             pad_token_id = (
                 getattr(getattr(model, "config", None), "pad_token_id", None) or 0
             )
-    device = next(model.parameters()).device
+    world_size = getattr(getattr(target, "rank", None), "world_size", 1)
+    device = getattr(target, "device", None) or next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     generator = torch.Generator().manual_seed(seed)
@@ -242,7 +243,8 @@ def run_sft(
             raise FloatingPointError(
                 f"SFT loss became {float(loss)} at step {len(losses)}; lower sft_warmup.lr"
             )
-        loss.backward()
+        # fsdp2 ranks each run the whole batch and sum their gradients: each backwards its 1/N share
+        (loss / world_size).backward()
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()

@@ -21,6 +21,7 @@ from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import Trainer
 from roll_async.trainer.factory import build_trainer
 from roll_async.trainer.grpo_trainer import resolve_device
+from roll_async.trainer.ranks.rank_group import TrainerRankGroup
 from roll_async.trainer.sft import run_sft
 
 logger = logging.getLogger(__name__)
@@ -201,15 +202,22 @@ def build_placed_trainer(
     * :func:`sft_warm_start`: the SFT warm start runs where the model is.
     * :func:`release_trainer`: the actor is killed at the end of the run.
     """
+    if config.strategy == "fsdp2":
+        ensure_ray()
+        return TrainerRankGroup.start(config, model_path)
     if config.placement == "ray_actor":
         ensure_ray()
         return TrainerActorClient.start(config, model_path)
     return build_trainer(config, model_path)
 
 
+#: Trainers living in Ray actors: they pack their own weights, run SFT where the model is, and must be stopped.
+REMOTE_TRAINERS = (TrainerActorClient, TrainerRankGroup)
+
+
 def engine_weight_refs(trainer: Trainer) -> list[Any]:
     """Object refs to the trainer's weight buckets, put by the process that holds the trainer."""
-    if isinstance(trainer, TrainerActorClient):
+    if isinstance(trainer, REMOTE_TRAINERS):
         return trainer.engine_weight_refs()
     return pack_and_put_weights(trainer)
 
@@ -218,12 +226,12 @@ def sft_warm_start(
     trainer: Trainer, examples: list[Any], **kwargs: Any
 ) -> dict[str, float]:
     """:func:`~roll_async.trainer.sft.run_sft` where the trainer's model is."""
-    if isinstance(trainer, TrainerActorClient):
+    if isinstance(trainer, REMOTE_TRAINERS):
         return trainer.run_sft(examples, **kwargs)
     return run_sft(trainer, examples, **kwargs)
 
 
 def release_trainer(trainer: Any) -> None:
-    """End the trainer actor (a no-op for a trainer in the driver)."""
-    if isinstance(trainer, TrainerActorClient):
+    """End the trainer actor or ranks (a no-op for a trainer in the driver)."""
+    if isinstance(trainer, REMOTE_TRAINERS):
         trainer.shutdown()

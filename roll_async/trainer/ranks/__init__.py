@@ -1,0 +1,1 @@
+"""The fsdp2 trainer on Ray: one actor per rank in one placement group, driven as one Trainer."""

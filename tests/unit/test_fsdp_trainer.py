@@ -1,0 +1,129 @@
+"""The fsdp2 trainer on two gloo CPU ranks: exact gradients against one process, half the bytes per rank, DCP resume at other world sizes.
+
+The gradient check compares with a single-process run, not with another FSDP
+run: FSDP2's reductions on gloo have summed where they should average (and the
+reverse), which two FSDP runs would agree on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from roll_async.config.schema import TrainerConfig
+from roll_async.testing.spawned_ranks import run_on_ranks
+from roll_async.trainer.advantages import compute_advantages
+from roll_async.trainer.grpo_trainer import GRPOTrainer
+from roll_async.trainer.parallel.process_group import RankInfo
+from tests.unit.test_trainer_grpo import make_batch
+
+pytestmark = pytest.mark.slow
+
+
+def trainer_config(**overrides) -> TrainerConfig:
+    base = dict(device="cpu", lr=1e-3, micro_batch_size=2, max_grad_norm=1.0)
+    base.update(overrides)
+    return TrainerConfig(**base)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def gradients(info: RankInfo | None, model_path, batch, config: TrainerConfig):
+    """One accumulate_gradients pass: loss, token count and every parameter's full gradient."""
+    trainer = GRPOTrainer(config, model_path, rank=info)
+    advantages = compute_advantages(batch.rewards, batch.group_index)
+    stats = trainer.accumulate_gradients(batch, advantages)
+    grads = {
+        name: full(p.grad).detach().clone()
+        for name, p in trainer.model.named_parameters()
+        if p.grad is not None
+    }
+    return {"loss": stats.loss, "tokens": stats.num_tokens, "grads": grads}
+
+
+def steps_and_memory(info: RankInfo | None, model_path, batch, config, save_dir):
+    """Step 0, checkpoint, then steps 1 and 2: the losses a resumed run must repeat, and the bytes held."""
+    trainer = GRPOTrainer(config, model_path, rank=info)
+    trainer.train_step(batch, 0)
+    memory = trainer.memory()
+    trainer.save_checkpoint(save_dir, {"step": 0})
+    losses = [trainer.train_step(batch, s)["train/loss"] for s in (1, 2)]
+    return {"memory": memory, "losses": losses}
+
+
+def resumed_losses(info: RankInfo | None, model_path, batch, config, save_dir):
+    trainer = GRPOTrainer(config, model_path, rank=info)
+    extra = trainer.load_checkpoint(save_dir)
+    assert extra == {"step": 0}
+    return [trainer.train_step(batch, s)["train/loss"] for s in (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer):
+    return make_batch(tokenizer)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"kl_coef": 0.05, "max_tokens_per_micro_batch": 128}],
+    ids=["padded", "packed+kl"],
+)
+def test_two_ranks_give_the_single_process_gradient(tiny_model_path, batch, overrides):
+    config = trainer_config(**overrides)
+    single = gradients(None, tiny_model_path, batch, config)
+    ranks = run_on_ranks(
+        gradients,
+        2,
+        tiny_model_path,
+        batch,
+        dataclasses.replace(config, strategy="fsdp2", num_ranks=2),
+    )
+    for result in ranks:
+        assert result["loss"] == pytest.approx(single["loss"], abs=1e-5)
+        assert result["tokens"] == single["tokens"]
+    sharded = ranks[0]["grads"]
+    assert set(sharded) == set(single["grads"])
+    worst = max(
+        float((sharded[n] - g).abs().max()) for n, g in single["grads"].items()
+    )
+    assert worst < 1e-5, f"largest gradient difference {worst:.3g}"
+
+
+def test_a_save_at_two_ranks_resumes_at_one_and_two_with_the_same_losses(
+    tiny_model_path, batch, tmp_path
+):
+    config = dataclasses.replace(trainer_config(), strategy="fsdp2", num_ranks=2)
+    save_dir = tmp_path / "step_0"
+    first, second = run_on_ranks(
+        steps_and_memory, 2, tiny_model_path, batch, config, save_dir
+    )
+    single = GRPOTrainer(trainer_config(), tiny_model_path)
+    single.train_step(batch, 0)
+    whole = single.memory()
+    for rank in (first, second):
+        for key in ("parameter_bytes", "optimizer_bytes"):
+            assert rank["memory"][key] == pytest.approx(whole[key] / 2, rel=0.10), key
+    expected = first["losses"]
+    assert second["losses"] == pytest.approx(expected, abs=1e-6)
+
+    again = run_on_ranks(resumed_losses, 2, tiny_model_path, batch, config, save_dir)
+    assert again[0] == pytest.approx(expected, abs=1e-5)
+    one_rank = run_on_ranks(
+        resumed_losses,
+        1,
+        tiny_model_path,
+        batch,
+        dataclasses.replace(config, num_ranks=1),
+        save_dir,
+    )
+    assert one_rank[0] == pytest.approx(expected, abs=1e-5)
+    in_process = resumed_losses(None, tiny_model_path, batch, trainer_config(), save_dir)
+    assert in_process == pytest.approx(expected, abs=1e-5)
+    # the checkpoint is also a Hugging Face model directory (weights written layer by layer)
+    assert (save_dir / "model.safetensors.index.json").is_file()
+    assert (save_dir / "config.json").is_file()
