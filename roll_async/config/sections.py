@@ -287,6 +287,10 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     #: Trajectories per forward/backward pass; gradients accumulate over the batch.
     micro_batch_size: int = 8
+    #: 0: micro_batch_size rows per forward/backward pass, padded to the longest. > 0: rows grouped so each
+    #: pass holds at most this many tokens (micro_batch_size ignored), packed end to end without padding where
+    #: the model supports it, else padded (vision-language models). At least sequence_length.
+    max_tokens_per_micro_batch: int = 0
     #: Optimizer passes over each rollout batch (PPO epochs).
     ppo_epochs: int = 1
     #: grpo: (r - mean) / std within a group; rloo: leave-one-out baseline.

@@ -285,6 +285,18 @@ def _validate_training(config: PipelineConfig) -> None:
         raise ConfigError(
             f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1"
         )
+    if trainer.max_tokens_per_micro_batch < 0:
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch}: must be >= 0 "
+            "(0: trainer.micro_batch_size rows per pass)"
+        )
+    if 0 < trainer.max_tokens_per_micro_batch < config.sequence_length:
+        raise ConfigError(
+            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} is below "
+            f"sequence_length={config.sequence_length}, the longest trajectory a rollout can produce, which would "
+            "then fit in no micro-batch; raise it to at least sequence_length, or set it to 0 to micro-batch by "
+            "trainer.micro_batch_size"
+        )
     if trainer.lr <= 0:
         raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
     if len(trainer.adam_betas) != 2:

@@ -68,7 +68,9 @@ def run_on_ranks(
         results = []
         for rank, out in enumerate(outs):
             if not os.path.exists(out):
-                raise RuntimeError(f"rank {rank} exited without a result (timed out or crashed)")
+                raise RuntimeError(
+                    f"rank {rank} exited without a result (timed out or crashed)"
+                )
             payload = torch.load(out, weights_only=False)
             if "error" in payload:
                 raise RuntimeError(f"rank {rank} failed:\n{payload['error']}")

@@ -13,13 +13,14 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from roll_async.config.schema import TrainerConfig
 from roll_async.config.validation import pure_low_precision_message
@@ -48,11 +49,24 @@ from roll_async.trainer.checkpoint import (
 from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.losses import (
     LossNormalizer,
+    TokenLogprobs,
     aggregate,
     clipped_surrogate,
     k3_kl,
     token_logprobs,
     truncated_importance_weights,
+)
+from roll_async.trainer.micro_batches import (
+    MicroBatch,
+    model_supports_packing,
+    packed_token_logprobs,
+    plan_micro_batches,
+)
+from roll_async.trainer.parallel.data_parallel import (
+    all_ranks_agree,
+    max_across_ranks,
+    rank_share,
+    sum_across_ranks,
 )
 from roll_async.trainer.parallel.process_group import RankInfo
 from roll_async.trainer.parallel.sharded_checkpoint import (
@@ -155,13 +169,34 @@ class GradientStats:
     logprobs: torch.Tensor
 
 
+@dataclass
+class MicroBatchResult:
+    """What one micro-batch contributed (its loss already backwarded); sums are over its scored tokens."""
+
+    #: The micro-batch's row indices (a tensor on the trainer's device).
+    rows: torch.Tensor
+    #: Its log-probs ([rows, width], detached), for the batch's [batch, seq] log-probs.
+    logprobs: torch.Tensor
+    loss: float
+    pg_loss: float
+    kl: float
+    num_tokens: int
+    clipped: int
+    truncated: int
+    entropy_sum: float
+    ratio_sum: float
+    ratio_max: float
+
+
 class GRPOTrainer:
     """The built-in :class:`~roll_async.trainer.base.Trainer`.
 
     It trains the same HF causal LM the engine serves, on one device (CUDA when
     present, else CPU). One ``train_step`` = ``ppo_epochs`` optimizer steps over the
     whole rollout batch, each accumulating gradients over micro-batches of
-    ``micro_batch_size`` trajectories; the loss formula and the meaning of the
+    ``micro_batch_size`` trajectories, or, with ``max_tokens_per_micro_batch``, of
+    rows grouped by that token budget and run packed without padding
+    (:mod:`roll_async.trainer.micro_batches`); the loss formula and the meaning of the
     three log-probabilities are in :mod:`roll_async.trainer.losses`.
 
     ``trainer.max_token_lag`` (off by default) drops from the loss every token
@@ -193,6 +228,11 @@ class GRPOTrainer:
             raise ConfigError(
                 f"trainer.micro_batch_size={config.micro_batch_size}: must be >= 1"
             )
+        if config.max_tokens_per_micro_batch < 0:
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={config.max_tokens_per_micro_batch}: must be >= 0 "
+                "(0: trainer.micro_batch_size rows per pass)"
+            )
         self.config = config
         self.model_path = str(model_path)
         #: This process's place among the fsdp2 ranks; None for the single strategy.
@@ -216,7 +256,10 @@ class GRPOTrainer:
             else None
         )
         if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # Non-reentrant: gradients reach the weights whether or not the inputs require grad.
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         #: Tied aliases (lm_head sharing the embedding): left out of the weights sent to engines and exports.
         self.tied_names = tied_parameter_names(self.model)
         if rank is not None:
@@ -227,6 +270,18 @@ class GRPOTrainer:
                 resolve_dtype(config.reduce_dtype),
             )
         self.model.train()
+        #: Micro-batches run packed (rows end to end, no padding): a token budget is set and the model can.
+        self.packing = config.max_tokens_per_micro_batch > 0 and model_supports_packing(
+            self.model
+        )
+        if config.max_tokens_per_micro_batch > 0 and not self.packing:
+            logger.warning(
+                "trainer.max_tokens_per_micro_batch=%s: %s cannot run packed sequences (a vision-language "
+                "model, or an attention implementation without packed-sequence masking); micro-batches "
+                "are grouped by the token budget but padded to their longest row",
+                config.max_tokens_per_micro_batch,
+                type(self.model).__name__,
+            )
         # The reference exists only when the KL term needs it (a full second copy of the weights).
         self.ref_model = None
         if config.kl_coef > 0:
@@ -295,7 +350,8 @@ class GRPOTrainer:
                 epochs.append(stats)
                 break
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(step, batch.traj_ids, "gradient norm", where)
@@ -335,7 +391,6 @@ class GRPOTrainer:
         advantages = advantages.to(self.device)
         scored = self._loss_mask(batch)
         normalizer = normalizer or LossNormalizer.for_mask(scored)
-        size = len(batch)
         # Every behaviour logprob exactly 0 means the engine returned none (logprobs off): no TIS then.
         behaviour_missing = bool(scored.any()) and bool(
             (batch.old_logprobs[scored] == 0).all()
@@ -349,86 +404,44 @@ class GRPOTrainer:
             batch.input_ids.shape, dtype=torch.float32, device=self.device
         )
         totals: dict[str, float] = collections.defaultdict(float)
-        for start in range(0, size, cfg.micro_batch_size):
-            rows = slice(start, min(start + cfg.micro_batch_size, size))
-            width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
-            cols = slice(0, width)
-            mask = scored[rows, cols]
-            if not bool(mask.any()):
-                totals["skipped"] += 1
+        for mb in self._my_passes(self.plan(batch)):
+            if (
+                mb is None
+            ):  # fsdp2: another rank has more micro-batches; join its collectives
+                self._empty_pass(backward=True)
                 continue
-            with self._autocast():
-                out = token_logprobs(
-                    self.model,
-                    batch.input_ids[rows, cols],
-                    batch.attention_mask[rows, cols],
-                    batch.position_ids[rows, cols],
-                    score_mask=mask,
-                    with_entropy=True,
-                    sampling=batch.sampling,
-                    model_inputs=self._vision_inputs(batch, rows),
-                )
-            logp = out.logprobs
-            prox = (
-                proximal_logprobs[rows, cols]
-                if proximal_logprobs is not None
-                else logp.detach()
+            part = self._micro_batch_pass(
+                batch,
+                mb,
+                advantages,
+                proximal_logprobs,
+                scored=scored,
+                normalizer=normalizer,
+                behaviour_missing=behaviour_missing,
+                step=step,
+                where=where,
             )
-            behaviour = batch.old_logprobs[rows, cols].float()
-            weights, raw_ratio = truncated_importance_weights(
-                prox, behaviour, 0.0 if behaviour_missing else cfg.tis_cap
-            )
-            token_adv = advantages[rows].float().unsqueeze(1).expand_as(logp)
-            surrogate, _, clipped = clipped_surrogate(
-                logp,
-                prox,
-                token_adv,
-                clip_ratio_low=cfg.clip_ratio_low,
-                clip_ratio_high=cfg.clip_ratio_high,
-            )
-            pg_loss = aggregate(weights * surrogate, mask, cfg.loss_agg, normalizer)
-            loss = pg_loss
-            kl_value = 0.0
-            if self.ref_model is not None and cfg.kl_coef > 0:
-                with torch.no_grad(), self._autocast():
-                    ref = token_logprobs(
-                        self.ref_model,
-                        batch.input_ids[rows, cols],
-                        batch.attention_mask[rows, cols],
-                        batch.position_ids[rows, cols],
-                        score_mask=mask,
-                        sampling=batch.sampling,
-                        model_inputs=self._vision_inputs(batch, rows),
-                    ).logprobs
-                kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
-                loss = loss + cfg.kl_coef * kl
-                kl_value = float(kl.detach())
-            if not torch.isfinite(loss):
-                self.model.zero_grad(set_to_none=True)
-                detail = f"{where + ', ' if where else ''}micro-batch rows {rows.start}-{rows.stop - 1}"
-                raise NonFiniteLossError(step, batch.traj_ids[rows], "loss", detail)
-            loss.backward()
-            all_logprobs[rows, cols] = logp.detach()
-            with torch.no_grad():
-                n_tokens = int(mask.sum())
-                totals["loss"] += float(loss.detach())
-                totals["pg_loss"] += float(pg_loss.detach())
-                totals["kl"] += kl_value
-                totals["tokens"] += n_tokens
-                totals["clipped"] += int((clipped & mask).sum())
-                totals["truncated"] += (
-                    int(((raw_ratio > cfg.tis_cap) & mask).sum())
-                    if cfg.tis_cap > 0
-                    else 0
-                )
-                totals["entropy"] += (
-                    float(out.entropy[mask].sum()) if out.entropy is not None else 0.0
-                )
-                totals["ratio_sum"] += float(raw_ratio[mask].sum())
-                if n_tokens:
-                    totals["ratio_max"] = max(
-                        totals.get("ratio_max", 0.0), float(raw_ratio[mask].max())
-                    )
+            if part is None:
+                totals["skipped"] += 1
+                if self.rank is not None:
+                    self._empty_pass(backward=True)
+                continue
+            all_logprobs[part.rows, : part.logprobs.shape[1]] = part.logprobs
+            totals["loss"] += part.loss
+            totals["pg_loss"] += part.pg_loss
+            totals["kl"] += part.kl
+            totals["tokens"] += part.num_tokens
+            totals["clipped"] += part.clipped
+            totals["truncated"] += part.truncated
+            totals["entropy"] += part.entropy_sum
+            totals["ratio_sum"] += part.ratio_sum
+            totals["ratio_max"] = max(totals.get("ratio_max", 0.0), part.ratio_max)
+        if (
+            self.rank is not None
+        ):  # per-rank sums -> batch sums (every rank returns the same stats)
+            ratio_max = totals.pop("ratio_max", 0.0)
+            totals = collections.defaultdict(float, sum_across_ranks(totals, self.rank))
+            totals["ratio_max"] = max_across_ranks({"m": ratio_max}, self.rank)["m"]
         tokens = max(totals["tokens"], 1)
         return GradientStats(
             loss=totals["loss"],
@@ -443,6 +456,163 @@ class GRPOTrainer:
             skipped_micro_batches=int(totals["skipped"]),
             logprobs=all_logprobs,
         )
+
+    def _my_passes(self, plan: list[MicroBatch]) -> list[MicroBatch | None]:
+        """The micro-batches this process runs: all of them, or this rank's share padded with None (fsdp2)."""
+        if self.rank is None:
+            return list(plan)
+        return rank_share(plan, [mb.tokens for mb in plan], self.rank)
+
+    def _empty_pass(self, *, backward: bool) -> None:
+        """fsdp2: a forward (and backward) with zero gradient, so this rank joins a pass it has no rows for.
+
+        FSDP2 gathers parameters in every forward and reduces gradients in every
+        backward, so all ranks must run the same passes in the same order: policy
+        forward, reference forward, agreement on a finite loss, backward.
+        """
+        assert self.rank is not None
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        with self._autocast():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            if backward and self.ref_model is not None and self.config.kl_coef > 0:
+                with torch.no_grad():
+                    self.ref_model(input_ids=ids, use_cache=False)
+        if backward:
+            all_ranks_agree(True, self.rank)
+            (logits.float().sum() * 0.0).backward()
+
+    def plan(self, batch: TrajectoryBatch) -> list[MicroBatch]:
+        """The batch's micro-batches: ``micro_batch_size`` rows each, or by ``max_tokens_per_micro_batch``."""
+        return plan_micro_batches(
+            batch.attention_mask.sum(dim=1).tolist(),
+            micro_batch_size=self.config.micro_batch_size,
+            max_tokens=self.config.max_tokens_per_micro_batch,
+        )
+
+    def _micro_batch_pass(
+        self,
+        batch: TrajectoryBatch,
+        mb: MicroBatch,
+        advantages: torch.Tensor,
+        proximal_logprobs: torch.Tensor | None,
+        *,
+        scored: torch.Tensor,
+        normalizer: LossNormalizer,
+        behaviour_missing: bool,
+        step: int,
+        where: str,
+    ) -> MicroBatchResult | None:
+        """Forward and backward one micro-batch's share of the batch loss; None when it has no scored token.
+
+        Everything it reads is indexed by ``mb.rows`` and normalised by full-batch denominators, so the
+        passes of any split of a plan add up to the whole batch's loss and gradient.
+        """
+        cfg = self.config
+        rows = torch.as_tensor(mb.rows, dtype=torch.long, device=self.device)
+        width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
+        mask = scored[rows, :width]
+        if not bool(mask.any()):
+            return None
+        out = self._forward(self.model, batch, mb, mask, with_entropy=True)
+        logp = out.logprobs
+        prox = (
+            proximal_logprobs[rows, :width]
+            if proximal_logprobs is not None
+            else logp.detach()
+        )
+        behaviour = batch.old_logprobs[rows, :width].float()
+        weights, raw_ratio = truncated_importance_weights(
+            prox, behaviour, 0.0 if behaviour_missing else cfg.tis_cap
+        )
+        token_adv = advantages[rows].float().unsqueeze(1).expand_as(logp)
+        surrogate, _, clipped = clipped_surrogate(
+            logp,
+            prox,
+            token_adv,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+        )
+        pg_loss = aggregate(weights * surrogate, mask, cfg.loss_agg, normalizer)
+        loss = pg_loss
+        kl_value = 0.0
+        if self.ref_model is not None and cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref = self._forward(self.ref_model, batch, mb, mask).logprobs
+            kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
+            loss = loss + cfg.kl_coef * kl
+            kl_value = float(kl.detach())
+        finite = bool(torch.isfinite(loss))
+        if (
+            self.rank is not None
+        ):  # stop together: a rank alone in backward would wait forever
+            finite = all_ranks_agree(finite, self.rank)
+        if not finite:
+            self.model.zero_grad(set_to_none=True)
+            detail = (
+                f"{where + ', ' if where else ''}micro-batch {_describe_rows(mb.rows)}"
+            )
+            raise NonFiniteLossError(
+                step, [batch.traj_ids[i] for i in mb.rows], "loss", detail
+            )
+        loss.backward()
+        with torch.no_grad():
+            return MicroBatchResult(
+                rows=rows,
+                logprobs=logp.detach(),
+                loss=float(loss.detach()),
+                pg_loss=float(pg_loss.detach()),
+                kl=kl_value,
+                num_tokens=int(mask.sum()),
+                clipped=int((clipped & mask).sum()),
+                truncated=int(((raw_ratio > cfg.tis_cap) & mask).sum())
+                if cfg.tis_cap > 0
+                else 0,
+                entropy_sum=float(out.entropy[mask].sum())
+                if out.entropy is not None
+                else 0.0,
+                ratio_sum=float(raw_ratio[mask].sum()),
+                ratio_max=float(raw_ratio[mask].max()),
+            )
+
+    def _forward(
+        self,
+        model: Any,
+        batch: TrajectoryBatch,
+        mb: MicroBatch,
+        score_mask: torch.Tensor,
+        *,
+        with_entropy: bool = False,
+    ) -> TokenLogprobs:
+        """Log-probs of ``mb``'s rows ([rows, width], the padded layout), packed when ``self.packing``.
+
+        ``score_mask`` is in that layout too ([rows, width]).
+        """
+        rows = torch.as_tensor(mb.rows, dtype=torch.long, device=self.device)
+        width = score_mask.shape[1]
+        with self._autocast():
+            if self.packing:
+                full_mask = torch.zeros_like(batch.response_mask, dtype=torch.bool)
+                full_mask[rows, :width] = score_mask
+                return packed_token_logprobs(
+                    model,
+                    batch.input_ids,
+                    batch.attention_mask,
+                    batch.position_ids,
+                    mb.rows,
+                    score_mask=full_mask,
+                    with_entropy=with_entropy,
+                    sampling=batch.sampling,
+                )
+            return token_logprobs(
+                model,
+                batch.input_ids[rows, :width],
+                batch.attention_mask[rows, :width],
+                batch.position_ids[rows, :width],
+                score_mask=score_mask,
+                with_entropy=with_entropy,
+                sampling=batch.sampling,
+                model_inputs=self._vision_inputs(batch, mb.rows),
+            )
 
     def _loss_mask(self, batch: TrajectoryBatch) -> torch.Tensor:
         """Scored response tokens, less those sampled more than ``max_token_lag`` versions before the policy's."""
@@ -463,20 +633,19 @@ class GRPOTrainer:
         result = torch.zeros(
             batch.input_ids.shape, dtype=torch.float32, device=self.device
         )
-        for start in range(0, len(batch), self.config.micro_batch_size):
-            rows = slice(start, min(start + self.config.micro_batch_size, len(batch)))
+        for mb in self._my_passes(self.plan(batch)):
+            if mb is None:
+                self._empty_pass(backward=False)
+                continue
+            rows = torch.as_tensor(mb.rows, dtype=torch.long, device=self.device)
             width = max(int(batch.attention_mask[rows].sum(dim=1).max().item()), 1)
-            cols = slice(0, width)
-            with self._autocast():
-                result[rows, cols] = token_logprobs(
-                    self.model,
-                    batch.input_ids[rows, cols],
-                    batch.attention_mask[rows, cols],
-                    batch.position_ids[rows, cols],
-                    score_mask=scored[rows, cols],
-                    sampling=batch.sampling,
-                    model_inputs=self._vision_inputs(batch, rows),
-                ).logprobs
+            result[rows, :width] = self._forward(
+                self.model, batch, mb, scored[rows, :width]
+            ).logprobs
+        if self.rank is not None:  # each rank filled its own rows
+            result = result.cpu()
+            dist.all_reduce(result)
+            result = result.to(self.device)
         return result
 
     def _autocast(self) -> torch.autocast:
@@ -491,12 +660,12 @@ class GRPOTrainer:
         )
 
     def _vision_inputs(
-        self, batch: TrajectoryBatch, rows: slice
+        self, batch: TrajectoryBatch, rows: Sequence[int]
     ) -> dict[str, torch.Tensor]:
         """Pixel inputs of the rows' images for a vision-language model ({} for text models or no images)."""
         if self.vision is None or not batch.images:
             return {}
-        inputs = self.vision.pixel_inputs(batch.images[rows])
+        inputs = self.vision.pixel_inputs([batch.images[i] for i in rows])
         return {
             name: t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
             for name, t in inputs.items()
@@ -725,6 +894,16 @@ def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:
         (batch.policy_version - versions).clamp(min=0),
         torch.full_like(versions, -1),
     )
+
+
+def _describe_rows(rows: Sequence[int]) -> str:
+    """``rows 4-7`` for a consecutive run, else ``rows 0, 3, 9`` (the first 8)."""
+    if not rows:
+        return "rows (none)"
+    if list(rows) == list(range(rows[0], rows[-1] + 1)):
+        return f"rows {rows[0]}-{rows[-1]}" if len(rows) > 1 else f"row {rows[0]}"
+    shown = ", ".join(str(r) for r in rows[:8])
+    return f"rows {shown}" + (f" (+{len(rows) - 8} more)" if len(rows) > 8 else "")
 
 
 def _scored_mask(response_mask: torch.Tensor) -> torch.Tensor:

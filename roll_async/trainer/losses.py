@@ -30,7 +30,7 @@ class TokenLogprobs:
 def token_logprobs(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None = None,
     *,
     score_mask: torch.Tensor | None = None,
@@ -45,7 +45,9 @@ def token_logprobs(
     prefix). Only positions in ``score_mask`` (default: ``attention_mask``) go
     through the log-softmax, which keeps the ``[tokens, vocab]`` float32
     temporary as small as the response. Right padding is assumed. ``model_inputs`` adds inputs such as a
-    vision-language model's ``pixel_values``.
+    vision-language model's ``pixel_values``. ``attention_mask=None`` with ``position_ids`` that restart
+    at 0 is a packed sequence (:func:`roll_async.trainer.micro_batches.packed_token_logprobs`); it then
+    needs ``score_mask``.
 
     ``sampling`` scores under the distribution the engine sampled from
     (temperature, top-k, top-p, renormalised; :mod:`roll_async.sampling`), the
@@ -60,6 +62,8 @@ def token_logprobs(
         **(model_inputs or {}),
     )
     logits = outputs.logits
+    if score_mask is None and attention_mask is None:
+        raise ValueError("token_logprobs needs score_mask when attention_mask is None")
     wanted = (score_mask if score_mask is not None else attention_mask).bool()
     select = wanted[:, 1:]
     shifted = torch.zeros(select.shape, dtype=torch.float32, device=logits.device)

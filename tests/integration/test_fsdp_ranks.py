@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 async def test_async_run_on_two_fsdp_ranks_keeps_engine_and_trainer_in_step(
-    engine, ray_session, tmp_path, fresh_weights  # noqa: F811 (the fixture)
+    engine,
+    ray_session,
+    tmp_path,
+    fresh_weights,  # noqa: F811 (the fixture)
 ):
     from transformers import AutoModelForCausalLM
 

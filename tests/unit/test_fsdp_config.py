@@ -21,8 +21,14 @@ def test_fsdp2_on_two_cpu_ranks_is_accepted():
     "overrides, message",
     [
         (["trainer.strategy=zero3"], r"trainer\.strategy='zero3' is unknown"),
-        (["trainer.num_ranks=2"], r"trainer\.num_ranks=2 .* need trainer\.strategy=fsdp2"),
-        (["trainer.strategy=fsdp2", "trainer.num_ranks=0"], r"trainer\.num_ranks=0: must be >= 1"),
+        (
+            ["trainer.num_ranks=2"],
+            r"trainer\.num_ranks=2 .* need trainer\.strategy=fsdp2",
+        ),
+        (
+            ["trainer.strategy=fsdp2", "trainer.num_ranks=0"],
+            r"trainer\.num_ranks=0: must be >= 1",
+        ),
         (
             ["trainer.strategy=fsdp2", "trainer.placement=ray_actor"],
             r"fsdp2 always runs its ranks as Ray actors",

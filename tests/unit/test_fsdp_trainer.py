@@ -88,9 +88,7 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, batch, over
         assert result["tokens"] == single["tokens"]
     sharded = ranks[0]["grads"]
     assert set(sharded) == set(single["grads"])
-    worst = max(
-        float((sharded[n] - g).abs().max()) for n, g in single["grads"].items()
-    )
+    worst = max(float((sharded[n] - g).abs().max()) for n, g in single["grads"].items())
     assert worst < 1e-5, f"largest gradient difference {worst:.3g}"
 
 
@@ -122,7 +120,9 @@ def test_a_save_at_two_ranks_resumes_at_one_and_two_with_the_same_losses(
         save_dir,
     )
     assert one_rank[0] == pytest.approx(expected, abs=1e-5)
-    in_process = resumed_losses(None, tiny_model_path, batch, trainer_config(), save_dir)
+    in_process = resumed_losses(
+        None, tiny_model_path, batch, trainer_config(), save_dir
+    )
     assert in_process == pytest.approx(expected, abs=1e-5)
     # the checkpoint is also a Hugging Face model directory (weights written layer by layer)
     assert (save_dir / "model.safetensors.index.json").is_file()
