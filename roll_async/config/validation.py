@@ -310,6 +310,7 @@ def _validate_training(config: PipelineConfig) -> None:
         )
     _validate_trainer_placement(trainer)
     _validate_trainer_dtype(trainer)
+    _validate_lora(trainer)
     if config.weight_sync.interval < 1:
         raise ConfigError(
             f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
@@ -318,6 +319,46 @@ def _validate_training(config: PipelineConfig) -> None:
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
         raise ConfigError(
             f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
+        )
+
+
+#: Largest adapter rank vLLM serves (vllm.config.lora.MaxLoRARanks).
+MAX_SERVED_LORA_RANK = 512
+
+
+def _validate_lora(trainer: TrainerConfig) -> None:
+    """trainer.lora: a positive alpha, no dropout, a rank vLLM can serve, the built-in trainer only."""
+    lora = trainer.lora
+    if lora.rank < 0:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank}: must be >= 0 (0 turns LoRA off)"
+        )
+    if lora.rank == 0:
+        return
+    if lora.alpha <= 0:
+        raise ConfigError(f"trainer.lora.alpha={lora.alpha}: must be > 0")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"trainer.lora.dropout={lora.dropout}: must be within [0, 1)")
+    if lora.dropout > 0:
+        raise ConfigError(
+            f"trainer.lora.dropout={lora.dropout}: the trainer switches dropout off so the PPO ratio and the "
+            "importance weights compare the same policy (random masks would make them noise); set "
+            "trainer.lora.dropout=0"
+        )
+    if not lora.target_modules:
+        raise ConfigError(
+            "trainer.lora.target_modules is empty; name the modules that get adapters, e.g. "
+            "[q_proj, k_proj, v_proj, o_proj]"
+        )
+    if lora.sync == "adapter" and lora.rank > MAX_SERVED_LORA_RANK:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with trainer.lora.sync=adapter: vLLM serves adapters of rank <= "
+            f"{MAX_SERVED_LORA_RANK}; lower the rank or set trainer.lora.sync=merged"
+        )
+    if trainer.trainer_cls or trainer.simulate_step_s > 0:
+        raise ConfigError(
+            "trainer.lora.rank > 0 applies LoRA to the built-in trainer; it cannot be combined with "
+            "trainer.trainer_cls or trainer.simulate_step_s > 0: set trainer.lora.rank=0 or drop those"
         )
 
 

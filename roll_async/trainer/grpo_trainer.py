@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from roll_async.metrics import (
     TRAIN_TOKEN_LAG_MAX,
 )
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
+from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
     KL_REFERENCE_DIR,
@@ -193,12 +195,21 @@ class GRPOTrainer:
             if model_is_vision_language(self.model_path)
             else None
         )
+        #: trainer.lora.rank > 0: the model is a peft model whose adapters alone train (roll_async.trainer.lora).
+        self.lora = lora_adapters.lora_enabled(config.lora)
+        if self.lora:
+            self.model = lora_adapters.apply_lora(self.model, config.lora)
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.lora:  # frozen embeddings: checkpointed blocks need an input that requires grad
+                self.model.enable_input_require_grads()
         self.model.train()
         # The reference exists only when the KL term needs it (a full second copy of the weights).
         self.ref_model = None
-        if config.kl_coef > 0:
+        if config.kl_coef > 0 and self.lora:
+            # the base model with the adapters off (_reference_weights): no second copy
+            self.ref_model = self.model
+        elif config.kl_coef > 0:
             self.ref_model = load_causal_lm(
                 self.model_path, self.dtype, self.device, trust_remote_code
             )
@@ -351,7 +362,7 @@ class GRPOTrainer:
             loss = pg_loss
             kl_value = 0.0
             if self.ref_model is not None and cfg.kl_coef > 0:
-                with torch.no_grad(), self._autocast():
+                with torch.no_grad(), self._autocast(), self._reference_weights():
                     ref = token_logprobs(
                         self.ref_model,
                         batch.input_ids[rows, cols],
@@ -448,6 +459,10 @@ class GRPOTrainer:
             enabled=self.compute_dtype != torch.float32,
         )
 
+    def _reference_weights(self) -> Any:
+        """The context the KL reference's forward runs in: the adapters off with LoRA, else nothing."""
+        return lora_adapters.adapters_off(self.model) if self.lora else nullcontext()
+
     def _vision_inputs(
         self, batch: TrajectoryBatch, rows: slice
     ) -> dict[str, torch.Tensor]:
@@ -461,7 +476,17 @@ class GRPOTrainer:
         }
 
     def reset_reference(self) -> None:
-        """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
+        """Make the KL reference the current weights (after an SFT warm start); no-op without a reference.
+
+        With LoRA the reference stays the base model (adapters off): a snapshot would be a second copy.
+        """
+        if self.lora:
+            if self.ref_model is not None:
+                logger.warning(
+                    "trainer.lora: the KL reference stays the base model with the adapters off, not the "
+                    "weights after the SFT warm start"
+                )
+            return
         if self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())
             self.reference_source = "snapshot"
@@ -519,11 +544,18 @@ class GRPOTrainer:
     # -- weights and checkpoints ------------------------------------------------------
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
-        """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out)."""
-        return {
-            name: t.detach().to("cpu", copy=True)
-            for name, t in checkpoint_state_dict(self.model).items()
-        }
+        """A CPU snapshot of the weights under HF checkpoint names (tied ``lm_head.weight`` left out).
+
+        With LoRA: ``trainer.lora.sync=adapter`` gives the adapter alone under peft's saved names (the engines
+        serve it as a LoRA request), ``merged`` the base + adapter merged under the base model's HF names.
+        """
+        if self.lora and self.config.lora.sync == "adapter":
+            weights = lora_adapters.adapter_state_dict(self.model)
+        elif self.lora:
+            weights = lora_adapters.merged_state_dict(self.model)
+        else:
+            weights = checkpoint_state_dict(self.model)
+        return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
 
     def save_checkpoint(
         self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
@@ -552,7 +584,10 @@ class GRPOTrainer:
         """Restore weights, optimizer and KL reference (a run dir means its newest checkpoint); config hyperparameters win."""
         path = resolve_resume_dir(directory)
         trainer_state, extra_state = read_checkpoint_state(path)
-        load_model_weights(self.model, path)
+        if self.lora:  # a LoRA checkpoint holds the adapter (the base is model_path)
+            lora_adapters.load_adapter_weights(self.model, path)
+        else:
+            load_model_weights(self.model, path)
         if load_optimizer_state(self.optimizer, path):
             # resuming with a changed lr etc. uses the new values
             for group in self.optimizer.param_groups:
@@ -569,7 +604,7 @@ class GRPOTrainer:
 
     def _restore_reference(self, path: Any, trainer_state: dict[str, Any]) -> None:
         """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
-        if self.ref_model is None:
+        if self.ref_model is None or self.lora:
             return
         if trainer_state.get("kl_reference") == "snapshot":
             load_model_weights(self.ref_model, path / KL_REFERENCE_DIR)
