@@ -105,7 +105,14 @@ async def test_lora_run_trains_only_adapters_and_the_engine_follows_each_sync(
     from roll_async.pipelines.agentic_pipeline import AgenticPipeline
     from roll_async.trainer.lora import adapters_off
 
-    config = lora_config(tmp_path)
+    # the SFT warm start trains the adapter too: the engine must serve it from the first sync on
+    config = lora_config(
+        tmp_path,
+        "sft_warmup.enabled=true",
+        "sft_warmup.steps=10",
+        "sft_warmup.num_demos=8",
+        "sft_warmup.lr=2e-2",
+    )
     pipeline = AgenticPipeline(config, engines=[lora_engine])
     prompt = fixed_prompt(tokenizer)
     checks: list[dict] = []
@@ -141,7 +148,8 @@ async def test_lora_run_trains_only_adapters_and_the_engine_follows_each_sync(
     pipeline._push_weights = push_and_compare
     run = await pipeline.run()
 
-    assert [c["version"] for c in checks] == [1, 2, 3]  # one sync per step
+    # the warm-started adapter first (version 0), then one sync per step
+    assert [c["version"] for c in checks] == [0, 1, 2, 3]
     for check in checks:
         assert check["token_versions"] == [check["version"]] * 16
         assert check["engine"] == pytest.approx(check["trainer"], abs=LOGPROB_TOL)
