@@ -29,6 +29,7 @@ from roll_async import metrics as m
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.model.export import export_checkpoint
@@ -51,6 +52,7 @@ from roll_async.scheduler.validation import ValidationScheduler
 from roll_async.trainer import build_sft_examples, checkpoint_dir, prune_checkpoints
 from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.trainer.collate import collate_trajectories, padding_token_id
+from roll_async.trainer.lora import adapter_config_json, lora_enabled
 from roll_async.trainer.trainer_actor import (
     build_placed_trainer,
     engine_weight_refs,
@@ -177,7 +179,11 @@ class AgenticPipeline:
         config = self.config
         self._ensure_ray()
         if self._owns_engines:
-            self.engines = await launch_engines(self.model_path, config.engine)
+            self.engines = await launch_engines(
+                self.model_path,
+                config.engine,
+                lora=engine_lora_serving(config, self.model_path),
+            )
         if self._owns_reward_services:
             self.reward_services = await launch_reward_services(
                 config.custom_envs, used_tags(config)
@@ -489,6 +495,22 @@ class AgenticPipeline:
             self.tracker = None
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def engine_lora_serving(config: PipelineConfig, model_path: str) -> LoraServing | None:
+    """What the engines need to serve the run's adapters (trainer.lora.sync=adapter), else None.
+
+    Each replica keeps ``max_staleness + 1`` versions loaded in async mode (2 in sync mode), so a request
+    in flight ends on the adapter it started with.
+    """
+    lora = config.trainer.lora
+    if not lora_enabled(lora) or lora.sync != "adapter":
+        return None
+    return LoraServing(
+        rank=lora.rank,
+        max_loras=serving_max_loras(config.mode, config.staleness_bound),
+        adapter_config=adapter_config_json(lora, model_path),
+    )
 
 
 def _progress_bar(config: PipelineConfig, start_step: int) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,6 +37,13 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.trainer.lora import (
+    check_target_modules,
+    lora_enabled,
+    model_linear_module_names,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def used_tags(config: PipelineConfig) -> list[str]:
@@ -255,6 +263,22 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
                 )
 
 
+def check_lora_targets(config: PipelineConfig, model_path: str) -> None:
+    """trainer.lora.target_modules must name linear modules the model has (its architecture built on meta)."""
+    lora = config.trainer.lora
+    if not lora_enabled(lora):
+        return
+    try:
+        names = model_linear_module_names(model_path, config.model.trust_remote_code)
+    except (
+        OSError,
+        ValueError,
+    ) as exc:  # a hub id not cached, an unknown architecture: the trainer reports it
+        logger.warning("trainer.lora.target_modules not checked: %s", exc)
+        return
+    check_target_modules(names, lora.target_modules)
+
+
 def _class_names(values: Any) -> set[str]:
     """Class names of a transformers auto mapping (a value is one name or a tuple of names)."""
     names: set[str] = set()
@@ -297,6 +321,7 @@ def preflight(config: PipelineConfig) -> tuple[str, Any]:
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     check_architecture(config, model_path)
+    check_lora_targets(config, model_path)
     tokenizer = load_checked_tokenizer(config, model_path)
     check_chat_template(config, tokenizer)
     check_tool_parser(config, tokenizer)

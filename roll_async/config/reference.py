@@ -139,6 +139,20 @@ def _sections() -> list[tuple[str, type, Any, str]]:
                 continue
             seen[hint] = len(found)
             found.append((f"`{f.name}`", hint, getattr(top, f.name), ""))
+            section_hints = typing.get_type_hints(hint)
+            for g in dataclasses.fields(
+                hint
+            ):  # a section inside a section (trainer.lora)
+                if dataclasses.is_dataclass(section_hints[g.name]):
+                    sub = section_hints[g.name]
+                    found.append(
+                        (
+                            f"`{f.name}.{g.name}`",
+                            sub,
+                            getattr(getattr(top, f.name), g.name),
+                            "",
+                        )
+                    )
         elif typing.get_origin(hint) is dict:
             entry = typing.get_args(hint)[1]
             if dataclasses.is_dataclass(entry):

@@ -42,6 +42,8 @@ TrainerPlacement = Literal["driver", "ray_actor"]
 #: trainer.strategy: one process holds the whole model, or SPMD ranks shard it with torch FSDP2.
 TrainerStrategy = Literal["single", "fsdp2"]
 InFlightPolicy = Literal["abort", "wait", "keep"]
+#: trainer.lora.sync (roll_async/trainer/lora.py): what a weight sync sends the engines.
+LoraSync = Literal["adapter", "merged"]
 
 
 # ---------------------------------------------------------------------------
@@ -263,6 +265,26 @@ class EnvManagerConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (peft) on the built-in trainer's model: only the adapters train, checkpoint and sync."""
+
+    #: Adapter rank; 0 turns LoRA off (full fine-tuning).
+    rank: int = 0
+    #: LoRA alpha: the adapter's update is scaled by alpha / rank.
+    alpha: float = 16.0
+    #: Adapter dropout; must be 0 (the trainer switches dropout off so PPO ratios compare the same policy).
+    dropout: float = 0.0
+    #: Names of the modules (last name part, as in peft) that get adapters, e.g. q_proj, v_proj, gate_proj.
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    #: What a weight sync sends: adapter (the adapter alone; the engines serve it as a vLLM LoRA request and
+    #: keep older versions loaded for requests in flight) or merged (base + adapter merged into full weights,
+    #: synced like full fine-tuning; for engines that cannot serve LoRA).
+    sync: LoraSync = "adapter"
+
+
+@dataclass
 class TrainerConfig:
     """GRPO-style policy-gradient training of the same HF model the engine serves."""
 
@@ -332,6 +354,9 @@ class TrainerConfig:
     gpus_per_rank: float = 0.0
     #: fsdp2: dtype of the gradient reduce-scatter between ranks (FSDP2's MixedPrecisionPolicy.reduce_dtype).
     reduce_dtype: TrainerParamDtype = "float32"
+    #: LoRA adapters instead of full fine-tuning (rank > 0); with kl_coef > 0 the reference is the base model
+    #: with the adapters off (no second copy of the weights).
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

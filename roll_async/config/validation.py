@@ -323,6 +323,7 @@ def _validate_training(config: PipelineConfig) -> None:
     _validate_trainer_placement(trainer)
     _validate_trainer_strategy(trainer)
     _validate_trainer_dtype(trainer)
+    _validate_lora(trainer)
     if config.checkpoint.export_hf_interval < 0:
         raise ConfigError(
             f"checkpoint.export_hf_interval={config.checkpoint.export_hf_interval}: must be >= 0 (0: no export "
@@ -336,6 +337,46 @@ def _validate_training(config: PipelineConfig) -> None:
     if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
         raise ConfigError(
             f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
+        )
+
+
+#: Largest adapter rank vLLM serves (vllm.config.lora.MaxLoRARanks).
+MAX_SERVED_LORA_RANK = 512
+
+
+def _validate_lora(trainer: TrainerConfig) -> None:
+    """trainer.lora: a positive alpha, no dropout, a rank vLLM can serve, the built-in trainer only."""
+    lora = trainer.lora
+    if lora.rank < 0:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank}: must be >= 0 (0 turns LoRA off)"
+        )
+    if lora.rank == 0:
+        return
+    if lora.alpha <= 0:
+        raise ConfigError(f"trainer.lora.alpha={lora.alpha}: must be > 0")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"trainer.lora.dropout={lora.dropout}: must be within [0, 1)")
+    if lora.dropout > 0:
+        raise ConfigError(
+            f"trainer.lora.dropout={lora.dropout}: the trainer switches dropout off so the PPO ratio and the "
+            "importance weights compare the same policy (random masks would make them noise); set "
+            "trainer.lora.dropout=0"
+        )
+    if not lora.target_modules:
+        raise ConfigError(
+            "trainer.lora.target_modules is empty; name the modules that get adapters, e.g. "
+            "[q_proj, k_proj, v_proj, o_proj]"
+        )
+    if lora.sync == "adapter" and lora.rank > MAX_SERVED_LORA_RANK:
+        raise ConfigError(
+            f"trainer.lora.rank={lora.rank} with trainer.lora.sync=adapter: vLLM serves adapters of rank <= "
+            f"{MAX_SERVED_LORA_RANK}; lower the rank or set trainer.lora.sync=merged"
+        )
+    if trainer.trainer_cls or trainer.simulate_step_s > 0:
+        raise ConfigError(
+            "trainer.lora.rank > 0 applies LoRA to the built-in trainer; it cannot be combined with "
+            "trainer.trainer_cls or trainer.simulate_step_s > 0: set trainer.lora.rank=0 or drop those"
         )
 
 
@@ -398,6 +439,12 @@ def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
         raise ConfigError(
             "trainer.strategy=fsdp2 always runs its ranks as Ray actors: leave trainer.placement and "
             "trainer.num_gpus unset and give each rank GPUs with trainer.gpus_per_rank"
+        )
+    if trainer.lora.rank > 0:
+        raise ConfigError(
+            f"trainer.lora.rank={trainer.lora.rank} with trainer.strategy=fsdp2: LoRA runs on the single "
+            "strategy (one device holds the frozen base and the adapters); set trainer.strategy=single, or "
+            "trainer.lora.rank=0 for full fine-tuning on fsdp2 ranks"
         )
     if trainer.gpus_per_rank not in (0, 1):
         raise ConfigError(

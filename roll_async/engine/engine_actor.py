@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from roll_async.config.schema import EngineConfig
+from roll_async.engine.lora_adapters import LoraServing
 from roll_async.engine.router import EngineClient, RayEngineClient
 from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.engine.zmq_engine_client import ZmqEngineClient
@@ -63,9 +64,15 @@ async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, 
 
 
 async def launch_engines(
-    model_path: str, config: EngineConfig, *, name_prefix: str = "roll_async_engine"
+    model_path: str,
+    config: EngineConfig,
+    *,
+    name_prefix: str = "roll_async_engine",
+    lora: LoraServing | None = None,
 ) -> list[Any]:
     """Start ``config.num_replicas`` engine actors and wait until each has loaded the model.
+
+    ``lora``: the replicas serve the run's LoRA adapters (trainer.lora.sync=adapter).
 
     Raises EngineStartupError (naming the option, path or timeout) and kills every
     replica it started if any fails, so a bad config never leaves processes behind.
@@ -79,7 +86,7 @@ async def launch_engines(
             num_gpus=num_gpus,
             max_concurrency=ACTOR_MAX_CONCURRENCY,
             max_restarts=0,
-        ).remote(model_path, config)
+        ).remote(model_path, config, lora)
         for index in range(config.num_replicas)
     ]
     try:

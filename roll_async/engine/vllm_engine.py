@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config.schema import EngineConfig
+from roll_async.engine.lora_adapters import AdapterVersions, LoraServing
 from roll_async.engine.weight_transport import resolve_bucket
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
 from roll_async.errors import EngineStartupError
@@ -102,8 +103,13 @@ def is_cpu_platform() -> bool:
     return current_platform.is_cpu()
 
 
-def build_engine_args(model_path: str, config: EngineConfig) -> Any:
-    """Translate EngineConfig into vLLM's AsyncEngineArgs, naming any option vLLM rejects."""
+def build_engine_args(
+    model_path: str, config: EngineConfig, lora: LoraServing | None = None
+) -> Any:
+    """Translate EngineConfig into vLLM's AsyncEngineArgs, naming any option vLLM rejects.
+
+    ``lora``: serve the run's LoRA adapters (trainer.lora.sync=adapter; roll_async.engine.lora_adapters).
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     kwargs: dict[str, Any] = dict(
@@ -136,6 +142,8 @@ def build_engine_args(model_path: str, config: EngineConfig) -> Any:
         )
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if lora is not None:
+        kwargs.update(lora.engine_kwargs())
     for key, value in config.engine_kwargs.items():
         kwargs[key] = value
     try:
@@ -150,9 +158,17 @@ def build_engine_args(model_path: str, config: EngineConfig) -> Any:
 class VLLMEngine(ServesRequestsOverZmq):
     """Owns one AsyncLLM. Construction is cheap; :meth:`start` loads the model."""
 
-    def __init__(self, model_path: str, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        config: EngineConfig | None = None,
+        lora: LoraServing | None = None,
+    ) -> None:
         self.model_path = model_path
         self.config = config or EngineConfig()
+        self._lora = lora
+        #: trainer.lora.sync=adapter: weight syncs bring adapter versions, served as vLLM LoRA requests.
+        self._adapters: AdapterVersions | None = None
         self._llm: Any = None
         self._weight_version = 0
         self._snapshot = _SchedulerSnapshot()
@@ -202,7 +218,9 @@ class VLLMEngine(ServesRequestsOverZmq):
 
         shipped = model_files is not None
         self.use_model_dir_on_node(model_files)
-        args = build_engine_args(self.model_path, self.config)
+        args = build_engine_args(self.model_path, self.config, self._lora)
+        if self._lora is not None:
+            self._adapters = AdapterVersions(self._lora)
         try:
             self._llm = AsyncLLM.from_engine_args(
                 args, stat_loggers=[_stat_logger_factory(self._snapshot)]
@@ -226,6 +244,7 @@ class VLLMEngine(ServesRequestsOverZmq):
             "max_model_len": self._max_model_len,
             "device": "cpu" if is_cpu_platform() else "cuda",
             "pid": os.getpid(),
+            "lora": self._lora is not None,
         }
         return self._info
 
@@ -257,6 +276,8 @@ class VLLMEngine(ServesRequestsOverZmq):
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()
+        if self._adapters is not None:
+            self._adapters.close()
 
     def _require_started(self) -> Any:
         if self._llm is None:
@@ -318,6 +339,11 @@ class VLLMEngine(ServesRequestsOverZmq):
         params = self._sampling_params(request)
         final = None
         self._in_flight.add(request.request_id)
+        # With adapters: the newest adapter now; the request keeps it to the end, whatever syncs come.
+        lora_request, adapter_version = (
+            self._adapters.acquire() if self._adapters is not None else (None, None)
+        )
+        start_version = self._weight_version
         try:
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
             if request.multi_modal_data:
@@ -329,11 +355,18 @@ class VLLMEngine(ServesRequestsOverZmq):
                 prompt,
                 params,
                 request_id=request.request_id,
+                lora_request=lora_request,
             ):
                 final = output
         finally:
             self._in_flight.discard(request.request_id)
+            if self._adapters is not None:
+                self._adapters.release(adapter_version)
+                await self._remove_unused_adapters(llm)
         version = self._weight_version
+        if self._adapters is not None:
+            # every token was sampled with the adapter the request started on (the base before the first)
+            version = adapter_version if adapter_version is not None else start_version
         if final is None or not final.outputs:
             return GenerationResult(
                 request.request_id,
@@ -357,8 +390,10 @@ class VLLMEngine(ServesRequestsOverZmq):
                 "request %s ended with vLLM's retryable 'error' finish reason",
                 request.request_id,
             )
-        token_versions = _token_versions(
-            completion.weight_versions, len(token_ids), version
+        token_versions = (
+            [version] * len(token_ids)
+            if self._adapters is not None
+            else _token_versions(completion.weight_versions, len(token_ids), version)
         )
         self._prompt_tokens += len(request.prompt_token_ids)
         self._prefix_cache_hit_tokens += int(final.num_cached_tokens or 0)
@@ -431,6 +466,9 @@ class VLLMEngine(ServesRequestsOverZmq):
                 f"update_weights version={version} is older than the engine's version {self._weight_version}"
             )
         start = time.perf_counter()
+        if self._adapters is not None:
+            await self._load_adapter(llm, weights, version)
+            return time.perf_counter() - start
         if isinstance(
             weights, list
         ):  # buckets (bytes or object refs, roll_async.engine.weight_transport)
@@ -445,6 +483,37 @@ class VLLMEngine(ServesRequestsOverZmq):
             await llm.collective_rpc("roll_async_load_weights", args=(bytes(payload),))
         await self._enter_version(llm, version)
         return time.perf_counter() - start
+
+    async def _load_adapter(
+        self, llm: Any, weights: dict[str, Any] | bytes | list[Any], version: int
+    ) -> None:
+        """trainer.lora.sync=adapter: ``weights`` is the adapter; new requests use it, running ones keep theirs.
+
+        The base weights do not change, so no KV is dropped (vLLM keys cached blocks by adapter).
+        """
+        from safetensors.torch import load
+
+        assert self._adapters is not None
+        if isinstance(weights, list):
+            blobs = [bytes(await resolve_bucket(bucket)) for bucket in weights]
+        elif isinstance(weights, (bytes, bytearray)):
+            blobs = [bytes(weights)]
+        else:
+            blobs = [_to_safetensors_bytes(weights)]
+        tensors: dict[str, Any] = {}
+        for blob in blobs:
+            tensors.update(load(blob))
+        request = self._adapters.write(version, tensors)
+        await llm.add_lora(request)
+        await llm.update_weight_version(str(version))
+        self._weight_version = version
+        await self._remove_unused_adapters(llm)
+
+    async def _remove_unused_adapters(self, llm: Any) -> None:
+        """Unload adapter versions older than the newest max_loras that no request in flight uses."""
+        assert self._adapters is not None
+        for request in self._adapters.removable():
+            await llm.remove_lora(request.lora_int_id)
 
     async def _enter_version(self, llm: Any, version: int) -> None:
         """Label every later engine step ``version`` and drop all KV (and image embeddings) of older weights."""
@@ -496,7 +565,14 @@ class VLLMEngine(ServesRequestsOverZmq):
             "finished_requests": self._finished_requests,
             "weight_version": self._weight_version,
             "images_received": self._images_received,
+            "lora_versions_loaded": len(self._adapters.loaded_versions())
+            if self._adapters is not None
+            else 0,
         }
+
+    def lora_versions(self) -> list[int]:
+        """The adapter versions this replica has loaded, oldest first ([] without LoRA serving)."""
+        return self._adapters.loaded_versions() if self._adapters is not None else []
 
     def ready(self) -> bool:
         return self._llm is not None

@@ -3,7 +3,8 @@
 A checkpoint directory already holds ``save_pretrained`` weights, but also the
 optimizer, the resume state and (after an SFT warm start) the KL reference, and
 it may lack the tokenizer, the run's ``model.chat_template`` override or a
-generation config. Exporting copies the model files, completes them from the
+generation config; a LoRA run's checkpoint holds only the adapter, which export merges into the base
+model (``merge_and_unload``). Exporting copies the model files, completes them from the
 run's base model and config, and writes the result atomically (temp sibling,
 then rename), so the output is what transformers, vLLM and ``roll-async
 check-model`` load.
@@ -27,6 +28,11 @@ from roll_async.trainer.checkpoint import (
     TRAINER_STATE_FILE,
     is_checkpoint,
     list_checkpoints,
+)
+from roll_async.trainer.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    merge_adapter_into_model,
 )
 
 #: Checkpoint entries that are resume state, not part of the model.
@@ -88,8 +94,20 @@ def export_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
+        adapter = (checkpoint / ADAPTER_CONFIG_FILE).is_file()
+        if (
+            adapter
+        ):  # a LoRA run's checkpoint holds the adapter: merge it into the base model
+            if base is None:
+                raise FileNotFoundError(
+                    f"{str(checkpoint)!r} holds a LoRA adapter but its {TRAINER_STATE_FILE} names no base model "
+                    "(model_path)"
+                )
+            merge_adapter_into_model(base, checkpoint).save_pretrained(tmp)
         for entry in checkpoint.iterdir():
             if entry.name in RESUME_ONLY or entry.is_dir():
+                continue
+            if adapter and entry.name in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE):
                 continue
             shutil.copy2(entry, tmp / entry.name)
         tokenizer: Any = (

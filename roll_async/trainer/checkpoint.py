@@ -32,14 +32,18 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 # HF checkpoint naming
 
 
-def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def checkpoint_state_dict(
+    model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
     """The model's weights under the names ``save_pretrained`` writes (tied aliases dropped, conversions reverted).
 
     These are the names vLLM's ``reload_weights(is_checkpoint_format=True)``
     expects. With tied embeddings ``lm_head.weight`` is the same tensor as
     ``model.embed_tokens.weight`` and is left out, exactly as in the saved file.
+    ``state``: tensors to name instead of ``model.state_dict()`` (same keys; LoRA's merged weights).
     """
-    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    if state is None:
+        state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     try:  # transformers >= 5: the exact helpers save_pretrained uses
         from transformers.modeling_utils import remove_tied_weights_from_state_dict
     except ImportError:

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from roll_async.metrics import (
     TRAIN_TOKEN_LAG_MAX,
 )
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
+from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
     KL_REFERENCE_DIR,
@@ -255,11 +257,17 @@ class GRPOTrainer:
             if model_is_vision_language(self.model_path)
             else None
         )
+        #: trainer.lora.rank > 0: the model is a peft model whose adapters alone train (roll_async.trainer.lora).
+        self.lora = lora_adapters.lora_enabled(config.lora)
+        if self.lora:
+            self.model = lora_adapters.apply_lora(self.model, config.lora)
         if config.gradient_checkpointing:
             # Non-reentrant: gradients reach the weights whether or not the inputs require grad.
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+            if self.lora:  # frozen embeddings: checkpointed blocks need an input that requires grad
+                self.model.enable_input_require_grads()
         #: Tied aliases (lm_head sharing the embedding): left out of the weights sent to engines and exports.
         self.tied_names = tied_parameter_names(self.model)
         if rank is not None:
@@ -284,7 +292,10 @@ class GRPOTrainer:
             )
         # The reference exists only when the KL term needs it (a full second copy of the weights).
         self.ref_model = None
-        if config.kl_coef > 0:
+        if config.kl_coef > 0 and self.lora:
+            # the base model with the adapters off (_reference_weights): no second copy
+            self.ref_model = self.model
+        elif config.kl_coef > 0:
             self.ref_model = load_causal_lm(
                 self.model_path, self.dtype, load_device, trust_remote_code
             )
@@ -536,7 +547,7 @@ class GRPOTrainer:
         loss = pg_loss
         kl_value = 0.0
         if self.ref_model is not None and cfg.kl_coef > 0:
-            with torch.no_grad():
+            with torch.no_grad(), self._reference_weights():
                 ref = self._forward(self.ref_model, batch, mb, mask).logprobs
             kl = aggregate(k3_kl(logp, ref), mask, cfg.loss_agg, normalizer)
             loss = loss + cfg.kl_coef * kl
@@ -659,6 +670,10 @@ class GRPOTrainer:
             enabled=self.compute_dtype != torch.float32 and self.rank is None,
         )
 
+    def _reference_weights(self) -> Any:
+        """The context the KL reference's forward runs in: the adapters off with LoRA, else nothing."""
+        return lora_adapters.adapters_off(self.model) if self.lora else nullcontext()
+
     def _vision_inputs(
         self, batch: TrajectoryBatch, rows: Sequence[int]
     ) -> dict[str, torch.Tensor]:
@@ -672,7 +687,17 @@ class GRPOTrainer:
         }
 
     def reset_reference(self) -> None:
-        """Make the KL reference the current weights (after an SFT warm start); no-op without a reference."""
+        """Make the KL reference the current weights (after an SFT warm start); no-op without a reference.
+
+        With LoRA the reference stays the base model (adapters off): a snapshot would be a second copy.
+        """
+        if self.lora:
+            if self.ref_model is not None:
+                logger.warning(
+                    "trainer.lora: the KL reference stays the base model with the adapters off, not the "
+                    "weights after the SFT warm start"
+                )
+            return
         if self.ref_model is not None:
             self.ref_model.load_state_dict(self.model.state_dict())
             self.reference_source = "snapshot"
@@ -734,6 +759,8 @@ class GRPOTrainer:
 
         Under fsdp2 this gathers the whole model on the main rank ({} elsewhere);
         weight syncs use :meth:`engine_weight_chunks`, which never does.
+        With LoRA: ``trainer.lora.sync=adapter`` gives the adapter alone under peft's saved names (the engines
+        serve it as a LoRA request), ``merged`` the base + adapter merged under the base model's HF names.
         """
         merged: dict[str, torch.Tensor] = {}
         for chunk in self.engine_weight_chunks():
@@ -747,10 +774,13 @@ class GRPOTrainer:
         collectively); only the main rank's parts hold tensors.
         """
         if self.rank is None:
-            yield {
-                name: t.detach().to("cpu", copy=True)
-                for name, t in checkpoint_state_dict(self.model).items()
-            }
+            if self.lora and self.config.lora.sync == "adapter":
+                weights = lora_adapters.adapter_state_dict(self.model)
+            elif self.lora:
+                weights = lora_adapters.merged_state_dict(self.model)
+            else:
+                weights = checkpoint_state_dict(self.model)
+            yield {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             return
         yield from gathered_weight_chunks(self.model, self.rank, self.tied_names)
 
@@ -843,7 +873,12 @@ class GRPOTrainer:
                 "trainer.strategy=single, or start the fsdp2 run from its weights with model.path"
             )
         else:
-            load_model_weights(self.model, path)
+            if (
+                self.lora
+            ):  # a LoRA checkpoint holds the adapter (the base is model_path)
+                lora_adapters.load_adapter_weights(self.model, path)
+            else:
+                load_model_weights(self.model, path)
             if load_optimizer_state(self.optimizer, path):
                 self._apply_config_hyperparameters()
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
@@ -863,7 +898,7 @@ class GRPOTrainer:
 
     def _restore_reference(self, path: Any, trainer_state: dict[str, Any]) -> None:
         """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
-        if self.ref_model is None:
+        if self.ref_model is None or self.lora:
             return
         if trainer_state.get("kl_reference") == "snapshot":
             if not is_sharded_checkpoint(path):

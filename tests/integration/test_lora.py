@@ -1,0 +1,240 @@
+"""LoRA end to end on CPU with the real engine: adapter-only training, and the engine follows each adapter sync.
+
+The engine serves each synced adapter as a vLLM LoRA request (trainer.lora.sync=adapter, the default).
+After every sync its logprobs of what it samples for a fixed prompt must equal the trainer's logprobs of
+the same tokens with the trainer's current adapter (and differ from the base model's), while the base
+weights never change; a request running across a sync keeps the adapter it started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import uuid
+from pathlib import Path
+
+import pytest
+
+from roll_async.config.schema import EngineConfig, load_config
+from roll_async.trajectory import GenerationRequest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+#: |engine - trainer| logprob bound on sampled tokens (as test_train_pipeline: float32 CPU kernels).
+LOGPROB_TOL = 2e-3
+
+
+def lora_config(tmp_path: Path, *overrides: str):
+    return load_config(
+        REPO / "configs" / "sokoban.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "mode=sync",
+            "sft_warmup.enabled=false",
+            "trainer.lr=2e-2",
+            "trainer.lora.rank=8",
+            "trainer.lora.alpha=32",
+            "max_steps=3",
+            "rollout_batch_size=4",
+            "train_env_manager.num_env_groups=2",
+            "train_env_manager.group_size=2",
+            "custom_envs.SimpleSokoban.max_steps=2",
+            "custom_envs.SimpleSokoban.max_tokens_per_step=16",
+            "trainer.micro_batch_size=4",
+            "logging.progress_bar=false",
+            "logging.console=false",
+            "eval_steps=0",
+            "checkpoint.save_interval=1",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+async def lora_engine(ray_session, tiny_model_path):
+    """An engine replica serving LoRA adapters (its own: the session's engine has LoRA off)."""
+    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
+    from roll_async.engine.lora_adapters import LoraServing
+    from roll_async.trainer.lora import adapter_config_json
+
+    config = lora_config(Path("/tmp"))
+    serving = LoraServing(
+        rank=config.trainer.lora.rank,
+        max_loras=2,
+        adapter_config=adapter_config_json(config.trainer.lora, str(tiny_model_path)),
+    )
+    (actor,) = await launch_engines(
+        str(tiny_model_path),
+        EngineConfig(
+            dtype="float32",
+            max_model_len=1024,
+            max_num_seqs=16,
+            cpu_kv_cache_space_gib=0.5,
+        ),
+        name_prefix="test_lora_engine",
+        lora=serving,
+    )
+    yield actor
+    await shutdown_engines([actor])
+
+
+def fixed_prompt(tokenizer) -> list[int]:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Push the box.\n######\n#_P_X_#"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+
+
+def trainer_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+async def test_lora_run_trains_only_adapters_and_the_engine_follows_each_sync(
+    lora_engine, tokenizer, tiny_model_path, tmp_path
+):
+    from safetensors.torch import load_file
+
+    from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+    from roll_async.trainer.lora import adapters_off
+
+    # the SFT warm start trains the adapter too: the engine must serve it from the first sync on
+    config = lora_config(
+        tmp_path,
+        "sft_warmup.enabled=true",
+        "sft_warmup.steps=10",
+        "sft_warmup.num_demos=8",
+        "sft_warmup.lr=2e-2",
+    )
+    pipeline = AgenticPipeline(config, engines=[lora_engine])
+    prompt = fixed_prompt(tokenizer)
+    checks: list[dict] = []
+    push = pipeline._push_weights
+
+    async def push_and_compare(version: int, in_flight: str) -> float:
+        spent = await push(version, in_flight)
+        sampled = await lora_engine.generate.remote(
+            GenerationRequest(
+                request_id=f"lora-check-{version}-{uuid.uuid4().hex[:6]}",
+                prompt_token_ids=prompt,
+                max_tokens=16,
+                temperature=1.0,
+                seed=7,
+                ignore_eos=True,
+            )
+        )
+        model = pipeline.trainer.model
+        tokens = sampled.output_token_ids
+        with adapters_off(model):
+            base = trainer_logprobs(model, prompt, tokens)
+        checks.append(
+            {
+                "version": version,
+                "engine": sampled.logprobs,
+                "trainer": trainer_logprobs(model, prompt, tokens),
+                "base": base,
+                "token_versions": sampled.token_versions,
+            }
+        )
+        return spent
+
+    pipeline._push_weights = push_and_compare
+    run = await pipeline.run()
+
+    # the warm-started adapter first (version 0), then one sync per step
+    assert [c["version"] for c in checks] == [0, 1, 2, 3]
+    for check in checks:
+        assert check["token_versions"] == [check["version"]] * 16
+        assert check["engine"] == pytest.approx(check["trainer"], abs=LOGPROB_TOL)
+        assert (
+            max(abs(e - b) for e, b in zip(check["engine"], check["base"]))
+            > 10 * LOGPROB_TOL
+        ), "the engine serves the base model, not the adapter"
+    # only adapter weights trained: every base weight is still the model file's
+    original = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])
+    base_model = pipeline.trainer.model.get_base_model()
+    for name, tensor in base_model.state_dict().items():
+        if ".lora_" in name:
+            continue
+        plain = name.replace(".base_layer.", ".")
+        if plain in original:
+            assert (tensor == original[plain]).all(), plain
+    checkpoint = run / "checkpoints" / "step_2"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert not (checkpoint / "model.safetensors").exists()
+    assert await lora_engine.lora_versions.remote() == [
+        2,
+        3,
+    ]  # max_loras newest versions
+
+
+async def test_a_request_running_across_a_sync_keeps_its_adapter_version(
+    lora_engine, tokenizer, tiny_model_path
+):
+    import torch
+
+    from roll_async.config.schema import LoraConfig, TrainerConfig
+    from roll_async.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        TrainerConfig(device="cpu", lora=LoraConfig(rank=8, alpha=32)), tiny_model_path
+    )
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    version = int(await lora_engine.get_weight_version.remote())
+    await lora_engine.pause.remote("wait")
+    await lora_engine.update_weights.remote(
+        trainer.state_dict_for_engine(), version + 1
+    )
+    await lora_engine.resume.remote()
+    long = asyncio.ensure_future(
+        lora_engine.generate.remote(
+            GenerationRequest(
+                request_id=f"lora-long-{uuid.uuid4().hex[:6]}",
+                prompt_token_ids=fixed_prompt(tokenizer),
+                max_tokens=400,
+                temperature=1.0,
+                seed=1,
+                ignore_eos=True,
+            )
+        )
+    )
+    for _ in range(200):
+        if (await lora_engine.stats.remote())["in_flight"] >= 1:
+            break
+        await asyncio.sleep(0.02)
+    assert not long.done()
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    await lora_engine.pause.remote("keep")
+    await lora_engine.update_weights.remote(
+        trainer.state_dict_for_engine(), version + 2
+    )
+    await lora_engine.resume.remote()
+    result = await long
+    assert len(result.output_token_ids) == 400
+    assert (
+        result.token_versions == [version + 1] * 400
+    )  # sampled by the adapter it started on
+    after = await lora_engine.generate.remote(
+        GenerationRequest(
+            request_id=f"lora-after-{uuid.uuid4().hex[:6]}",
+            prompt_token_ids=fixed_prompt(tokenizer),
+            max_tokens=4,
+            temperature=1.0,
+            seed=1,
+        )
+    )
+    assert set(after.token_versions) == {version + 2}
+    assert await lora_engine.lora_versions.remote() == [version + 1, version + 2]
