@@ -420,6 +420,12 @@ def cross_check_table() -> list[str]:
     return lines + [""]
 
 
+def _sequences(tokens: int) -> str:
+    if tokens <= SEQUENCE_LENGTH:
+        return "one sequence" if tokens == SEQUENCE_LENGTH else "part of a sequence"
+    return f"{tokens / SEQUENCE_LENGTH:g} sequences"
+
+
 def render(
     tokens: int = MICRO_BATCH_TOKENS, models: Sequence[str] | None = None
 ) -> str:
@@ -439,8 +445,8 @@ def render(
         "that live only within one kernel or one optimizer step. Measure before you rely on one.",
         "",
         f"**Setting.** Sequence length {SEQUENCE_LENGTH:,} tokens; a micro-batch of {tokens:,} tokens "
-        f"({tokens // SEQUENCE_LENGTH if tokens >= SEQUENCE_LENGTH else 1} sequence(s)); one micro-batch's "
-        "activations alive at a time (gradient accumulation over the others); the peak taken at the start",
+        f"({_sequences(tokens)});",
+        "one micro-batch's activations alive at a time (gradient accumulation over the others); the peak taken at the start",
         "of backward after the first optimizer step, so everything below is resident at once. GiB = 2^30",
         f'bytes; an "80 GB" GPU has {GPU_GIB:.1f} GiB (81,559 MiB as nvidia-smi reports an H100 or A100',
         f"80GB); a setup *fits* when its total plus the {RESERVE_GIB:.0f} GiB reserve is at most that (the",
@@ -464,7 +470,7 @@ def render(
         "the compute dtype (bf16 or fp32; no master copy, no gradients, no optimizer state); adapter",
         "parameters, gradients and AdamW state in float32 (sharded 1/N too). Activations are as for full",
         "fine-tuning (backward still runs through every layer); the adapters' own [tokens, r] inputs are",
-        "left out (under 0.1% of them).",
+        "left out (under 0.5% of them).",
         "",
         "**Terms, per rank** (P parameters, A adapter parameters, N ranks, d bytes of the compute dtype,",
         "T tokens per micro-batch, L layers, h hidden, V vocab):",
