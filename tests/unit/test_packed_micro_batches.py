@@ -403,3 +403,60 @@ def test_config_budget_at_least_sequence_length_loads():
     assert (
         load_config("configs/frozen_lake.yaml").trainer.max_tokens_per_micro_batch == 0
     )
+
+
+def test_a_vision_language_model_falls_back_to_padded_budget_micro_batches(caplog):
+    """No packing for a VL model: rows grouped by the budget (not consecutive), padded, images by row index."""
+    from roll_async.envs import make_env
+    from roll_async.model.tiny_vl import build_tiny_vl_model
+    from roll_async.prompts.images import ObservationEncoder, VisionProcessor
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+
+    path = str(build_tiny_vl_model())
+    builder = ChatPromptBuilder(load_tokenizer(path), "You solve puzzles.")
+    encoder = ObservationEncoder(VisionProcessor.load(path))
+    env = make_env("sokoban", {"render_mode": "vision", "dim_room": [6, 6]})
+    trajectories = []
+    for i, reply_text in enumerate(
+        ["<answer>Up</answer>" * 6, "Up", "Left " * 12, "No"]
+    ):
+        observation, info = env.reset(seed=i)
+        first = encoder.encode(
+            builder.first_turn_ids(
+                info["instruction"] + "\n" + encoder.text(observation)
+            ),
+            observation,
+        )
+        reply = builder.encode(reply_text) + [builder.tokenizer.eos_token_id]
+        ids = list(first.token_ids) + reply
+        mask = [0] * len(first.token_ids) + [1] * len(reply)
+        trajectories.append(
+            Trajectory(
+                tag="t",
+                group_id=i // 2,
+                episode_id=i,
+                env_id=i,
+                seed=i,
+                traj_id=f"vl-{i}",
+                created_step=0,
+                token_ids=ids,
+                response_mask=mask,
+                logprobs=[-2.0 * m for m in mask],
+                episode_reward=float(i % 2),
+                images=list(first.images),
+            )
+        )
+    batch = collate_trajectories(trajectories, pad_token_id=0)
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    budget = lengths[0] + lengths[2]
+    with caplog.at_level("WARNING", logger="roll_async.trainer.grpo_trainer"):
+        fallback = GRPOTrainer(trainer_config(max_tokens_per_micro_batch=budget), path)
+    assert not fallback.packing
+    assert "padded to their longest row" in caplog.text
+    assert fallback.plan(batch)[0].rows == (0, 2)
+    per_row = GRPOTrainer(trainer_config(micro_batch_size=1), path)
+    advantages = compute_advantages(batch.rewards, batch.group_index)
+    a = per_row.accumulate_gradients(batch, advantages)
+    b = fallback.accumulate_gradients(batch, advantages)
+    assert a.loss == pytest.approx(b.loss, abs=TOLERANCE)
+    assert_same_grads(per_row, fallback)
