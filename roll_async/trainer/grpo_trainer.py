@@ -451,7 +451,9 @@ class GRPOTrainer:
             self.rank is not None
         ):  # per-rank sums -> batch sums (every rank returns the same stats)
             ratio_max = totals.pop("ratio_max", 0.0)
-            totals = collections.defaultdict(float, sum_across_ranks(totals, self.rank))
+            # the same keys on every rank: a rank that skipped nothing has no "skipped" entry yet
+            summed = {key: totals[key] for key in _SUMMED_TOTALS}
+            totals = collections.defaultdict(float, sum_across_ranks(summed, self.rank))
             totals["ratio_max"] = max_across_ranks({"m": ratio_max}, self.rank)["m"]
         tokens = max(totals["tokens"], 1)
         return GradientStats(
@@ -914,6 +916,20 @@ class GRPOTrainer:
                 "model.path's weights, not a post-SFT snapshot",
                 path,
             )
+
+
+#: The per-pass sums accumulate_gradients adds up across fsdp2 ranks.
+_SUMMED_TOTALS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "tokens",
+    "clipped",
+    "truncated",
+    "entropy",
+    "ratio_sum",
+    "skipped",
+)
 
 
 def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:

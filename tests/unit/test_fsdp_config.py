@@ -46,6 +46,10 @@ def test_fsdp2_on_two_cpu_ranks_is_accepted():
             r"cannot be combined with trainer\.trainer_cls or trainer\.simulate_step_s",
         ),
         (["checkpoint.export_hf_interval=-1"], r"checkpoint\.export_hf_interval=-1"),
+        (
+            ["trainer.strategy=fsdp2", "trainer.lora.rank=8"],
+            r"trainer\.lora\.rank=8 with trainer\.strategy=fsdp2: LoRA runs on the single strategy",
+        ),
     ],
 )
 def test_bad_strategy_settings_fail_at_load_naming_key_and_fix(overrides, message):

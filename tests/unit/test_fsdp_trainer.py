@@ -127,3 +127,30 @@ def test_a_save_at_two_ranks_resumes_at_one_and_two_with_the_same_losses(
     # the checkpoint is also a Hugging Face model directory (weights written layer by layer)
     assert (save_dir / "model.safetensors.index.json").is_file()
     assert (save_dir / "config.json").is_file()
+
+
+def test_a_micro_batch_without_scored_tokens_on_one_rank_neither_hangs_nor_changes_the_gradient(
+    tiny_model_path, batch
+):
+    # rows 0-1 (one micro-batch) have nothing to score: the rank that gets it skips it and the other
+    # does not, so the ranks' per-pass totals differ in what they counted (a hang before the fix)
+    tensors = batch.tensors()
+    tensors["response_mask"] = tensors["response_mask"].clone()
+    tensors["response_mask"][:2] = 0
+    skewed = type(batch)(**tensors, traj_ids=batch.traj_ids)
+    config = trainer_config()
+    single = gradients(None, tiny_model_path, skewed, config)
+    ranks = run_on_ranks(
+        gradients,
+        2,
+        tiny_model_path,
+        skewed,
+        dataclasses.replace(config, strategy="fsdp2", num_ranks=2),
+        timeout_s=180,
+    )
+    assert ranks[0]["loss"] == pytest.approx(single["loss"], abs=1e-5)
+    worst = max(
+        float((ranks[0]["grads"][n] - g).abs().max())
+        for n, g in single["grads"].items()
+    )
+    assert worst < 1e-5
