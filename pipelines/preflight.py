@@ -37,11 +37,13 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.trainer.checkpoint import read_checkpoint_state, resolve_resume_dir
 from roll_async.trainer.lora import (
     check_target_modules,
     lora_enabled,
     model_linear_module_names,
 )
+from roll_async.trainer.parallel.sharded_checkpoint import is_sharded_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -279,6 +281,33 @@ def check_lora_targets(config: PipelineConfig, model_path: str) -> None:
     check_target_modules(names, lora.target_modules)
 
 
+def check_resume_checkpoint(config: PipelineConfig) -> None:
+    """checkpoint.resume_from must exist and suit this run's strategy and LoRA setting (it is read before any actor)."""
+    source = config.checkpoint.resume_from
+    if not source:
+        return
+    key = f"checkpoint.resume_from={source!r}"
+    try:
+        path = resolve_resume_dir(source)
+        trainer_state, _ = read_checkpoint_state(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    saved = trainer_state.get("trainer_config") or {}
+    trainer = config.trainer
+    if trainer.strategy == "fsdp2" and not is_sharded_checkpoint(path):
+        raise ConfigError(
+            f"{key}: {path.name} was written by trainer.strategy=single (HF weights and optimizer.pt), which "
+            "fsdp2 ranks cannot reshard; resume with trainer.strategy=single, or start the fsdp2 run from its "
+            "weights with model.path"
+        )
+    saved_lora = int((saved.get("lora") or {}).get("rank", 0))
+    if saved and bool(saved_lora) != lora_enabled(trainer.lora):
+        raise ConfigError(
+            f"{key}: the checkpoint holds {'LoRA adapters' if saved_lora else 'full weights'} but this run has "
+            f"trainer.lora.rank={trainer.lora.rank}; set trainer.lora.rank={saved_lora} to resume it"
+        )
+
+
 def _class_names(values: Any) -> set[str]:
     """Class names of a transformers auto mapping (a value is one name or a tuple of names)."""
     names: set[str] = set()
@@ -322,6 +351,7 @@ def preflight(config: PipelineConfig) -> tuple[str, Any]:
         raise ConfigError(str(exc)) from None
     check_architecture(config, model_path)
     check_lora_targets(config, model_path)
+    check_resume_checkpoint(config)
     tokenizer = load_checked_tokenizer(config, model_path)
     check_chat_template(config, tokenizer)
     check_tool_parser(config, tokenizer)

@@ -82,3 +82,65 @@ def test_micro_batches_are_balanced_by_tokens_and_equal_on_every_rank():
     assert max(loads) - min(loads) <= max(tokens)
     assert shares == assign_to_ranks(list(tokens), 2)
     assert assign_to_ranks(tokens, 1) == [list(range(len(tokens)))]
+
+
+def _checkpoint(root, *, sharded: bool, lora_rank: int = 0):
+    import json
+
+    step = root / "checkpoints" / "step_3"
+    step.mkdir(parents=True)
+    state = {"format": 1, "trainer_config": {"lora": {"rank": lora_rank}}}
+    (step / "trainer_state.json").write_text(json.dumps(state))
+    if sharded:
+        (step / "dcp").mkdir()
+        (step / "dcp" / ".metadata").write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize(
+    "sharded, lora_rank, overrides, message",
+    [
+        (
+            False,
+            0,
+            ["trainer.strategy=fsdp2"],
+            r"written by trainer\.strategy=single .* cannot reshard",
+        ),
+        (
+            True,
+            0,
+            ["trainer.lora.rank=8"],
+            r"holds full weights but this run has trainer\.lora\.rank=8",
+        ),
+        (
+            False,
+            8,
+            [],
+            r"holds LoRA adapters but this run has trainer\.lora\.rank=0; set trainer\.lora\.rank=8",
+        ),
+    ],
+)
+def test_resuming_into_a_strategy_that_cannot_load_the_checkpoint_fails_before_any_actor(
+    tmp_path, sharded, lora_rank, overrides, message
+):
+    from roll_async.pipelines.preflight import check_resume_checkpoint
+
+    run = _checkpoint(tmp_path, sharded=sharded, lora_rank=lora_rank)
+    config = load_config(
+        "configs/sokoban.yaml", [f"checkpoint.resume_from={run}", *overrides]
+    )
+    with pytest.raises(ConfigError, match=message) as info:
+        check_resume_checkpoint(config)
+    assert "\n" not in str(info.value)
+
+
+def test_a_sharded_checkpoint_resumes_under_either_strategy(tmp_path):
+    from roll_async.pipelines.preflight import check_resume_checkpoint
+
+    run = _checkpoint(tmp_path, sharded=True)
+    for overrides in ([], ["trainer.strategy=fsdp2", "trainer.num_ranks=3"]):
+        check_resume_checkpoint(
+            load_config(
+                "configs/sokoban.yaml", [f"checkpoint.resume_from={run}", *overrides]
+            )
+        )
