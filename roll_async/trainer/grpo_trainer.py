@@ -213,6 +213,12 @@ class GRPOTrainer:
     float32); ``trainer.param_dtype: bfloat16`` runs the forward passes under
     ``torch.autocast`` in bfloat16, so small updates still land on the float32
     master weights.
+
+    ``rank`` (trainer.strategy fsdp2, built by roll_async.trainer.ranks): this
+    process is one SPMD rank; the model and reference are sharded with FSDP2
+    (its mixed-precision policy replaces autocast), each rank runs its share of
+    the micro-batch plan, and weights and checkpoints are gathered or written
+    collectively (roll_async.trainer.parallel).
     """
 
     def __init__(

@@ -186,7 +186,9 @@ def build_placed_trainer(
 ) -> Trainer:
     """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed.
 
-    ``trainer.placement: driver`` (default) builds the trainer in the pipeline's
+    ``trainer.strategy: fsdp2`` starts ``trainer.num_ranks`` rank actors in a placement
+    group instead (:class:`~roll_async.trainer.ranks.rank_group.TrainerRankGroup`), whatever
+    the placement. ``trainer.placement: driver`` (default) builds the trainer in the pipeline's
     process, as before. ``trainer.placement: ray_actor`` builds it inside a
     :class:`TrainerActor` created with ``num_gpus=trainer.num_gpus`` and one CPU, so
     on a cluster Ray puts the trainer on a node with a free GPU and assigns it one;
