@@ -25,6 +25,7 @@ from roll_async.trainer.checkpoint import (
     EXTRA_STATE_FILE,
     KL_REFERENCE_DIR,
     OPTIMIZER_FILE,
+    RNG_FILE,
     TRAINER_STATE_FILE,
     is_checkpoint,
     list_checkpoints,
@@ -39,6 +40,8 @@ from roll_async.trainer.lora import (
 RESUME_ONLY = frozenset(
     {OPTIMIZER_FILE, EXTRA_STATE_FILE, TRAINER_STATE_FILE, KL_REFERENCE_DIR}
 )
+#: Per-rank RNG states (``rng_rank<N>.pt``): resume state too.
+RESUME_ONLY_PREFIX = RNG_FILE.split("{", 1)[0]
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
@@ -105,7 +108,11 @@ def export_checkpoint(
                 )
             merge_adapter_into_model(base, checkpoint).save_pretrained(tmp)
         for entry in checkpoint.iterdir():
-            if entry.name in RESUME_ONLY or entry.is_dir():
+            if (
+                entry.name in RESUME_ONLY
+                or entry.name.startswith(RESUME_ONLY_PREFIX)
+                or entry.is_dir()
+            ):
                 continue
             if adapter and entry.name in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE):
                 continue

@@ -22,6 +22,8 @@ import torch
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_STATE_FILE = "extra_state.pt"
+#: Each rank's torch RNG state (the trainer draws no random numbers today; a custom loss or dropout would).
+RNG_FILE = "rng_rank{rank}.pt"
 #: Sub-directory holding the KL reference's weights when it is not model.path's (after an SFT warm start).
 KL_REFERENCE_DIR = "kl_reference"
 CHECKPOINT_FORMAT = 1
@@ -129,6 +131,7 @@ def write_checkpoint(
     * ``optimizer.pt``: the optimizer state dict;
     * ``extra_state.pt``: whatever the caller passed (the pipeline's step and
       scheduler seed state), pickled with ``torch.save``;
+    * ``rng_rank0.pt``: the torch RNG state;
     * ``trainer_state.json``: the trainer's step counters and config, for humans and
       for :func:`is_checkpoint` (it is what makes a directory a checkpoint).
     * ``kl_reference/model.safetensors`` when ``reference_model`` is given: the KL
@@ -156,12 +159,33 @@ def write_checkpoint(
                 for name, t in checkpoint_state_dict(reference_model).items()
             }
             save_file(weights, str(tmp / KL_REFERENCE_DIR / "model.safetensors"))
+        save_rng_state(tmp)
         write_checkpoint_state(tmp, tokenizer, trainer_state, extra_state)
         swap_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def save_rng_state(directory: Path, rank: int = 0) -> None:
+    """This process's torch RNG state (CPU, and CUDA when present) as ``rng_rank<rank>.pt``."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    torch.save(state, directory / RNG_FILE.format(rank=rank))
+
+
+def restore_rng_state(directory: Path, rank: int = 0) -> bool:
+    """Restore this process's RNG state if the checkpoint has one for its rank (not when resumed at more ranks)."""
+    file = directory / RNG_FILE.format(rank=rank)
+    if not file.is_file():
+        return False
+    state = torch.load(file, weights_only=True)
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    return True
 
 
 def new_temp_sibling(target: Path) -> Path:

@@ -42,6 +42,8 @@ from roll_async.trainer.checkpoint import (
     load_optimizer_state,
     read_checkpoint_state,
     resolve_resume_dir,
+    restore_rng_state,
+    save_rng_state,
     swap_into_place,
     tied_parameter_names,
     write_checkpoint,
@@ -843,6 +845,7 @@ class GRPOTrainer:
         dist.barrier()
         reference = self.ref_model if self.reference_source == "snapshot" else None
         save_sharded(tmp, self.model, self.optimizer, reference)
+        save_rng_state(tmp, self.rank.rank)
         chunks = gathered_weight_chunks(self.model, self.rank, self.tied_names)
         if self.rank.is_main:
             write_hf_weights(
@@ -889,6 +892,7 @@ class GRPOTrainer:
                 load_model_weights(self.model, path)
             if load_optimizer_state(self.optimizer, path):
                 self._apply_config_hyperparameters()
+        restore_rng_state(path, self.rank.rank if self.rank is not None else 0)
         self.optimizer_steps = int(trainer_state.get("optimizer_steps", 0))
         self.last_step = trainer_state.get("last_step")
         self._restore_reference(path, trainer_state)

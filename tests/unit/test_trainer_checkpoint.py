@@ -171,3 +171,20 @@ def test_resume_after_sft_restores_the_post_sft_kl_reference(
     assert resumed.train_step(batch, step=1)["train/kl"] == pytest.approx(
         trainer.train_step(batch, step=1)["train/kl"], rel=1e-5, abs=1e-7
     )
+
+
+def test_resume_restores_the_torch_rng_and_export_leaves_it_out(
+    tiny_model_path, tmp_path
+):
+    from roll_async.model.export import export_checkpoint
+
+    trainer = GRPOTrainer(TrainerConfig(device="cpu"), tiny_model_path)
+    torch.manual_seed(1234)
+    run = tmp_path / "run"
+    trainer.save_checkpoint(run / "checkpoints" / "step_0", {"step": 0})
+    expected = torch.rand(4)
+    torch.manual_seed(999)  # the run goes on drawing; a resume must rewind
+    GRPOTrainer(TrainerConfig(device="cpu"), tiny_model_path).load_checkpoint(run)
+    assert torch.equal(torch.rand(4), expected)
+    out = export_checkpoint(run, tmp_path / "hf")
+    assert not list(out.glob("rng_rank*"))
