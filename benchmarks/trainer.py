@@ -167,7 +167,7 @@ def _gather_and_pack(
 ) -> dict[str, Any]:
     import torch
 
-    from roll_async.engine.weight_transport import pack_weight_buckets
+    from roll_async.engine.weight_transport import iter_weight_buckets
     from roll_async.trainer.grpo_trainer import GRPOTrainer
 
     torch.set_num_threads(1)
@@ -175,9 +175,11 @@ def _gather_and_pack(
     seconds, nbytes = [], 0
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        nbytes = 0
-        for chunk in trainer.engine_weight_chunks():
-            nbytes += sum(len(b) for b in pack_weight_buckets(chunk)) if chunk else 0
+        # the buckets exactly as a sync packs them (TrainerRank.engine_weight_refs), without the put
+        named = (
+            item for chunk in trainer.engine_weight_chunks() for item in chunk.items()
+        )
+        nbytes = sum(len(bucket) for bucket in iter_weight_buckets(named))
         seconds.append(time.perf_counter() - started)
     params = sum(p.numel() for p in trainer.model.parameters())
     if info is not None:

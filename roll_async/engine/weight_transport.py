@@ -8,13 +8,25 @@ the same shared-memory objects and each object and message stays bounded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from roll_async.runtime.tensor_groups import bytes_bounded_groups
 
 # Ray and safetensors are imported inside the functions: importing this module stays cheap.
 
 #: Default bucket size: large enough that per-bucket overhead is negligible, small enough to bound peak memory.
 DEFAULT_BUCKET_BYTES = 256 << 20
+
+
+def iter_weight_buckets(
+    named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[bytes]:
+    """Safetensors blobs of at most ``bucket_bytes`` each, packed as the weights arrive."""
+    from safetensors.torch import save
+
+    for group in bytes_bounded_groups(named_tensors, bucket_bytes):
+        yield save({k: t.detach().to("cpu").contiguous() for k, t in group.items()})
 
 
 def pack_weight_buckets(
@@ -27,24 +39,7 @@ def pack_weight_buckets(
     partial bucket corrupts the model), so buckets bound the size of each object and
     message, not the replica's peak memory.
     """
-    from safetensors.torch import save
-
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes={bucket_bytes} must be > 0")
-    buckets: list[bytes] = []
-    current: dict[str, Any] = {}
-    size = 0
-    for name, tensor in weights.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        nbytes = tensor.numel() * tensor.element_size()
-        if current and size + nbytes > bucket_bytes:
-            buckets.append(save(current))
-            current, size = {}, 0
-        current[name] = tensor
-        size += nbytes
-    if current:
-        buckets.append(save(current))
-    return buckets
+    return list(iter_weight_buckets(weights.items(), bucket_bytes))
 
 
 def put_buckets(buckets: Iterable[bytes]) -> list[Any]:

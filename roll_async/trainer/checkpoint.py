@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from roll_async.runtime.tensor_groups import bytes_bounded_groups
+
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_STATE_FILE = "extra_state.pt"
@@ -241,28 +243,13 @@ def write_hf_weights(
 
     directory.mkdir(parents=True, exist_ok=True)
     files: list[tuple[str, list[str]]] = []
-    pending: dict[str, torch.Tensor] = {}
-    size = total = 0
-
-    def flush() -> None:
-        nonlocal pending, size
-        if pending:
-            name = f"model-part-{len(files) + 1:05d}.safetensors"
-            save_file(
-                {k: v.contiguous() for k, v in pending.items()}, str(directory / name)
-            )
-            files.append((name, list(pending)))
-            pending, size = {}, 0
-
-    for chunk in chunks:
-        for name, tensor in chunk.items():
-            nbytes = tensor.numel() * tensor.element_size()
-            if pending and size + nbytes > shard_bytes:
-                flush()
-            pending[name] = tensor
-            size += nbytes
-            total += nbytes
-    flush()
+    total = 0
+    named = (item for chunk in chunks for item in chunk.items())
+    for shard in bytes_bounded_groups(named, shard_bytes):
+        name = f"model-part-{len(files) + 1:05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in shard.items()}, str(directory / name))
+        files.append((name, list(shard)))
+        total += sum(t.numel() * t.element_size() for t in shard.values())
     count = len(files)
     weight_map: dict[str, str] = {}
     for index, (old, names) in enumerate(files, start=1):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from roll_async.config.schema import TrainerConfig
-from roll_async.engine.weight_transport import DEFAULT_BUCKET_BYTES, pack_weight_buckets
+from roll_async.engine.weight_transport import DEFAULT_BUCKET_BYTES, iter_weight_buckets
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trainer.parallel.process_group import free_port, init_rank, leave_group
 from roll_async.trainer.sft import run_sft
@@ -80,22 +80,9 @@ class TrainerRank:
         """
         import ray
 
-        refs: list[Any] = []
-        pending: dict[str, torch.Tensor] = {}
-        size = 0
-        for chunk in self._trainer().engine_weight_chunks():
-            for name, tensor in chunk.items():
-                nbytes = tensor.numel() * tensor.element_size()
-                if pending and size + nbytes > bucket_bytes:
-                    refs.extend(
-                        ray.put(b) for b in pack_weight_buckets(pending, bucket_bytes)
-                    )
-                    pending, size = {}, 0
-                pending[name] = tensor
-                size += nbytes
-        if pending:
-            refs.extend(ray.put(b) for b in pack_weight_buckets(pending, bucket_bytes))
-        return refs
+        chunks = self._trainer().engine_weight_chunks()
+        named = (item for chunk in chunks for item in chunk.items())
+        return [ray.put(bucket) for bucket in iter_weight_buckets(named, bucket_bytes)]
 
     def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> None:
         self._trainer().save_checkpoint(directory, extra_state)
