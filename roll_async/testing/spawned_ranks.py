@@ -17,12 +17,7 @@ from typing import Any
 
 import torch
 
-from roll_async.trainer.parallel.process_group import (
-    RankInfo,
-    free_port,
-    init_rank,
-    leave_group,
-)
+from roll_async.trainer.parallel.process_group import free_port, init_rank, leave_group
 
 
 def _child(
@@ -76,6 +71,3 @@ def run_on_ranks(
                 raise RuntimeError(f"rank {rank} failed:\n{payload['error']}")
             results.append(payload["ok"])
     return results
-
-
-__all__ = ["RankInfo", "run_on_ranks"]

@@ -7,7 +7,6 @@ plug in through :class:`~roll_async.trainer.base.Trainer` instead.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
@@ -422,7 +421,9 @@ class GRPOTrainer:
         all_logprobs = torch.zeros(
             batch.input_ids.shape, dtype=torch.float32, device=self.device
         )
-        totals: dict[str, float] = collections.defaultdict(float)
+        # every key from the start: under fsdp2 each rank all-reduces exactly this vector
+        totals = dict.fromkeys(_SUMMED_TOTALS, 0.0)
+        ratio_max = 0.0
         for mb in self._my_passes(self.plan(batch)):
             if (
                 mb is None
@@ -454,15 +455,12 @@ class GRPOTrainer:
             totals["truncated"] += part.truncated
             totals["entropy"] += part.entropy_sum
             totals["ratio_sum"] += part.ratio_sum
-            totals["ratio_max"] = max(totals.get("ratio_max", 0.0), part.ratio_max)
+            ratio_max = max(ratio_max, part.ratio_max)
         if (
             self.rank is not None
-        ):  # per-rank sums -> batch sums (every rank returns the same stats)
-            ratio_max = totals.pop("ratio_max", 0.0)
-            # the same keys on every rank: a rank that skipped nothing has no "skipped" entry yet
-            summed = {key: totals[key] for key in _SUMMED_TOTALS}
-            totals = collections.defaultdict(float, sum_across_ranks(summed, self.rank))
-            totals["ratio_max"] = max_across_ranks({"m": ratio_max}, self.rank)["m"]
+        ):  # per-rank sums -> batch sums (every rank returns the same)
+            totals = sum_across_ranks(totals, self.rank)
+            ratio_max = max_across_ranks({"m": ratio_max}, self.rank)["m"]
         tokens = max(totals["tokens"], 1)
         return GradientStats(
             loss=totals["loss"],
@@ -471,7 +469,7 @@ class GRPOTrainer:
             entropy=totals["entropy"] / tokens,
             clip_fraction=totals["clipped"] / tokens,
             importance_ratio_mean=totals["ratio_sum"] / tokens,
-            importance_ratio_max=totals.get("ratio_max", 0.0),
+            importance_ratio_max=ratio_max,
             tis_truncated_fraction=totals["truncated"] / tokens,
             num_tokens=int(totals["tokens"]),
             skipped_micro_batches=int(totals["skipped"]),

@@ -50,22 +50,28 @@ def rank_share(
     return mine + [None] * (passes - len(mine))
 
 
-def sum_across_ranks(values: Mapping[str, float], info: RankInfo) -> dict[str, float]:
-    """Each key summed over the ranks (a CPU float64 tensor: gloo carries it on CPU and GPU ranks alike)."""
+def _reduce(
+    values: Mapping[str, float], info: RankInfo, op: dist.ReduceOp
+) -> dict[str, float]:
+    """Each key reduced over the ranks: a CPU float64 tensor, which gloo carries on CPU and GPU ranks alike.
+
+    Every rank must pass the same keys: the tensors are matched by position.
+    """
     keys = sorted(values)
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
     if info.world_size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=op)
     return dict(zip(keys, tensor.tolist()))
+
+
+def sum_across_ranks(values: Mapping[str, float], info: RankInfo) -> dict[str, float]:
+    """Each key summed over the ranks."""
+    return _reduce(values, info, dist.ReduceOp.SUM)
 
 
 def max_across_ranks(values: Mapping[str, float], info: RankInfo) -> dict[str, float]:
     """Each key's maximum over the ranks."""
-    keys = sorted(values)
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    if info.world_size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return dict(zip(keys, tensor.tolist()))
+    return _reduce(values, info, dist.ReduceOp.MAX)
 
 
 def all_ranks_agree(flag: bool, info: RankInfo) -> bool:
