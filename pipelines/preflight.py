@@ -43,7 +43,7 @@ from roll_async.trainer.lora import (
     lora_enabled,
     model_linear_module_names,
 )
-from roll_async.trainer.parallel.sharded_checkpoint import is_sharded_checkpoint
+from roll_async.trainer.parallel.sharded_checkpoint import check_resumable_by_fsdp2
 
 logger = logging.getLogger(__name__)
 
@@ -294,12 +294,8 @@ def check_resume_checkpoint(config: PipelineConfig) -> None:
         raise ConfigError(f"{key}: {exc}") from None
     saved = trainer_state.get("trainer_config") or {}
     trainer = config.trainer
-    if trainer.strategy == "fsdp2" and not is_sharded_checkpoint(path):
-        raise ConfigError(
-            f"{key}: {path.name} was written by trainer.strategy=single (HF weights and optimizer.pt), which "
-            "fsdp2 ranks cannot reshard; resume with trainer.strategy=single, or start the fsdp2 run from its "
-            "weights with model.path"
-        )
+    if trainer.strategy == "fsdp2":
+        check_resumable_by_fsdp2(path, source)
     saved_lora = int((saved.get("lora") or {}).get("rank", 0))
     if saved and bool(saved_lora) != lora_enabled(trainer.lora):
         raise ConfigError(

@@ -73,6 +73,7 @@ from roll_async.trainer.parallel.data_parallel import (
 )
 from roll_async.trainer.parallel.process_group import RankInfo
 from roll_async.trainer.parallel.sharded_checkpoint import (
+    check_resumable_by_fsdp2,
     has_reference,
     is_sharded_checkpoint,
     load_sharded,
@@ -870,17 +871,13 @@ class GRPOTrainer:
         """
         path = resolve_resume_dir(directory)
         trainer_state, extra_state = read_checkpoint_state(path)
+        if self.rank is not None:
+            check_resumable_by_fsdp2(path, str(directory))
         if is_sharded_checkpoint(path):
             snapshot = trainer_state.get("kl_reference") == "snapshot"
             reference = self.ref_model if snapshot and has_reference(path) else None
             load_sharded(path, self.model, self.optimizer, reference)
             self._apply_config_hyperparameters()
-        elif self.rank is not None:
-            raise ConfigError(
-                f"checkpoint.resume_from={str(directory)!r}: {path.name} was written by trainer.strategy=single "
-                "(HF weights and optimizer.pt), which trainer.strategy=fsdp2 cannot reshard; resume it with "
-                "trainer.strategy=single, or start the fsdp2 run from its weights with model.path"
-            )
         else:
             if (
                 self.lora

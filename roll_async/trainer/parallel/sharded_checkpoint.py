@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from roll_async.errors import ConfigError
+
 #: The DCP directory inside a checkpoint directory.
 DCP_DIR = "dcp"
 
@@ -29,6 +31,16 @@ DCP_DIR = "dcp"
 def is_sharded_checkpoint(directory: str | os.PathLike[str]) -> bool:
     """Whether a checkpoint directory holds DCP shards (written by trainer.strategy=fsdp2)."""
     return (Path(directory) / DCP_DIR / ".metadata").is_file()
+
+
+def check_resumable_by_fsdp2(path: Path, source: str) -> None:
+    """One-line ConfigError when fsdp2 ranks are asked to resume a checkpoint without DCP shards."""
+    if not is_sharded_checkpoint(path):
+        raise ConfigError(
+            f"checkpoint.resume_from={source!r}: {path.name} was written by trainer.strategy=single (HF weights "
+            "and optimizer.pt), which fsdp2 ranks cannot reshard; resume with trainer.strategy=single, or start "
+            "the fsdp2 run from its weights with model.path"
+        )
 
 
 def _state(
