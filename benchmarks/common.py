@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def machine_info() -> dict[str, Any]:
@@ -204,3 +207,35 @@ def spread(values: list[float]) -> dict[str, Any]:
         "n": len(values),
         "values": list(values),
     }
+
+
+def run_train(cmd: list[str], run_dir: Path, label: str) -> float:
+    """One ``roll-async train`` subprocess from the repository root; returns its wall seconds.
+
+    Its whole log goes to ``run_dir/train.log``; step lines, the run directory
+    and errors are echoed with ``[label]``. A failed run stops the benchmark.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[{label}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    start = time.perf_counter()
+    with open(run_dir / "train.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith(("step ", "run directory")) or "Error" in line:
+                print(f"[{label}] {line.rstrip()}", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        raise SystemExit(
+            f"[{label}] roll-async train failed (exit {rc}); see {run_dir / 'train.log'}"
+        )
+    return time.perf_counter() - start
+
+
+def nan_mean(values: list[float]) -> float:
+    """Mean of the values that are not NaN (NaN when none are)."""
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan

@@ -22,17 +22,13 @@ import argparse
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultFiles, add_output_args
+from benchmarks.common import REPO, ResultFiles, add_output_args, nan_mean, run_train
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/demo_learn_frozen_lake.yaml"
 MODE_OVERRIDES = {"sync": ["mode=sync"], "async": ["mode=async", "max_staleness=1"]}
 REWARD_KEY = "rollout/episode_reward/mean"
@@ -63,25 +59,7 @@ def run_mode(
     config: str, mode: str, steps: int, run_dir: Path, extra: list[str]
 ) -> float:
     """One ``roll-async train`` run in a subprocess; returns its wall seconds. Its log goes to run_dir/train.log."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(config, mode, steps, run_dir, extra)
-    print(f"[{mode}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(("step ", "run directory")) or "Error" in line:
-                print(f"[{mode}] {line.rstrip()}", flush=True)
-        rc = proc.wait()
-    if rc != 0:
-        raise SystemExit(
-            f"[{mode}] roll-async train failed (exit {rc}); see {run_dir / 'train.log'}"
-        )
-    return time.perf_counter() - start
+    return run_train(train_command(config, mode, steps, run_dir, extra), run_dir, mode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -115,14 +93,11 @@ def series(rows: list[dict[str, Any]], key: str) -> list[float]:
     return [float(r.get(key, math.nan)) for r in rows]
 
 
-def mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else math.nan
-
-
 def smooth(values: list[float], window: int) -> list[float]:
     """Trailing moving average (the first points average what exists so far)."""
-    return [mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+    return [
+        nan_mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))
+    ]
 
 
 def summarise(run_dir: Path, k: int, wall_s: float | None) -> dict[str, Any]:
@@ -143,12 +118,12 @@ def summarise(run_dir: Path, k: int, wall_s: float | None) -> dict[str, Any]:
     summary = {
         "k": k,
         "steps": n,
-        "success_first_k": mean(data["success"][first]),
-        "success_last_k": mean(data["success"][last]),
-        "reward_first_k": mean(data["reward"][first]),
-        "reward_last_k": mean(data["reward"][last]),
-        "valid_first_k": mean(data["action_is_valid"][first]),
-        "valid_last_k": mean(data["action_is_valid"][last]),
+        "success_first_k": nan_mean(data["success"][first]),
+        "success_last_k": nan_mean(data["success"][last]),
+        "reward_first_k": nan_mean(data["reward"][first]),
+        "reward_last_k": nan_mean(data["reward"][last]),
+        "valid_first_k": nan_mean(data["action_is_valid"][first]),
+        "valid_last_k": nan_mean(data["action_is_valid"][last]),
         "success_max": max(data["success"]) if n else math.nan,
         "staleness_max": max(data["staleness_max"]) if n else math.nan,
         "train_loop_s": sum(v for v in data["step_total_s"] if not math.isnan(v)),

@@ -22,18 +22,14 @@ import argparse
 import json
 import math
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ResultFiles, add_output_args
+from benchmarks.common import REPO, ResultFiles, add_output_args, nan_mean, run_train
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/default.yaml"
 DTYPES = ("float32", "bfloat16")
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -91,26 +87,8 @@ def run_one(
     extra: list[str],
 ) -> float:
     """One ``roll-async train`` run in a subprocess; returns its wall seconds. Its log goes to run_dir/train.log."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     cmd = train_command(config, dtype, seed, steps, run_dir, extra)
-    label = run_dir_name(dtype, seed)
-    print(f"[{label}] {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(("step ", "run directory")) or "Error" in line:
-                print(f"[{label}] {line.rstrip()}", flush=True)
-        rc = proc.wait()
-    if rc != 0:
-        raise SystemExit(
-            f"[{label}] roll-async train failed (exit {rc}); see {run_dir / 'train.log'}"
-        )
-    wall = time.perf_counter() - start
+    wall = run_train(cmd, run_dir, run_dir_name(dtype, seed))
     (run_dir / "wall_s.txt").write_text(f"{wall:.1f}\n")
     return wall
 
@@ -144,11 +122,6 @@ def _only_key(rows: list[dict[str, Any]], prefix: str, suffix: str) -> str | Non
 
 def _num(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
-
-
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 def summarise_run(run_dir: Path, k: int, wall_s: float | None) -> dict[str, Any]:
@@ -190,8 +163,8 @@ def summarise_run(run_dir: Path, k: int, wall_s: float | None) -> dict[str, Any]
     summary = {
         "steps": n,
         "k": k,
-        "success_first_k": _mean(success[:k]),
-        "success_last_k": _mean(success[n - k :]),
+        "success_first_k": nan_mean(success[:k]),
+        "success_last_k": nan_mean(success[n - k :]),
         "success_final": success[-1] if n else math.nan,
         "success_best": max(success) if n else math.nan,
         "val_success": val,
