@@ -27,6 +27,7 @@ from roll_async.trainer.micro_batches import (
     plan_micro_batches,
 )
 from roll_async.trajectory import Trajectory
+from tests.unit.test_trainer_grpo import grads
 
 FAMILIES = ["qwen2", "llama3", "gemma3"]
 #: Skewed: most rows short, a few long (one past Gemma 3's 128-token sliding window), one empty.
@@ -76,14 +77,6 @@ def trainer_config(**overrides) -> TrainerConfig:
     base = dict(device="cpu", lr=1e-3, micro_batch_size=4, max_grad_norm=1.0)
     base.update(overrides)
     return TrainerConfig(**base)
-
-
-def grads(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
-    return {
-        n: p.grad.detach().clone()
-        for n, p in trainer.model.named_parameters()
-        if p.grad is not None
-    }
 
 
 def assert_same_grads(a: GRPOTrainer, b: GRPOTrainer) -> None:
