@@ -20,9 +20,10 @@ pytest.importorskip(
     reason="the OpenAI Agents SDK (pip install openai-agents) is not installed",
 )
 
-from test_agent_tools import agent_config, play_one, scripted  # noqa: E402
+from test_agent_tools import agent_config, scripted  # noqa: E402
 
 from roll_async.testing.family_tokenizers import build_family_test_tokenizer  # noqa: E402
+from tests.unit.test_agent_sessions import play_one  # noqa: E402
 
 MODEL_CLASSES = {
     "agents_sdk_chat_agent": "OpenAIChatCompletionsModel",

@@ -37,6 +37,7 @@ from roll_async.testing.family_tokenizers import build_family_test_tokenizer
 from roll_async.trainer.collate import collate_trajectories
 from roll_async.trainer.grpo_trainer import GRPOTrainer, token_lag
 from roll_async.trajectory import EpisodeSpec
+from tests.unit.test_agent_sessions import play_one
 
 pytest.importorskip("openai")
 pytest.importorskip("vllm")
@@ -67,22 +68,6 @@ def agent_config(agent: str, tool_parser: str | None = None) -> PipelineConfig:
     config.model.tool_parser = tool_parser
     validate_config(config)
     return config
-
-
-async def play_one(config: PipelineConfig, engine: FakeEngine, tokenizer):
-    (manager,) = build_env_managers(
-        rollout_spec(config, "train"),
-        [(0, "Agent")],
-        scheduler=None,
-        engine_for=lambda _: engine,
-        tokenizer=tokenizer,
-    )
-    try:
-        return await manager._run_episode(
-            EpisodeSpec(tag="Agent", group_id=0, episode_id=1, seed=5, created_step=0)
-        ), manager
-    finally:
-        await manager.agent_gateway.stop()
 
 
 def scripted(tokenizer, family: str, versions: list[int] | None = None):
