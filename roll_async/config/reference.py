@@ -140,9 +140,8 @@ def _sections() -> list[tuple[str, type, Any, str]]:
             seen[hint] = len(found)
             found.append((f"`{f.name}`", hint, getattr(top, f.name), ""))
             section_hints = typing.get_type_hints(hint)
-            for g in dataclasses.fields(
-                hint
-            ):  # a section inside a section (trainer.lora)
+            # a section inside a section (trainer.lora)
+            for g in dataclasses.fields(hint):
                 if dataclasses.is_dataclass(section_hints[g.name]):
                     sub = section_hints[g.name]
                     found.append(

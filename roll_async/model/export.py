@@ -98,9 +98,8 @@ def export_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         adapter = (checkpoint / ADAPTER_CONFIG_FILE).is_file()
-        if (
-            adapter
-        ):  # a LoRA run's checkpoint holds the adapter: merge it into the base model
+        # a LoRA run's checkpoint holds the adapter: merge it into the base model
+        if adapter:
             if base is None:
                 raise FileNotFoundError(
                     f"{str(checkpoint)!r} holds a LoRA adapter but its {TRAINER_STATE_FILE} names no base model "

@@ -426,9 +426,8 @@ class GRPOTrainer:
         totals = dict.fromkeys(_SUMMED_TOTALS, 0.0)
         ratio_max = 0.0
         for mb in self._my_passes(self.plan(batch)):
-            if (
-                mb is None
-            ):  # fsdp2: another rank has more micro-batches; join its collectives
+            # fsdp2: another rank has more micro-batches; join its collectives
+            if mb is None:
                 self._empty_pass(backward=True)
                 continue
             part = self._micro_batch_pass(
@@ -457,9 +456,8 @@ class GRPOTrainer:
             totals["entropy"] += part.entropy_sum
             totals["ratio_sum"] += part.ratio_sum
             ratio_max = max(ratio_max, part.ratio_max)
-        if (
-            self.rank is not None
-        ):  # per-rank sums -> batch sums (every rank returns the same)
+        # fsdp2: per-rank sums -> batch sums (every rank returns the same)
+        if self.rank is not None:
             totals = sum_across_ranks(totals, self.rank)
             ratio_max = max_across_ranks({"m": ratio_max}, self.rank)["m"]
         tokens = max(totals["tokens"], 1)
@@ -562,9 +560,8 @@ class GRPOTrainer:
             loss = loss + cfg.kl_coef * kl
             kl_value = float(kl.detach())
         finite = bool(torch.isfinite(loss))
-        if (
-            self.rank is not None
-        ):  # stop together: a rank alone in backward would wait forever
+        # fsdp2: stop together, since a rank alone in backward would wait forever
+        if self.rank is not None:
             finite = all_ranks_agree(finite, self.rank)
         if not finite:
             self.model.zero_grad(set_to_none=True)
@@ -879,9 +876,8 @@ class GRPOTrainer:
             load_sharded(path, self.model, self.optimizer, reference)
             self._apply_config_hyperparameters()
         else:
-            if (
-                self.lora
-            ):  # a LoRA checkpoint holds the adapter (the base is model_path)
+            # a LoRA checkpoint holds the adapter (the base is model_path)
+            if self.lora:
                 lora_adapters.load_adapter_weights(self.model, path)
             else:
                 load_model_weights(self.model, path)
