@@ -77,29 +77,20 @@ def _gradient(
 def _argmax_agreement(trainer: GRPOTrainer, batch: TrajectoryBatch) -> dict[str, float]:
     """Share of scored positions whose next-token argmax is the same in fp32 and bf16 compute."""
     scored = _scored_mask(batch.response_mask)[:, 1:]
-    trainer.compute_dtype = torch.float32
-    out32 = (
-        trainer.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        )
-        .logits[:, :-1][scored]
-        .float()
-    )
-    trainer.compute_dtype = torch.bfloat16
-    with trainer._autocast():
-        out16 = (
-            trainer.model(
+
+    def next_token_logits(dtype: torch.dtype) -> torch.Tensor:
+        trainer.compute_dtype = dtype
+        with trainer._autocast():
+            logits = trainer.model(
                 input_ids=batch.input_ids,
                 attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids,
                 use_cache=False,
-            )
-            .logits[:, :-1][scored]
-            .float()
-        )
+            ).logits
+        return logits[:, :-1][scored].float()
+
+    out32 = next_token_logits(torch.float32)
+    out16 = next_token_logits(torch.bfloat16)
     same = out32.argmax(-1) == out16.argmax(-1)
     top2 = out32.topk(2, dim=-1).values
     margin = top2[:, 0] - top2[:, 1]
