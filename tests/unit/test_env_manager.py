@@ -421,11 +421,23 @@ async def test_an_aborted_turn_is_continued_from_its_partial_output(tokenizer):
 
 
 class AbortRecordingEngine(FakeEngine):
-    """In-process, cancelling the caller already stops a FakeEngine request; record abort calls anyway."""
+    """In-process, cancelling the caller already stops a FakeEngine request; record abort calls anyway.
+
+    Env 0's request is answered only once env 1's request is in the engine, so env 1 is always
+    mid-generation when env 0 completes the group (not still in reset on a loaded machine).
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.abort_calls: list[str] = []
+        self._env1_requested = asyncio.Event()
+
+    async def generate(self, request):
+        if "-env1-" in request.request_id:
+            self._env1_requested.set()
+        else:
+            await self._env1_requested.wait()
+        return await super().generate(request)
 
     async def abort(self, request_ids):
         self.abort_calls.extend(request_ids)
