@@ -230,7 +230,7 @@ def check_architecture(config: PipelineConfig, model_path: str) -> None:
     """The model's architecture must be one transformers (trainer) and vLLM (engine) can load.
 
     The trainer loads a vision-language model through transformers' image-text-to-text classes and any
-    other model as a causal LM (roll_async.trainer.grpo_trainer.load_causal_lm); the check follows it.
+    other model as a causal LM (roll_async.trainer.model_loading.load_causal_lm); the check follows it.
     """
     import json
     from pathlib import Path

@@ -65,6 +65,11 @@ from roll_async.trainer.micro_batches import (
     packed_token_logprobs,
     plan_micro_batches,
 )
+from roll_async.trainer.model_loading import (
+    empty_causal_lm,
+    load_causal_lm,
+    load_into_shards,
+)
 from roll_async.trainer.parallel.data_parallel import (
     all_ranks_agree,
     max_across_ranks,
@@ -112,46 +117,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
             f"trainer.dtype={dtype!r} is unknown; use one of float32, bfloat16, float16"
         )
     return _DTYPES[dtype]
-
-
-def load_causal_lm(
-    model_path: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    trust_remote_code: bool = False,
-) -> Any:
-    """An HF causal LM on ``device`` with dropout off."""
-    # transformers is heavy: loaded only when a model is.
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    dtype_key = (
-        "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    )
-    auto_class = (
-        AutoModelForImageTextToText
-        if model_is_vision_language(model_path)
-        else AutoModelForCausalLM
-    )
-    model = auto_class.from_pretrained(
-        model_path, trust_remote_code=trust_remote_code, **{dtype_key: dtype}
-    ).to(device)
-    disable_dropout(model)
-    return model
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Zero every dropout (modules and the attention-dropout attributes HF attention layers read)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-    config = getattr(model, "config", None)
-    if config is not None and isinstance(
-        getattr(config, "attention_dropout", None), float
-    ):
-        config.attention_dropout = 0.0
 
 
 @dataclass
@@ -254,10 +219,13 @@ class GRPOTrainer:
         self.dtype = torch.float32
         #: Forward/backward compute dtype (torch.autocast when not float32).
         self.compute_dtype = resolve_dtype(config.param_dtype)
-        # fsdp2 ranks load on the CPU and shard; fully_shard moves each shard to the rank's device.
-        load_device = torch.device("cpu") if rank is not None else self.device
-        self.model = load_causal_lm(
-            self.model_path, self.dtype, load_device, trust_remote_code
+        # fsdp2 ranks build it empty, shard it, then receive their shards from the main rank (_fill_shards).
+        self.model = (
+            empty_causal_lm(self.model_path, self.dtype, trust_remote_code)
+            if rank is not None
+            else load_causal_lm(
+                self.model_path, self.dtype, self.device, trust_remote_code
+            )
         )
         #: The model's processor when it is vision-language: it turns a batch's images into pixel inputs.
         self.vision = (
@@ -285,6 +253,7 @@ class GRPOTrainer:
                 self.compute_dtype,
                 resolve_dtype(config.reduce_dtype),
             )
+            load_into_shards(self.model, self.model_path, rank, trust_remote_code)
         self.model.train()
         #: Micro-batches run packed (rows end to end, no padding): a token budget is set and the model can.
         self.packing = config.max_tokens_per_micro_batch > 0 and model_supports_packing(
@@ -303,19 +272,24 @@ class GRPOTrainer:
         if config.kl_coef > 0 and self.lora:
             # the base model with the adapters off (_reference_weights): no second copy
             self.ref_model = self.model
-        elif config.kl_coef > 0:
-            self.ref_model = load_causal_lm(
-                self.model_path, self.dtype, load_device, trust_remote_code
+        elif config.kl_coef > 0 and rank is not None:
+            self.ref_model = empty_causal_lm(
+                self.model_path, self.dtype, trust_remote_code
             )
             self.ref_model.eval().requires_grad_(False)
-            if rank is not None:
-                shard_model(
-                    self.ref_model,
-                    rank,
-                    self.compute_dtype,
-                    resolve_dtype(config.reduce_dtype),
-                    trainable=False,
-                )
+            shard_model(
+                self.ref_model,
+                rank,
+                self.compute_dtype,
+                resolve_dtype(config.reduce_dtype),
+                trainable=False,
+            )
+            load_into_shards(self.ref_model, self.model_path, rank, trust_remote_code)
+        elif config.kl_coef > 0:
+            self.ref_model = load_causal_lm(
+                self.model_path, self.dtype, self.device, trust_remote_code
+            )
+            self.ref_model.eval().requires_grad_(False)
         #: "initial": the reference is model.path's weights; "snapshot": a copy taken later (reset_reference,
         #: after an SFT warm start), which checkpoints save and resume restores.
         self.reference_source = "initial"

@@ -25,7 +25,7 @@ def score_generated_tokens(
 ) -> list[float]:
     """Trainer logprobs of ``output_token_ids`` given ``prompt_token_ids`` (one per output token).
 
-    ``model`` is an HF causal LM (e.g. ``GRPOTrainer.model`` or ``grpo_trainer.load_causal_lm``);
+    ``model`` is an HF causal LM (e.g. ``GRPOTrainer.model`` or ``model_loading.load_causal_lm``);
     ``sampling`` the settings the engine sampled with (None: temperature 1, no top-k/top-p).
 
     Each generated token gets the log-probability the trainer assigns it under the

@@ -50,7 +50,7 @@ def prompt(tokenizer) -> list[int]:
 def hf_model(tiny_model_path):
     import torch
 
-    from roll_async.trainer.grpo_trainer import load_causal_lm
+    from roll_async.trainer.model_loading import load_causal_lm
 
     return load_causal_lm(str(tiny_model_path), torch.float32, torch.device("cpu"))
 

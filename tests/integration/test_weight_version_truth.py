@@ -58,7 +58,7 @@ def weights(tiny_model_path):
     import torch
     from safetensors.torch import load_file
 
-    from roll_async.trainer.grpo_trainer import load_causal_lm
+    from roll_async.trainer.model_loading import load_causal_lm
 
     original = load_file(glob.glob(f"{tiny_model_path}/*.safetensors")[0])
     generator = torch.Generator().manual_seed(7)

@@ -99,6 +99,54 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, batch, over
     assert worst < 1e-5, f"largest gradient difference {worst:.3g}"
 
 
+def weights_built_without_reading_on_other_ranks(info: RankInfo, model_path, config):
+    """Build a trainer with a KL reference where only the main rank may read the checkpoint."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
+    from transformers import PreTrainedModel
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"rank {info.rank} read the checkpoint")
+
+    if not info.is_main:
+        PreTrainedModel.from_pretrained = classmethod(refuse)
+    trainer = GRPOTrainer(config, model_path, rank=info)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {
+        "policy": get_model_state_dict(trainer.model, options=options),
+        "reference": get_model_state_dict(trainer.ref_model, options=options),
+        "buffers": {n: b.clone() for n, b in trainer.model.named_buffers()},
+        "tied": trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight,
+    }
+
+
+def test_only_the_main_rank_reads_the_checkpoint_and_every_rank_gets_its_weights(
+    tiny_model_path,
+):
+    # Every rank reading the whole float32 model before sharding costs its full size in host RAM per
+    # rank; the main rank reads it and sends the others their shards.
+    config = trainer_config(strategy="fsdp2", num_ranks=2, kl_coef=0.05)
+    ranks = run_on_ranks(
+        weights_built_without_reading_on_other_ranks, 2, tiny_model_path, config
+    )
+    loaded = GRPOTrainer(trainer_config(), tiny_model_path).model
+    expected = loaded.state_dict()
+    buffers = dict(loaded.named_buffers())
+    assert buffers  # rotary frequencies: not in the state dict, broadcast too
+    for result in ranks:
+        for name in ("policy", "reference"):
+            if result[name]:  # cpu_offload: the full dict lands on the main rank
+                assert set(result[name]) == set(expected)
+                for key, tensor in expected.items():
+                    assert torch.equal(result[name][key], tensor), (name, key)
+        for key, tensor in buffers.items():
+            assert torch.equal(result["buffers"][key], tensor), key
+        assert result["tied"]
+    assert ranks[0]["policy"] and ranks[0]["reference"]
+
+
 def test_a_save_at_two_ranks_resumes_at_one_and_two_with_the_same_losses(
     tiny_model_path, batch, tmp_path
 ):

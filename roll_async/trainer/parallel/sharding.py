@@ -15,6 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    set_model_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -63,6 +68,31 @@ def shard_model(
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)
     return units
+
+
+def fill_shards_from_main_rank(
+    model: torch.nn.Module, source: torch.nn.Module | None, info: RankInfo
+) -> None:
+    """Allocate a meta-built sharded ``model`` on the rank's device and copy ``source``'s weights into it.
+
+    ``source`` is the whole model, on the main rank only (None elsewhere): torch
+    broadcasts its state dict a tensor at a time and each rank keeps its shard.
+    Buffers are not sharded and some (rotary frequencies) are not in the state
+    dict, so every buffer is broadcast from the main rank as well.
+    """
+    if info.is_main and source is None:
+        raise ValueError("the main rank must pass the loaded model as source")
+    model.to_empty(device=info.device)
+    set_model_state_dict(
+        model,
+        source.state_dict() if source is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    source_buffers = dict(source.named_buffers()) if source is not None else {}
+    for name, buffer in model.named_buffers():
+        if source is not None:
+            buffer.copy_(source_buffers[name])
+        dist.broadcast(buffer, src=0)
 
 
 def local_bytes(tensors: Iterable[Any]) -> int:
