@@ -198,6 +198,20 @@ def write_json(
     ).write_json(payload)
 
 
+def peak_rss_bytes(*, reset: bool = False) -> int:
+    """This process's peak resident set (VmHWM); ``reset`` first lowers the peak to the current RSS.
+
+    Not ``ru_maxrss``: Linux keeps that across execve, so a spawned child would
+    start with its parent's peak.
+    """
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line (not Linux?)")
+
+
 def spread(values: list[float]) -> dict[str, Any]:
     """Median, min and max of repeated measurements, with their count and the values themselves."""
     return {

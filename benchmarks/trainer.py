@@ -1,6 +1,6 @@
 """The trainer side: tokens/s and memory per rank at 1 and 2 fsdp2 ranks, packed vs padded, weight-gather time vs model size.
 
-Three sections, each run by this one command, written to one result:
+Four sections, each run by this one command, written to one result:
 
 * ``ranks``: ``GRPOTrainer.train_step`` on one batch (``--rows`` rows of skewed lengths,
   benchmarks.trainer_packing's generator) with ``trainer.strategy=single`` in this process and
@@ -8,6 +8,10 @@ Three sections, each run by this one command, written to one result:
   rank and the single trainer on one torch thread). Per setting: tokens/s (the batch's tokens over
   the step's median wall time) and, per rank, the parameter and AdamW-state bytes it holds and its
   process's peak RSS.
+* ``init``: host memory a process gains while it builds its trainer (policy and KL reference) for the
+  largest sync model saved in bfloat16 (as published checkpoints are), in a fresh process per setting: ``single``; ``fsdp2`` at 2 ranks as built now
+  (empty on every rank, the main rank reads the checkpoint and sends each rank its shards); and, side
+  by side, the earlier fsdp2 build, where every rank read the whole checkpoint and then sharded it.
 * ``packing``: benchmarks.trainer_packing (padded vs token-budget packed micro-batches, same loss).
 * ``sync``: the trainer side of a weight sync for models of growing size (random-init Qwen2
   architectures): the weights gathered under checkpoint names and packed into the engines'
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import tempfile
 import time
@@ -33,17 +36,31 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import trainer_packing
-from benchmarks.common import ResultFiles, add_output_args, device_kind, spread
+from benchmarks.common import (
+    ResultFiles,
+    add_output_args,
+    device_kind,
+    peak_rss_bytes,
+    spread,
+)
 
-SECTIONS = ("ranks", "packing", "sync")
+SECTIONS = ("ranks", "init", "packing", "sync")
 #: (hidden_size, num_hidden_layers, intermediate_size) of the random models the sync section gathers.
 SYNC_SIZES = ((256, 4, 1024), (512, 4, 2048), (1024, 4, 4096), (1024, 12, 4096))
 
 
 def build_random_model(
-    directory: Path, hidden: int, layers: int, intermediate: int
+    directory: Path,
+    hidden: int,
+    layers: int,
+    intermediate: int,
+    saved_dtype: str = "float32",
 ) -> str:
-    """A random-init Qwen2 model directory with the tiny model's tokenizer (no download)."""
+    """A random-init Qwen2 model directory with the tiny model's tokenizer (no download).
+
+    ``saved_dtype="bfloat16"`` stores it as published checkpoints are, so a
+    float32 trainer converts (and allocates) every weight it reads.
+    """
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -61,7 +78,7 @@ def build_random_model(
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, saved_dtype))
     model.save_pretrained(directory)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(directory)
     return str(directory)
@@ -99,7 +116,7 @@ def _timed_steps(
     return {
         "seconds": seconds,
         **trainer.memory(),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
     }
 
 
@@ -159,6 +176,66 @@ def ranks_section(args: argparse.Namespace) -> dict[str, Any]:
     out["speedup_2_over_1_ranks"] = (
         out["fsdp2 x2"]["tokens_per_s"] / out["fsdp2 x1"]["tokens_per_s"]
     )
+    return out
+
+
+def _init_growth(
+    info: Any, model_path: str, config: Any, every_rank_reads: bool
+) -> int:
+    """Peak host bytes this process gained while it built a trainer's policy and KL reference."""
+    import torch
+
+    from roll_async.trainer.grpo_trainer import GRPOTrainer
+    from roll_async.trainer.model_loading import load_causal_lm
+    from roll_async.trainer.parallel.sharding import shard_model
+
+    torch.set_num_threads(1)
+    before = peak_rss_bytes(reset=True)
+    if (
+        every_rank_reads
+    ):  # the earlier fsdp2 build: each rank reads the whole model, then shards it
+        models = [
+            load_causal_lm(model_path, torch.float32, torch.device("cpu"))
+            for _ in range(2)
+        ]
+        for model in models:
+            shard_model(model, info, torch.float32, torch.float32)
+    else:
+        rank = info if config.strategy == "fsdp2" else None
+        models = [GRPOTrainer(config, model_path, rank=rank)]
+    grown = peak_rss_bytes() - before
+    del models
+    return grown
+
+
+def init_section(args: argparse.Namespace) -> dict[str, Any]:
+    import dataclasses
+
+    from roll_async.config.schema import TrainerConfig
+    from roll_async.testing.spawned_ranks import run_on_ranks
+
+    single = TrainerConfig(device="cpu", kl_coef=0.05)
+    sharded = dataclasses.replace(single, strategy="fsdp2", num_ranks=2)
+    settings = {
+        "single": (1, single, False),
+        "fsdp2 x2, every rank reads": (2, sharded, True),
+        "fsdp2 x2": (2, sharded, False),
+    }
+    runs: dict[str, list[list[int]]] = {name: [] for name in settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_random_model(Path(tmp), *SYNC_SIZES[-1], saved_dtype="bfloat16")
+        for _ in range(args.repeats):  # settings alternate, each in fresh processes
+            for name, (ranks, config, every_rank_reads) in settings.items():
+                runs[name].append(
+                    run_on_ranks(_init_growth, ranks, path, config, every_rank_reads)
+                )
+    hidden, layers, _ = SYNC_SIZES[-1]
+    out: dict[str, Any] = {
+        "model": f"random Qwen2, hidden {hidden}, {layers} layers, saved in bfloat16"
+    }
+    for name, samples in runs.items():
+        out[name] = [spread([s[r] for s in samples]) for r in range(len(samples[0]))]
+        print(f"init: {name} done", flush=True)
     return out
 
 
@@ -273,6 +350,24 @@ def to_markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"2 ranks ÷ 1 rank tokens/s: **{r['speedup_2_over_1_ranks']:.2f}×**."
         )
+    if "init" in result:
+        i = result["init"]
+        lines += [
+            "",
+            f"## Host memory gained while building the trainer ({i['model']}, policy + KL reference)",
+            "",
+            "| setting | per rank: peak RSS gained MiB, median [min, max] |",
+            "|---|---|",
+        ]
+        for name in ("single", "fsdp2 x2, every rank reads", "fsdp2 x2"):
+            lines.append(
+                f"| {name} | "
+                + " / ".join(
+                    f"{x['median'] / mib:.0f} [{x['min'] / mib:.0f}, {x['max'] / mib:.0f}]"
+                    for x in i[name]
+                )
+                + " |"
+            )
     if "packing" in result:
         p = result["packing"]
         lines += [
@@ -314,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     for section in args.sections:
         result[section] = {
             "ranks": ranks_section,
+            "init": init_section,
             "packing": packing_section,
             "sync": sync_section,
         }[section](args)
