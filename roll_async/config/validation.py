@@ -440,11 +440,10 @@ def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
             "trainer.strategy=fsdp2 always runs its ranks as Ray actors: leave trainer.placement and "
             "trainer.num_gpus unset and give each rank GPUs with trainer.gpus_per_rank"
         )
-    if trainer.lora.rank > 0:
+    if trainer.lora.rank > 0 and trainer.lora.sync == "merged":
         raise ConfigError(
-            f"trainer.lora.rank={trainer.lora.rank} with trainer.strategy=fsdp2: LoRA runs on the single "
-            "strategy (one device holds the frozen base and the adapters); set trainer.strategy=single, or "
-            "trainer.lora.rank=0 for full fine-tuning on fsdp2 ranks"
+            "trainer.lora.sync=merged with trainer.strategy=fsdp2: the ranks sync the adapter alone (merging "
+            "would gather the whole base model); set trainer.lora.sync=adapter, or trainer.strategy=single"
         )
     if trainer.gpus_per_rank not in (0, 1):
         raise ConfigError(

@@ -233,10 +233,13 @@ class GRPOTrainer:
             if model_is_vision_language(self.model_path)
             else None
         )
+        #: Tied aliases (lm_head sharing the embedding): left out of the full weights fsdp2 gathers for
+        #: engines and checkpoints. Named on the plain HF model (a LoRA run syncs its adapter instead).
+        self.tied_names = tied_parameter_names(self.model)
         #: trainer.lora.rank > 0: the model is a peft model whose adapters alone train (roll_async.trainer.lora).
         self.lora = lora_adapters.lora_enabled(config.lora)
         if self.lora:
-            self.model = lora_adapters.apply_lora(self.model, config.lora)
+            self.model = self._apply_lora(self.model)
         if config.gradient_checkpointing:
             # Non-reentrant: gradients reach the weights whether or not the inputs require grad.
             self.model.gradient_checkpointing_enable(
@@ -244,8 +247,6 @@ class GRPOTrainer:
             )
             if self.lora:  # frozen embeddings: checkpointed blocks need an input that requires grad
                 self.model.enable_input_require_grads()
-        #: Tied aliases (lm_head sharing the embedding): left out of the weights sent to engines and exports.
-        self.tied_names = tied_parameter_names(self.model)
         if rank is not None:
             shard_model(
                 self.model,
@@ -253,7 +254,13 @@ class GRPOTrainer:
                 self.compute_dtype,
                 resolve_dtype(config.reduce_dtype),
             )
-            load_into_shards(self.model, self.model_path, rank, trust_remote_code)
+            load_into_shards(
+                self.model,
+                self.model_path,
+                rank,
+                trust_remote_code,
+                prepare=self._apply_lora if self.lora else None,
+            )
         self.model.train()
         #: Micro-batches run packed (rows end to end, no padding): a token budget is set and the model can.
         self.packing = config.max_tokens_per_micro_batch > 0 and model_supports_packing(
@@ -306,6 +313,9 @@ class GRPOTrainer:
         )
         self.optimizer_steps = 0
         self.last_step: int | None = None
+
+    def _apply_lora(self, model: torch.nn.Module) -> Any:
+        return lora_adapters.apply_lora(model, self.config.lora)
 
     # -- training ----------------------------------------------------------------------
 
@@ -761,8 +771,12 @@ class GRPOTrainer:
             else:
                 weights = checkpoint_state_dict(self.model)
             yield {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
-            return
-        yield from gathered_weight_chunks(self.model, self.rank, self.tied_names)
+        elif self.lora:  # fsdp2 syncs the adapter (validation refuses sync=merged)
+            yield lora_adapters.gathered_adapter_state_dict(
+                self.model, self.rank.is_main
+            )
+        else:
+            yield from gathered_weight_chunks(self.model, self.rank, self.tied_names)
 
     def memory(self) -> dict[str, int]:
         """Parameter and AdamW-state bytes this process holds (its shards under fsdp2)."""
@@ -816,21 +830,31 @@ class GRPOTrainer:
         reference = self.ref_model if self.reference_source == "snapshot" else None
         save_sharded(tmp, self.model, self.optimizer, reference)
         save_rng_state(tmp, self.rank.rank)
-        chunks = gathered_weight_chunks(self.model, self.rank, self.tied_names)
-        if self.rank.is_main:
-            write_hf_weights(
-                chunks,
-                tmp,
-                self.model.config,
-                getattr(self.model, "generation_config", None),
+        if self.lora:  # the adapter as peft saves it, like a single LoRA checkpoint
+            adapter = lora_adapters.gathered_adapter_state_dict(
+                self.model, self.rank.is_main
             )
+            if self.rank.is_main:
+                lora_adapters.write_adapter(
+                    tmp, adapter, self.config.lora, self.model_path
+                )
+        else:
+            chunks = gathered_weight_chunks(self.model, self.rank, self.tied_names)
+            if self.rank.is_main:
+                write_hf_weights(
+                    chunks,
+                    tmp,
+                    self.model.config,
+                    getattr(self.model, "generation_config", None),
+                )
+            else:
+                for _ in chunks:
+                    pass
+        if self.rank.is_main:
             write_checkpoint_state(
                 tmp, self.tokenizer, self._trainer_state(), extra_state
             )
             swap_into_place(tmp, target)
-        else:
-            for _ in chunks:
-                pass
         dist.barrier()
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from roll_async.config.schema import LoraConfig
 from roll_async.errors import ConfigError
 from roll_async.trainer.checkpoint import checkpoint_state_dict
+from roll_async.trainer.model_loading import empty_causal_lm
 
 #: peft's file names in a saved adapter directory (and so in a LoRA run's checkpoints).
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -91,23 +93,9 @@ def model_linear_module_names(
     model_path: str | os.PathLike[str], trust_remote_code: bool = False
 ) -> set[str]:
     """:func:`linear_module_names` of the architecture in ``model_path``, built on the meta device (no weights)."""
-    from transformers import (  # heavy
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
+    return linear_module_names(
+        empty_causal_lm(str(model_path), torch.float32, trust_remote_code)
     )
-
-    from roll_async.prompts.images import model_is_vision_language
-
-    auto_class = (
-        AutoModelForImageTextToText
-        if model_is_vision_language(str(model_path))
-        else AutoModelForCausalLM
-    )
-    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
-    return linear_module_names(model)
 
 
 def apply_lora(model: torch.nn.Module, config: LoraConfig) -> Any:
@@ -128,6 +116,39 @@ def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
             model, adapter_name=ADAPTER_NAME
         ).items()
     }
+
+
+def gathered_adapter_state_dict(model: Any, is_main: bool) -> dict[str, torch.Tensor]:
+    """fsdp2: :func:`adapter_state_dict` with every shard gathered, as CPU tensors on the main rank ({} elsewhere).
+
+    Collective: every rank calls it (each adapter tensor is all-gathered in turn).
+    The adapters are a small fraction of the model, so they are gathered whole.
+    """
+    gathered: dict[str, torch.Tensor] = {}
+    for name, tensor in adapter_state_dict(model).items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if is_main:
+            gathered[name] = tensor.to("cpu", copy=True)
+    return gathered
+
+
+def write_adapter(
+    directory: Path,
+    weights: dict[str, torch.Tensor],
+    config: LoraConfig,
+    base_model_path: str,
+) -> None:
+    """The two files of a saved peft adapter, from gathered weights (what ``save_pretrained`` writes)."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {name: t.contiguous() for name, t in weights.items()},
+        str(directory / ADAPTER_WEIGHTS_FILE),
+    )
+    (directory / ADAPTER_CONFIG_FILE).write_text(
+        json.dumps(adapter_config_json(config, base_model_path), indent=2)
+    )
 
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:

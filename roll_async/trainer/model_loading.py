@@ -11,6 +11,7 @@ one tensor at a time. The same path serves the KL reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,18 +75,24 @@ def load_into_shards(
     model_path: str,
     info: RankInfo,
     trust_remote_code: bool = False,
+    prepare: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> None:
     """Give a sharded :func:`empty_causal_lm` model ``model_path``'s weights; every rank calls this together.
 
     The main rank reads the checkpoint on its CPU (the only whole copy on any
-    rank) and frees it once every rank holds its shards.
+    rank) and frees it once every rank holds its shards. ``prepare`` is what was
+    done to ``model`` before sharding (LoRA adapters), applied to the loaded copy
+    so the two have the same parameters; the main rank's initial adapters are the
+    ones every rank receives.
     """
-    dtype = next(model.parameters()).dtype
-    source = (
-        load_causal_lm(model_path, dtype, torch.device("cpu"), trust_remote_code)
-        if info.is_main
-        else None
-    )
+    source = None
+    if info.is_main:
+        dtype = next(model.parameters()).dtype
+        source = load_causal_lm(
+            model_path, dtype, torch.device("cpu"), trust_remote_code
+        )
+        if prepare is not None:
+            source = prepare(source)
     fill_shards_from_main_rank(model, source, info)
 
 

@@ -47,8 +47,12 @@ def test_fsdp2_on_two_cpu_ranks_is_accepted():
         ),
         (["checkpoint.export_hf_interval=-1"], r"checkpoint\.export_hf_interval=-1"),
         (
-            ["trainer.strategy=fsdp2", "trainer.lora.rank=8"],
-            r"trainer\.lora\.rank=8 with trainer\.strategy=fsdp2: LoRA runs on the single strategy",
+            [
+                "trainer.strategy=fsdp2",
+                "trainer.lora.rank=8",
+                "trainer.lora.sync=merged",
+            ],
+            r"trainer\.lora\.sync=merged with trainer\.strategy=fsdp2: .* set trainer\.lora\.sync=adapter",
         ),
     ],
 )

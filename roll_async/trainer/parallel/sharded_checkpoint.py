@@ -2,8 +2,9 @@
 
 A run saved at N ranks must resume at M: DCP stores every tensor with its
 global shape and the slices each file holds, and on load each rank reads the
-slices its own sharding asks for. Model, optimizer and (when saved) the KL
-reference go in one DCP directory; counters, config and the pipeline's state
+slices its own sharding asks for. Model (its trainable parameters: a LoRA
+run's adapters), optimizer and (when saved) the KL reference go in one DCP
+directory; counters, config and the pipeline's state
 are small files the main rank writes beside it (roll_async.trainer.checkpoint).
 """
 
@@ -48,8 +49,10 @@ def _state(
     optimizer: torch.optim.Optimizer,
     reference: torch.nn.Module | None,
 ) -> dict[str, object]:
+    # frozen parameters (a LoRA run's base weights) are model.path's and are not saved
+    trainable = StateDictOptions(ignore_frozen_params=True)
     state: dict[str, object] = {
-        "model": get_model_state_dict(model),
+        "model": get_model_state_dict(model, options=trainable),
         "optimizer": get_optimizer_state_dict(model, optimizer),
     }
     if reference is not None:
@@ -83,7 +86,10 @@ def load_sharded(
     """
     state = _state(model, optimizer, reference)
     dcp.load(state, checkpoint_id=str(Path(directory) / DCP_DIR))
-    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+    frozen = any(not p.requires_grad for p in model.parameters())
+    set_model_state_dict(
+        model, state["model"], options=StateDictOptions(strict=not frozen)
+    )
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     if reference is not None:
         set_model_state_dict(reference, state["reference"])
