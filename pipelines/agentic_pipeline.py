@@ -31,7 +31,7 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
-from roll_async.errors import ConfigError, NonFiniteLossError
+from roll_async.errors import ConfigError, NonFiniteLossError, TrainerRankTimeoutError
 from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
@@ -111,8 +111,8 @@ class AgenticPipeline:
             self.trainer = build_placed_trainer(
                 config.trainer, self.model_path, ensure_ray=self._ensure_ray
             )
-        except ConfigError:
-            raise
+        except (ConfigError, TrainerRankTimeoutError):
+            raise  # a rank silent past trainer.rank_call_timeout_s hung; it did not fail to load the model
         except Exception as exc:
             raise ConfigError(
                 f"model.path={config.model.path!r}: the trainer cannot load {self.model_path!r} as a causal LM: "

@@ -104,6 +104,27 @@ class NonFiniteLossError(RollAsyncError, RuntimeError):
         )
 
 
+class TrainerRankTimeoutError(RollAsyncError, RuntimeError):
+    """Some fsdp2 ranks did not answer a call within trainer.rank_call_timeout_s: hung, so the group was stopped.
+
+    Without it a rank stuck outside a collective (a deadlock, a stuck filesystem) would hang the run
+    silently; torch.distributed's own timeout only covers collectives.
+    """
+
+    def __init__(
+        self, method: str, ranks: list[int], num_ranks: int, waited_s: float
+    ) -> None:
+        self.method = method
+        self.ranks = list(ranks)
+        self.waited_s = waited_s
+        super().__init__(
+            f"trainer ranks {self.ranks} of {num_ranks} did not answer {method} within {waited_s:.1f} s "
+            "(trainer.rank_call_timeout_s); the ranks were stopped. Raise trainer.rank_call_timeout_s if a "
+            f"{method} is legitimately this slow; otherwise a rank hung outside a collective (deadlock, stuck "
+            "filesystem): check the ranks' logs, then resume from the last checkpoint"
+        )
+
+
 # -- runtime ---------------------------------------------------------------------------------------------
 
 

@@ -354,6 +354,12 @@ class TrainerConfig:
     gpus_per_rank: float = 0.0
     #: fsdp2: dtype of the gradient reduce-scatter between ranks (FSDP2's MixedPrecisionPolicy.reduce_dtype).
     reduce_dtype: TrainerParamDtype = "float32"
+    #: fsdp2: seconds one call on the ranks (join, train step, weight gather, checkpoint) may wait for every
+    #: rank's answer; past it the ranks are stopped and the run fails naming the silent ones (0: no deadline).
+    #: torch.distributed's timeout covers only collectives, so nothing else bounds a rank hung elsewhere (a
+    #: deadlock, a stuck filesystem). 3600 is far above a slow but healthy step or checkpoint of a large model
+    #: (minutes); lower it to catch hangs sooner.
+    rank_call_timeout_s: float = 3600.0
     #: LoRA adapters instead of full fine-tuning (rank > 0); with kl_coef > 0 the reference is the base model
     #: with the adapters off (no second copy of the weights).
     lora: LoraConfig = field(default_factory=LoraConfig)

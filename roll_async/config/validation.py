@@ -422,6 +422,11 @@ def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
         raise ConfigError(
             f"trainer.gpus_per_rank={trainer.gpus_per_rank}: must be >= 0"
         )
+    if trainer.rank_call_timeout_s < 0:
+        raise ConfigError(
+            f"trainer.rank_call_timeout_s={trainer.rank_call_timeout_s}: must be >= 0 seconds; set it above the "
+            "slowest healthy train step or checkpoint, or 0 to wait on the ranks without a deadline"
+        )
     if trainer.strategy == "single":
         if trainer.num_ranks > 1 or trainer.gpus_per_rank > 0:
             raise ConfigError(

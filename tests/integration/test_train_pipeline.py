@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from roll_async.config.schema import load_config
-from roll_async.errors import ConfigError
+from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
 from roll_async.trajectory import GenerationRequest
 
@@ -271,3 +271,19 @@ def test_a_model_the_trainer_cannot_load_fails_before_any_actor(
     with pytest.raises(ConfigError, match="model.path=.*broken-model.*cannot load"):
         pipeline._prepare_trainer()
     assert pipeline.engines == [] and pipeline.train_scheduler is None
+
+
+def test_ranks_hung_while_joining_fail_as_a_timeout_not_as_a_model_that_cannot_load(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    def hung(config, model_path, ensure_ray):
+        raise TrainerRankTimeoutError("join", [1], 2, 3600.0)
+
+    monkeypatch.setattr(
+        "roll_async.pipelines.agentic_pipeline.build_placed_trainer", hung
+    )
+    pipeline = AgenticPipeline(train_config(tmp_path / "run"))
+    with pytest.raises(
+        TrainerRankTimeoutError, match=r"ranks \[1\] of 2 did not answer join"
+    ):
+        pipeline._prepare_trainer()

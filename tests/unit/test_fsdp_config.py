@@ -15,6 +15,8 @@ def test_fsdp2_on_two_cpu_ranks_is_accepted():
         "configs/sokoban.yaml", ["trainer.strategy=fsdp2", "trainer.num_ranks=2"]
     )
     assert config.trainer.strategy == "fsdp2" and config.trainer.num_ranks == 2
+    # a deadline on every call to the ranks by default
+    assert config.trainer.rank_call_timeout_s == 3600.0
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,10 @@ def test_fsdp2_on_two_cpu_ranks_is_accepted():
         (
             ["trainer.strategy=fsdp2", "trainer.simulate_step_s=1"],
             r"cannot be combined with trainer\.trainer_cls or trainer\.simulate_step_s",
+        ),
+        (
+            ["trainer.strategy=fsdp2", "trainer.rank_call_timeout_s=-1"],
+            r"trainer\.rank_call_timeout_s=-1\.0: must be >= 0 seconds; set it above the slowest healthy",
         ),
         (["checkpoint.export_hf_interval=-1"], r"checkpoint\.export_hf_interval=-1"),
         (

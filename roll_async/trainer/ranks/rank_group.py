@@ -6,6 +6,9 @@ code does not change with the strategy. A call goes to every rank with the same
 arguments (a batch is put in the object store once and read by each rank) and
 returns the main rank's answer. If one rank fails while the others wait in a
 collective, the group cannot continue: it is stopped and the rank's error raised.
+If no rank fails but some never answer (hung outside a collective, where
+torch.distributed's timeout does not reach), ``trainer.rank_call_timeout_s``
+bounds the call the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from typing import Any
 
 from roll_async.config.schema import TrainerConfig
-from roll_async.errors import ConfigError
+from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.ranks.rank_actor import TrainerRank
 
@@ -56,12 +59,18 @@ class TrainerRankGroup:
     simulated = False
 
     def __init__(
-        self, actors: list[Any], group: Any, placements: list[dict[str, Any]]
+        self,
+        actors: list[Any],
+        group: Any,
+        placements: list[dict[str, Any]],
+        call_timeout_s: float = TrainerConfig.rank_call_timeout_s,
     ) -> None:
         self.actors = actors
         self.group = group
         #: Per rank: rank, node_id, gpu_ids, device, pid.
         self.placements = placements
+        #: trainer.rank_call_timeout_s: how long one call may wait on the ranks (0: forever).
+        self.call_timeout_s = call_timeout_s
 
     @classmethod
     def start(cls, config: TrainerConfig, model_path: str) -> TrainerRankGroup:
@@ -100,16 +109,21 @@ class TrainerRankGroup:
             .remote()
             for index in range(config.num_ranks)
         ]
-        handle = cls(actors, group, [])
+        handle = cls(actors, group, [], config.rank_call_timeout_s)
         try:
-            address = ray.get(actors[0].rendezvous_address.remote())
+            # start-up has the call deadline too: a rank that never comes up, or hangs loading the model in
+            # join, must not hang the run
+            (address,) = handle._each(
+                "rendezvous_address", [actors[0].rendezvous_address.remote()]
+            )
             handle.placements = handle._each(
+                "join",
                 [
                     actor.join.remote(
                         rank, config.num_ranks, address, config, model_path
                     )
                     for rank, actor in enumerate(actors)
-                ]
+                ],
             )
         except BaseException:
             handle.shutdown()
@@ -125,20 +139,29 @@ class TrainerRankGroup:
 
     # -- running a call on every rank ----------------------------------------------------
 
-    def _each(self, refs: list[Any]) -> list[Any]:
-        """Every rank's result, in rank order; the first rank error stops the group and is raised."""
+    def _each(self, method: str, refs: list[Any]) -> list[Any]:
+        """Every rank's result of ``method``, in rank order; a rank error, or ranks silent past the deadline, stop the group.
+
+        ``refs[i]`` is rank i's call. The first rank error is raised once the others have finished or had
+        PEER_GRACE_S (they may be stuck in a collective waiting for it); it wins over the deadline, being the
+        cause. With no error, ranks that have not answered within ``call_timeout_s`` are hung where no
+        collective timeout reaches them: the group is stopped and TrainerRankTimeoutError names them.
+        """
         import ray
 
+        started = time.monotonic()
+        call_deadline = (
+            started + self.call_timeout_s if self.call_timeout_s > 0 else None
+        )
         pending = list(refs)
-        deadline: float | None = None
+        grace_deadline: float | None = None
         failure: BaseException | None = None
         while pending:
-            timeout = (
-                None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            )
+            deadlines = [d for d in (call_deadline, grace_deadline) if d is not None]
+            timeout = max(min(deadlines) - time.monotonic(), 0.0) if deadlines else None
             done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
             if not done:
-                break  # the others did not finish within the grace after a failure
+                break  # past the call's deadline, or the grace after a failure
             try:
                 ray.get(done[0])
             except ray.exceptions.RayError as exc:
@@ -148,7 +171,7 @@ class TrainerRankGroup:
                         if isinstance(exc, ray.exceptions.RayTaskError)
                         else exc
                     )
-                    deadline = time.monotonic() + PEER_GRACE_S
+                    grace_deadline = time.monotonic() + PEER_GRACE_S
         if failure is not None:
             if pending:
                 logger.error(
@@ -156,11 +179,30 @@ class TrainerRankGroup:
                 )
                 self.shutdown()
             raise failure
+        if pending:
+            waited = time.monotonic() - started
+            num_ranks = len(self.actors)
+            silent = set(pending)
+            ranks = [rank for rank, ref in enumerate(refs) if ref in silent]
+            located = {
+                p["rank"]: f"rank {p['rank']}: node {p['node_id']}, pid {p['pid']}"
+                for p in self.placements
+            }
+            logger.error(
+                "trainer ranks %s did not answer %s within %.1f s (%s): stopping the ranks",
+                ranks,
+                method,
+                waited,
+                "; ".join(located[rank] for rank in ranks if rank in located)
+                or "not joined yet",
+            )
+            self.shutdown()
+            raise TrainerRankTimeoutError(method, ranks, num_ranks, waited)
         return ray.get(refs)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return self._each(
-            [getattr(actor, method).remote(*args) for actor in self.actors]
+            method, [getattr(actor, method).remote(*args) for actor in self.actors]
         )
 
     # -- the Trainer methods -------------------------------------------------------------
