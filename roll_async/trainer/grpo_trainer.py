@@ -315,7 +315,10 @@ class GRPOTrainer:
         self.last_step: int | None = None
 
     def _apply_lora(self, model: torch.nn.Module) -> Any:
-        return lora_adapters.apply_lora(model, self.config.lora)
+        """peft adapters on ``model``; the frozen base is then held in the compute dtype (bf16: half the bytes)."""
+        return lora_adapters.frozen_base_in(
+            lora_adapters.apply_lora(model, self.config.lora), self.compute_dtype
+        )
 
     # -- training ----------------------------------------------------------------------
 

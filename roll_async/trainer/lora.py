@@ -12,7 +12,8 @@ adapters alone. What a weight sync sends depends on ``trainer.lora.sync``:
   model's HF names, synced exactly like full fine-tuning; for an engine that cannot serve LoRA.
 
 The KL reference of a LoRA run is the base model with the adapters switched off
-(:func:`adapters_off`), not a second copy of the weights.
+(:func:`adapters_off`), not a second copy of the weights. The frozen base is held in the compute
+dtype (``trainer.param_dtype``), the adapters and their AdamW state in float32.
 """
 
 from __future__ import annotations
@@ -104,6 +105,20 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> Any:
 
     check_target_modules(linear_module_names(model), config.target_modules)
     return get_peft_model(model, peft_config(config))
+
+
+def frozen_base_in(model: Any, dtype: torch.dtype) -> Any:
+    """Cast the frozen (base) floating-point parameters to ``dtype``; the adapters stay float32.
+
+    A frozen weight needs no float32 master copy: it never takes an optimizer
+    step, and the forward computes in ``dtype`` anyway (autocast on one device,
+    FSDP2's mixed-precision policy on ranks). Works on meta-device models too.
+    """
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(dtype)
+    return model
 
 
 def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:

@@ -156,3 +156,37 @@ def test_lora_on_two_ranks_trains_syncs_and_checkpoints_the_adapter_alone(
     assert resumed_loss(None, tiny_model_path, batch, CONFIG, saved) == pytest.approx(
         expected, abs=1e-5
     )
+
+
+def bf16_scores(info, model_path, batch, config):
+    """Frozen-base dtypes, bytes held and the scores of a bf16 LoRA trainer before any step."""
+    trainer = GRPOTrainer(config, model_path, rank=info)
+    return {
+        "base_dtypes": {
+            p.dtype for p in trainer.model.parameters() if not p.requires_grad
+        },
+        "memory": trainer.memory(),
+        "logprobs": trainer.compute_logprobs(batch),
+    }
+
+
+def test_bf16_lora_ranks_hold_bf16_base_shards_and_score_as_one_process(
+    tiny_model_path, tokenizer
+):
+    batch = make_batch(tokenizer)
+    bf16 = dataclasses.replace(CONFIG, param_dtype="bfloat16")
+    single = bf16_scores(None, tiny_model_path, batch, bf16)
+    ranks = run_on_ranks(
+        bf16_scores,
+        2,
+        tiny_model_path,
+        batch,
+        dataclasses.replace(bf16, strategy="fsdp2", num_ranks=2),
+    )
+    for rank in ranks:
+        assert rank["base_dtypes"] == {torch.bfloat16}
+        for key in ("parameter_bytes", "optimizer_bytes"):
+            assert rank["memory"][key] == pytest.approx(
+                single["memory"][key] / 2, rel=0.10
+            )
+        assert torch.allclose(rank["logprobs"], single["logprobs"], atol=1e-4)
