@@ -238,3 +238,32 @@ async def test_a_request_running_across_a_sync_keeps_its_adapter_version(
     )
     assert set(after.token_versions) == {version + 2}
     assert await lora_engine.lora_versions.remote() == [version + 1, version + 2]
+
+
+async def test_lora_on_two_fsdp_ranks_keeps_the_engine_on_the_trained_adapter(
+    lora_engine, ray_session, tmp_path
+):
+    from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+    from roll_async.trainer.ranks.rank_group import TrainerRankGroup
+    from tests.integration.test_train_pipeline import read_jsonl
+
+    # each sync sends the adapter the ranks gathered; with only current-version tokens scored, the
+    # trainer's and the engine's probabilities agree (ratio 1) only if the engine serves that adapter
+    config = lora_config(
+        tmp_path,
+        "trainer.strategy=fsdp2",
+        "trainer.num_ranks=2",
+        "trainer.max_token_lag=0",
+    )
+    pipeline = AgenticPipeline(config, engines=[lora_engine])
+    run = await pipeline.run()
+    assert isinstance(pipeline.trainer, TrainerRankGroup)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    # step 0 samples with whatever adapter the shared engine last served (an earlier test's)
+    for m in metrics[1:]:
+        assert m["train/importance_ratio/max"] == pytest.approx(1.0, abs=1e-2)
+        assert m["train/importance_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+    checkpoint = run / "checkpoints" / "step_2"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert (checkpoint / "dcp" / ".metadata").is_file()
