@@ -146,3 +146,20 @@ def test_every_benchmark_takes_the_same_output_flags():
         assert "add_output_args(" in source, module
         assert ("plots=True" in source) == plots, module
         assert "write_json(" not in source.replace(".write_json(", ""), module
+
+
+def test_peak_rss_is_this_process_s_own_and_can_be_reset():
+    # ru_maxrss survives execve, so a spawned rank reported its parent's peak; VmHWM is the process's own
+    import multiprocessing
+
+    from benchmarks.common import peak_rss_bytes
+
+    ballast = bytearray(256 << 20)  # this process's peak is now at least 256 MiB
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        child_peak = pool.apply(peak_rss_bytes)
+    with_ballast = peak_rss_bytes()
+    assert child_peak < with_ballast - (200 << 20)
+    del ballast  # a large allocation goes back to the system when freed
+    assert peak_rss_bytes(reset=True) < with_ballast - (200 << 20)
