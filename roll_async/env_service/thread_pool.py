@@ -135,6 +135,8 @@ class EnvThreadPool:
         self._numbers = iter(range(1 << 62))
         self._closed = False
         self._wake = threading.Event()
+        #: The watchdog sleeps until woken (nothing was running at its last look).
+        self._watchdog_asleep = True
         #: Calls timed out while running (their threads may still be busy).
         self.abandoned = 0
         threading.Thread(
@@ -268,6 +270,9 @@ class EnvThreadPool:
                 self._idle -= 1
                 work.started_at = time.monotonic()
                 self._running[number] = work.started_at
+                if self._watchdog_asleep:  # it must look while calls run, to replace hung ones
+                    self._watchdog_asleep = False
+                    self._wake.set()
             try:
                 work.execute()
             finally:
@@ -292,4 +297,5 @@ class EnvThreadPool:
                 self._long = long_
                 self._grow_locked()
                 busy = bool(self._running or self._queue)
+                self._watchdog_asleep = not busy
             self._wake.wait(self.long_call_s if busy else None)

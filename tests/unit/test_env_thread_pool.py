@@ -20,13 +20,20 @@ async def test_hung_calls_get_threads_of_their_own_and_the_others_do_not_wait():
             asyncio.ensure_future(pool.run(release.wait, 30, timeout=20))
             for _ in range(4)
         ]
-        await asyncio.sleep(0.3)  # all four running, more than long_call_s
-        started = time.monotonic()
-        results = await asyncio.gather(
-            *(pool.run(lambda i=i: i * 2, timeout=5) for i in range(50))
+        # all four running for longer than long_call_s (polled: a loaded machine starts threads late)
+        deadline = time.monotonic() + 10
+        while pool.stats()["long_running"] < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert pool.stats()["long_running"] == 4
+        # the hung four block for 30 s: these finishing at all means none queued behind them
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(pool.run(lambda i=i: i * 2, timeout=20) for i in range(50))
+            ),
+            timeout=15,
         )
         assert results == [i * 2 for i in range(50)]
-        assert time.monotonic() - started < 2.0  # never queued behind the hung four
+        assert not any(h.done() for h in hung)
         assert pool.stats()["threads"] >= 6  # four hung + two free
         release.set()
         assert await asyncio.gather(*hung) == [True] * 4
