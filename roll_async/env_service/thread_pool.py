@@ -270,7 +270,8 @@ class EnvThreadPool:
                 self._idle -= 1
                 work.started_at = time.monotonic()
                 self._running[number] = work.started_at
-                if self._watchdog_asleep:  # it must look while calls run, to replace hung ones
+                # the watchdog must look while calls run, to replace hung ones
+                if self._watchdog_asleep:
                     self._watchdog_asleep = False
                     self._wake.set()
             try:
