@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,7 +219,7 @@ class GRPOTrainer:
         self.dtype = torch.float32
         #: Forward/backward compute dtype (torch.autocast when not float32).
         self.compute_dtype = resolve_dtype(config.param_dtype)
-        # fsdp2 ranks build it empty, shard it, then receive their shards from the main rank (_fill_shards).
+        # fsdp2 ranks build it empty, shard it, then receive their shards from the main rank (_shard_and_load).
         self.model = (
             empty_causal_lm(self.model_path, self.dtype, trust_remote_code)
             if rank is not None
@@ -248,16 +248,8 @@ class GRPOTrainer:
             if self.lora:  # frozen embeddings: checkpointed blocks need an input that requires grad
                 self.model.enable_input_require_grads()
         if rank is not None:
-            shard_model(
+            self._shard_and_load(
                 self.model,
-                rank,
-                self.compute_dtype,
-                resolve_dtype(config.reduce_dtype),
-            )
-            load_into_shards(
-                self.model,
-                self.model_path,
-                rank,
                 trust_remote_code,
                 prepare=self._apply_lora if self.lora else None,
             )
@@ -284,14 +276,7 @@ class GRPOTrainer:
                 self.model_path, self.dtype, trust_remote_code
             )
             self.ref_model.eval().requires_grad_(False)
-            shard_model(
-                self.ref_model,
-                rank,
-                self.compute_dtype,
-                resolve_dtype(config.reduce_dtype),
-                trainable=False,
-            )
-            load_into_shards(self.ref_model, self.model_path, rank, trust_remote_code)
+            self._shard_and_load(self.ref_model, trust_remote_code, trainable=False)
         elif config.kl_coef > 0:
             self.ref_model = load_causal_lm(
                 self.model_path, self.dtype, self.device, trust_remote_code
@@ -313,6 +298,27 @@ class GRPOTrainer:
         )
         self.optimizer_steps = 0
         self.last_step: int | None = None
+
+    def _shard_and_load(
+        self,
+        model: torch.nn.Module,
+        trust_remote_code: bool,
+        *,
+        trainable: bool = True,
+        prepare: Callable[[torch.nn.Module], Any] | None = None,
+    ) -> None:
+        """fsdp2: shard an :func:`empty_causal_lm` model, then fill its shards from the main rank's read."""
+        assert self.rank is not None
+        shard_model(
+            model,
+            self.rank,
+            self.compute_dtype,
+            resolve_dtype(self.config.reduce_dtype),
+            trainable=trainable,
+        )
+        load_into_shards(
+            model, self.model_path, self.rank, trust_remote_code, prepare=prepare
+        )
 
     def _apply_lora(self, model: torch.nn.Module) -> Any:
         """peft adapters on ``model``; the frozen base is then held in the compute dtype (bf16: half the bytes)."""

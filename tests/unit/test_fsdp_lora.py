@@ -18,7 +18,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     set_model_state_dict,
 )
-from torch.distributed.tensor import DTensor
 
 from roll_async.config.schema import LoraConfig, TrainerConfig
 from roll_async.testing.spawned_ranks import run_on_ranks
@@ -26,6 +25,7 @@ from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trainer.parallel.sharded_checkpoint import DCP_DIR
+from tests.unit.test_fsdp_trainer import full
 from tests.unit.test_trainer_grpo import make_batch
 
 pytestmark = pytest.mark.slow
@@ -39,10 +39,6 @@ CONFIG = TrainerConfig(
     lora=LoraConfig(rank=8),
 )
 SHARDED = dataclasses.replace(CONFIG, strategy="fsdp2", num_ranks=2)
-
-
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def random_adapter(model_path) -> dict[str, torch.Tensor]:
