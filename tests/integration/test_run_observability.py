@@ -4,8 +4,8 @@ One small training run is interrupted with SIGINT after two steps and is then
 the material of every test here: the interrupt (message, exit status 130,
 checkpoint, no process left), resuming at the next step, a clean console, the
 report page in headless Chromium, and replaying its saved batches. A rollout
-run gives the report of the other pipeline. A train run and a rollout run are
-each sent SIGTERM (the main process alone, as ``timeout -s TERM`` or an
+run gives the report of the other pipeline. The resumed train run and the rollout
+run are each sent SIGTERM (the main process alone, as ``timeout -s TERM`` or an
 orchestrator does) and must stop as cleanly as on Ctrl-C, with exit status 143.
 """
 
@@ -169,25 +169,49 @@ def test_no_process_is_left_after_the_interrupt(interrupted_run):
     )
 
 
-def test_resume_continues_at_the_next_step(interrupted_run):
+def test_resume_continues_at_the_next_step_and_sigterm_checkpoints_it_and_exits_143(
+    interrupted_run,
+):
+    """The resumed run is also the SIGTERM case: one run less on a shared machine."""
     run = interrupted_run["run"]
     step = int(
         re.search(r"^interrupted at step (\d+)", interrupted_run["out"], re.M).group(1)
     )
     before = len(_metrics(run))
+
+    def new_steps() -> list[int]:
+        return [r["step"] for r in _metrics(run)[before:] if "train/loss" in r]
+
     proc = _cli(
         "train",
         CONFIG,
         *SMALL,
-        f"max_steps={step + 1}",
+        "max_steps=40",
         "logging.progress_bar=false",
         f"output_dir={run}",
         f"checkpoint.resume_from={run}",
     )
-    out = _finish(proc, timeout=1200)
-    assert proc.returncode == 0, out[-3000:]
-    new_steps = [r["step"] for r in _metrics(run)[before:] if "train/loss" in r]
-    assert new_steps == [step]
+    result = _terminate_after(proc, run, lambda: bool(new_steps()))
+    resumed = new_steps()
+    assert resumed == list(range(step, step + len(resumed))), (
+        f"interrupted at step {step}; the resumed run logged steps {resumed}"
+    )
+    _assert_clean_stop(result)
+    out = result["out"]
+    lines = re.findall(r"^interrupted at step .*$", out, re.M)
+    assert len(lines) == 1, out[-3000:]
+    match = re.fullmatch(
+        r"interrupted at step (\d+) \(SIGTERM\); checkpoint at (\S+); resume with: roll-async train (.*)",
+        lines[0],
+    )
+    assert match, out[-3000:]
+    stopped, checkpoint = int(match.group(1)), Path(match.group(2))
+    assert (
+        checkpoint == run / "checkpoints" / f"step_{stopped - 1}"
+        and checkpoint.is_dir()
+    )
+    assert f"checkpoint.resume_from={run}" in match.group(3)
+    assert stopped - 1 >= max(resumed)
 
 
 def test_console_shows_step_lines_and_no_vllm_or_ray_warnings(interrupted_run):
@@ -432,37 +456,6 @@ def _assert_clean_stop(result: dict) -> None:
         assert noise not in out, out[-3000:]
     assert result["children"], "the run should have started Ray and vLLM processes"
     assert not result["left"], f"processes left: {sorted(result['left'])}"
-
-
-def test_sigterm_checkpoints_the_last_completed_step_and_exits_143(tmp_path):
-    run = tmp_path / "train"
-    proc = _cli(
-        "train",
-        CONFIG,
-        *SMALL,
-        "max_steps=40",
-        "logging.progress_bar=false",
-        f"output_dir={run}",
-    )
-    result = _terminate_after(
-        proc, run, lambda: any("train/loss" in r for r in _metrics(run))
-    )
-    _assert_clean_stop(result)
-    out = result["out"]
-    lines = re.findall(r"^interrupted at step .*$", out, re.M)
-    assert len(lines) == 1, out[-3000:]
-    match = re.fullmatch(
-        r"interrupted at step (\d+) \(SIGTERM\); checkpoint at (\S+); resume with: roll-async train (.*)",
-        lines[0],
-    )
-    assert match, out[-3000:]
-    step, checkpoint = int(match.group(1)), Path(match.group(2))
-    assert (
-        checkpoint == run / "checkpoints" / f"step_{step - 1}" and checkpoint.is_dir()
-    )
-    assert f"checkpoint.resume_from={run}" in match.group(3)
-    logged = [r["step"] for r in _metrics(run) if "train/loss" in r]
-    assert step - 1 >= max(logged)
 
 
 def test_sigterm_stops_a_rollout_run_cleanly_and_exits_143(rollout_run):
