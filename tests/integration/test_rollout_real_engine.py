@@ -151,6 +151,23 @@ async def test_no_barrier_fast_envs_finish_several_episodes_while_a_slow_one_pla
     )
 
 
+async def engine_step_tokens(engine) -> int:
+    """Tokens the engine has decoded, counted at each step: a turn still decoding counts (finished requests alone would miss it)."""
+    return (await engine.stats.remote())["engine_step_generation_tokens"]
+
+
+async def tokens_decoded_since(engine, before: int, timeout_s: float = 30.0) -> int:
+    """How many tokens the engine decodes past ``before``, waiting up to ``timeout_s`` for the first.
+
+    A loaded machine (the other test worker's engine and trainers share both cores) may take seconds
+    per token; env loops that were not running never produce one.
+    """
+    deadline = time.monotonic() + timeout_s
+    while await engine_step_tokens(engine) == before and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return await engine_step_tokens(engine) - before
+
+
 async def test_sync_pauses_the_loops_after_get_batch_and_resume_restarts_them(
     engine, tiny_model_path
 ):
@@ -163,33 +180,25 @@ async def test_sync_pauses_the_loops_after_get_batch_and_resume_restarts_them(
         ),
     )
 
-    async def engine_stats() -> dict:
-        return await engine.stats.remote()
-
-    async def step_tokens() -> int:
-        # counted at each engine step, so a turn still decoding shows up (finished requests would not)
-        return (await engine_stats())["engine_step_generation_tokens"]
-
     observations = {}
 
     async def check_paused(scheduler, step):
         # let the cancelled in-flight turns return (polled: a loaded machine may take seconds)
         deadline = time.monotonic() + 30
-        while (await engine_stats())["in_flight"] and time.monotonic() < deadline:
+        while (await engine.stats.remote())[
+            "in_flight"
+        ] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await asyncio.sleep(
-            0.5
-        )  # the engine's last step stats are recorded just after its outputs
-        before = await step_tokens()
+        # the engine's last step stats are recorded just after its outputs
+        await asyncio.sleep(0.5)
+        before = await engine_step_tokens(engine)
         await asyncio.sleep(2.0)
-        observations["paused_delta"] = await step_tokens() - before
+        observations["paused_delta"] = await engine_step_tokens(engine) - before
         observations["suspended"] = (await scheduler.describe())["queue"]["suspended"]
         await scheduler.resume()
-        before = await step_tokens()
-        deadline = time.monotonic() + 30
-        while await step_tokens() == before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        observations["resumed_delta"] = await step_tokens() - before
+        observations["resumed_delta"] = await tokens_decoded_since(
+            engine, await engine_step_tokens(engine)
+        )
 
     batches, _ = await run_batches(
         config, engine, tiny_model_path, steps=1, between=check_paused
@@ -222,10 +231,6 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
     versions = []
     generated_during_training = []
 
-    async def step_tokens() -> int:
-        # counted at each engine step, so a turn still decoding shows up (finished requests would not)
-        return (await engine.stats.remote())["engine_step_generation_tokens"]
-
     async def train_and_sync(scheduler, step):
         # The "trainer" works for at least 1.2 s while async env loops keep going; the weight update
         # lands while a request of the next step's groups is in flight (polled, so timing cannot hide it).
@@ -238,16 +243,11 @@ async def test_async_keeps_generating_within_the_staleness_bound_across_weight_u
         # in-flight turns are aborted and must be continued, not lost
         await engine.pause.remote("abort")
         await engine.update_weights.remote(weights, version)
-        before = await step_tokens()
+        before = await engine_step_tokens(engine)
         await engine.resume.remote()
         versions.append(version)
         await asyncio.sleep(1.2)
-        # A loaded machine (a trainer test on the other worker competing for both cores) may take
-        # seconds to decode the first token after the update; a loop that waited for the trainer never would.
-        deadline = time.monotonic() + 30
-        while await step_tokens() == before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        generated_during_training.append(await step_tokens() - before)
+        generated_during_training.append(await tokens_decoded_since(engine, before))
 
     batches, metrics = await run_batches(
         config, engine, tiny_model_path, steps=4, between=train_and_sync

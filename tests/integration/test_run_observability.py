@@ -197,14 +197,11 @@ def test_resume_continues_at_the_next_step_and_sigterm_checkpoints_it_and_exits_
         f"interrupted at step {step}; the resumed run logged steps {resumed}"
     )
     _assert_clean_stop(result)
-    out = result["out"]
-    lines = re.findall(r"^interrupted at step .*$", out, re.M)
-    assert len(lines) == 1, out[-3000:]
-    match = re.fullmatch(
+    match = _the_interrupt_line(
+        result["out"],
+        "step",
         r"interrupted at step (\d+) \(SIGTERM\); checkpoint at (\S+); resume with: roll-async train (.*)",
-        lines[0],
     )
-    assert match, out[-3000:]
     stopped, checkpoint = int(match.group(1)), Path(match.group(2))
     assert (
         checkpoint == run / "checkpoints" / f"step_{stopped - 1}"
@@ -458,18 +455,24 @@ def _assert_clean_stop(result: dict) -> None:
     assert not result["left"], f"processes left: {sorted(result['left'])}"
 
 
+def _the_interrupt_line(out: str, what: str, pattern: str) -> re.Match:
+    """The run printed exactly one ``interrupted at {what}`` line, and it reads as ``pattern``."""
+    lines = re.findall(rf"^interrupted at {what} .*$", out, re.M)
+    assert len(lines) == 1, out[-3000:]
+    match = re.fullmatch(pattern, lines[0])
+    assert match, out[-3000:]
+    return match
+
+
 def test_sigterm_stops_a_rollout_run_cleanly_and_exits_143(rollout_run):
     result = rollout_run
     run = result["run"]
     _assert_clean_stop(result)
-    out = result["out"]
-    lines = re.findall(r"^interrupted at batch .*$", out, re.M)
-    assert len(lines) == 1, out[-3000:]
-    match = re.fullmatch(
+    match = _the_interrupt_line(
+        result["out"],
+        "batch",
         r"interrupted at batch (\d+) \(SIGTERM\); (\d+) batches kept in (\S+); collect the rest with: roll-async rollout (.*)",
-        lines[0],
     )
-    assert match, out[-3000:]
     assert int(match.group(2)) == len(_metrics(run)) >= 1
     assert Path(match.group(3)) == run
     assert f"num_batches={40 - int(match.group(2))}" in match.group(4)

@@ -25,7 +25,7 @@ from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trainer.parallel.sharded_checkpoint import DCP_DIR
-from tests.unit.test_fsdp_trainer import full
+from tests.unit.test_fsdp_trainer import full, in_one_process_and_on_two_ranks
 from tests.unit.test_trainer_grpo import make_batch
 
 pytestmark = pytest.mark.slow
@@ -170,14 +170,11 @@ def test_bf16_lora_ranks_hold_bf16_base_shards_and_score_as_one_process(
     tiny_model_path, tokenizer
 ):
     batch = make_batch(tokenizer)
-    bf16 = dataclasses.replace(CONFIG, param_dtype="bfloat16")
-    single = bf16_scores(None, tiny_model_path, batch, bf16)
-    ranks = run_on_ranks(
+    single, ranks = in_one_process_and_on_two_ranks(
         bf16_scores,
-        2,
         tiny_model_path,
         batch,
-        dataclasses.replace(bf16, strategy="fsdp2", num_ranks=2),
+        dataclasses.replace(CONFIG, param_dtype="bfloat16"),
     )
     for rank in ranks:
         assert rank["base_dtypes"] == {torch.bfloat16}

@@ -33,6 +33,22 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def in_one_process_and_on_two_ranks(
+    fn, model_path, batch, config: TrainerConfig, timeout_s: float = 600.0
+):
+    """``fn`` in this process with ``config``, then on two fsdp2 ranks with the same config: (one, ranks)."""
+    one = fn(None, model_path, batch, config)
+    ranks = run_on_ranks(
+        fn,
+        2,
+        model_path,
+        batch,
+        dataclasses.replace(config, strategy="fsdp2", num_ranks=2),
+        timeout_s=timeout_s,
+    )
+    return one, ranks
+
+
 def gradients(info: RankInfo | None, model_path, batch, config: TrainerConfig):
     """One accumulate_gradients pass: loss, token count and every parameter's full gradient."""
     trainer = GRPOTrainer(config, model_path, rank=info)
@@ -81,14 +97,8 @@ def batch(tokenizer):
     ids=["padded", "packed+kl+checkpointing"],
 )
 def test_two_ranks_give_the_single_process_gradient(tiny_model_path, batch, overrides):
-    config = trainer_config(**overrides)
-    single = gradients(None, tiny_model_path, batch, config)
-    ranks = run_on_ranks(
-        gradients,
-        2,
-        tiny_model_path,
-        batch,
-        dataclasses.replace(config, strategy="fsdp2", num_ranks=2),
+    single, ranks = in_one_process_and_on_two_ranks(
+        gradients, tiny_model_path, batch, trainer_config(**overrides)
     )
     for result in ranks:
         assert result["loss"] == pytest.approx(single["loss"], abs=1e-5)
@@ -193,15 +203,8 @@ def test_a_micro_batch_without_scored_tokens_on_one_rank_neither_hangs_nor_chang
     tensors["response_mask"] = tensors["response_mask"].clone()
     tensors["response_mask"][:2] = 0
     skewed = type(batch)(**tensors, traj_ids=batch.traj_ids)
-    config = trainer_config()
-    single = gradients(None, tiny_model_path, skewed, config)
-    ranks = run_on_ranks(
-        gradients,
-        2,
-        tiny_model_path,
-        skewed,
-        dataclasses.replace(config, strategy="fsdp2", num_ranks=2),
-        timeout_s=180,
+    single, ranks = in_one_process_and_on_two_ranks(
+        gradients, tiny_model_path, skewed, trainer_config(), timeout_s=180
     )
     assert ranks[0]["loss"] == pytest.approx(single["loss"], abs=1e-5)
     worst = max(
