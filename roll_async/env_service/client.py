@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from roll_async.env_service.fd_limit import raise_open_files_limit
-from roll_async.env_service.wire import API, decode_observation
+from roll_async.env_service.wire import API, NOT_APPLIED_KINDS, decode_observation
 from roll_async.errors import EnvServiceError, EnvServiceUnavailable
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,17 @@ logger = logging.getLogger(__name__)
 _DEADLINE_MARGIN_S = 10.0
 #: A URL whose retries all failed gets no new envs for this long.
 _DOWN_FOR_S = 30.0
-_TRANSPORT_ERRORS = (
+#: Errors that prove the request never reached the server (no connection was made: refused,
+#: DNS, connect timeout): any call is retried. aiohttp < 3.10 has no ConnectionTimeoutError (its
+#: connect timeout is then a plain timeout, not retried).
+_NEVER_SENT: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
+    (aiohttp.ConnectionTimeoutError,)
+    if hasattr(aiohttp, "ConnectionTimeoutError")
+    else ()
+)
+#: Errors after the request may have been sent (reset, disconnected mid-response, a cut body):
+#: retried only for a call the server answers once however often it arrives (``idempotent``).
+_MAYBE_SENT = (
     aiohttp.ClientConnectionError,
     aiohttp.ClientPayloadError,
     ConnectionError,
@@ -104,9 +114,27 @@ class EnvServiceClient:
         return any(u != url and self._down_until[u] <= now for u in self.urls)
 
     async def request(
-        self, url: str, method: str, path: str, body: Any = None, *, timeout_s: float
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout_s: float,
+        idempotent: bool | None = None,
     ) -> dict[str, Any]:
-        """One JSON call with retries of transport errors; server-reported failures raise EnvServiceError."""
+        """One JSON call with retries of transport errors; server-reported failures raise EnvServiceError.
+
+        An error that proves the request never reached the server (no connection) is retried for
+        any call. One after the request may have arrived (reset, disconnected, a cut response) is
+        retried, with the same body, only when ``idempotent``: the server applies that call once
+        however often it arrives (a reset or step with its ``seq``, a create with its ``env_id``;
+        GET and DELETE by default). Otherwise the call fails ``outcome_unknown`` rather than risk
+        applying it twice. A client deadline past is not retried: the server's own timeout answers
+        first, so by then the server is wedged and the call's time is spent.
+        """
+        if idempotent is None:
+            idempotent = method in ("GET", "DELETE")
         session = self._session_for_loop()
         deadline = aiohttp.ClientTimeout(
             total=timeout_s + _DEADLINE_MARGIN_S,
@@ -138,40 +166,77 @@ class EnvServiceClient:
                             )
                         self._down_until[url] = 0.0
                         return payload
-                except _TRANSPORT_ERRORS as exc:
+                except _NEVER_SENT as exc:
                     attempt += 1
-                    if attempt > self.max_retries:
-                        self._down_until[url] = time.monotonic() + _DOWN_FOR_S
-                        message = (
-                            f"env server {url} unreachable: {method} {path} failed {attempt} times "
-                            f"({type(exc).__name__}: {exc})"
-                        )
-                        if self.others_up(url):
-                            raise EnvServiceError(
-                                message
-                                + "; other servers of the tag take the next episodes",
-                                kind="unreachable",
-                            ) from exc
-                        raise EnvServiceUnavailable(
-                            message + "; no other server of the tag is up"
-                        ) from exc
-                    logger.warning(
-                        "env server %s: %s %s failed (%s); retry %d/%d",
-                        url,
-                        method,
-                        path,
-                        exc,
-                        attempt,
-                        self.max_retries,
-                    )
-                    await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+                    self._give_up_after(url, method, path, exc, attempt)
+                    await self._back_off(url, method, path, exc, attempt, "")
                 except TimeoutError:
                     raise EnvServiceError(
                         f"env server {url} did not answer {method} {path} within {timeout_s + _DEADLINE_MARGIN_S:g}s",
                         kind="timeout",
                     ) from None
+                except _MAYBE_SENT as exc:
+                    if not idempotent:
+                        raise EnvServiceError(
+                            f"env server {url}: {method} {path} failed after it may have reached "
+                            f"the server ({type(exc).__name__}: {exc}); not retried, since the "
+                            "server may have applied it (a call with a seq or a client-chosen "
+                            "env_id is retried: the server answers it once)",
+                            kind="outcome_unknown",
+                        ) from exc
+                    attempt += 1
+                    self._give_up_after(url, method, path, exc, attempt)
+                    await self._back_off(
+                        url,
+                        method,
+                        path,
+                        exc,
+                        attempt,
+                        " (the same call: answered once)",
+                    )
         finally:
             self.in_flight[url] -= 1
+
+    def _give_up_after(
+        self, url: str, method: str, path: str, exc: BaseException, attempt: int
+    ) -> None:
+        """Past max_retries: mark the URL down and raise (EnvServiceUnavailable if no other URL is up)."""
+        if attempt <= self.max_retries:
+            return
+        self._down_until[url] = time.monotonic() + _DOWN_FOR_S
+        message = (
+            f"env server {url} unreachable: {method} {path} failed {attempt} times "
+            f"({type(exc).__name__}: {exc})"
+        )
+        if self.others_up(url):
+            raise EnvServiceError(
+                message + "; other servers of the tag take the next episodes",
+                kind="unreachable",
+            ) from exc
+        raise EnvServiceUnavailable(
+            message + "; no other server of the tag is up"
+        ) from exc
+
+    async def _back_off(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        exc: BaseException,
+        attempt: int,
+        note: str,
+    ) -> None:
+        logger.warning(
+            "env server %s: %s %s failed (%s); retry %d/%d%s",
+            url,
+            method,
+            path,
+            exc,
+            attempt,
+            self.max_retries,
+            note,
+        )
+        await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
 
     async def health(self, url: str, timeout_s: float = 10.0) -> dict[str, Any]:
         return await self.request(url, "GET", "/health", timeout_s=timeout_s)
@@ -198,12 +263,17 @@ class RemoteEnv:
     EnvManager, so the rollout loop does not change. Its env instance is created
     (``prepare``, or the first ``reset``) on the server of the tag's list with the
     fewest envs of this client (spread by load), and stays there. Each call carries ``timeout_s`` (the server kills the env past
-    it) and has a client-side deadline a little longer. Transport errors
-    (connection refused or reset, server disconnected) are retried
-    ``max_retries`` times with backoff; after that the URL is marked down for a
-    while. If another URL of the tag is up, the episode just ends ``env_error``
-    (the next one goes elsewhere); if none is, :class:`EnvServiceUnavailable` ends
-    the rollout and ``get_batch`` reports it, naming the URLs.
+    it) and has a client-side deadline a little longer. Every call that changes
+    the env carries the session's sequence number (create: the client-chosen id,
+    call 0; each reset and step: the next number), so transport errors
+    (connection refused or reset, server disconnected, a cut response) are
+    retried ``max_retries`` times with backoff, resending the same call: the
+    server answers a repeat from its record and never applies a call twice.
+    After that the URL is marked down for a while. If another URL of the tag is
+    up, the episode just ends ``env_error`` (the next one goes elsewhere); if none
+    is, :class:`EnvServiceUnavailable` ends the rollout and ``get_batch`` reports
+    it, naming the URLs. A server that lost the env (it restarted) answers 404
+    saying so; the episode ends there, and nothing is stepped in its place.
     """
 
     def __init__(
@@ -222,6 +292,8 @@ class RemoteEnv:
         self.max_retries = max_retries
         self.url: str | None = None
         self.env_id: str | None = None
+        #: the number of this env's last call that changes it (the create is 0)
+        self.seq = 0
         self._client: EnvServiceClient | None = None
 
     def _get_client(self) -> EnvServiceClient:
@@ -239,7 +311,7 @@ class RemoteEnv:
         url = client.pick_url()
         client.envs_on[url] += 1
         # The id is chosen here, so a create interrupted mid-request can still be closed (DELETE) by id.
-        self.url, self.env_id = url, f"c{uuid.uuid4().hex}"
+        self.url, self.env_id, self.seq = url, f"c{uuid.uuid4().hex}", 0
         body = {
             "env_type": self.env_type,
             "env_config": self.env_config,
@@ -258,11 +330,8 @@ class RemoteEnv:
     async def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         if self.env_id is None:
             await self.prepare()
-        payload = await self._send(
-            self.url,
-            "POST",
-            f"{API}/envs/{self.env_id}/reset",
-            {"seed": int(seed), "timeout_s": self.call_timeout_s},
+        payload = await self._send_sequenced(
+            "reset", {"seed": int(seed), "timeout_s": self.call_timeout_s}
         )
         return decode_observation(payload["observation"]), payload.get("info") or {}
 
@@ -273,11 +342,8 @@ class RemoteEnv:
             raise RuntimeError(
                 f"RemoteEnv({self.env_type}).step() called before reset()"
             )
-        payload = await self._send(
-            self.url,
-            "POST",
-            f"{API}/envs/{self.env_id}/step",
-            {"action": action_text, "timeout_s": self.call_timeout_s},
+        payload = await self._send_sequenced(
+            "step", {"action": action_text, "timeout_s": self.call_timeout_s}
         )
         return (
             decode_observation(payload["observation"]),
@@ -300,12 +366,32 @@ class RemoteEnv:
         except (EnvServiceError, EnvServiceUnavailable):
             pass
 
+    async def _send_sequenced(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A reset or step with the next sequence number; every retry of it resends this number.
+
+        A call the server answered without applying it (``NOT_APPLIED_KINDS``) gives its number back.
+        """
+        assert self.url is not None
+        self.seq += 1
+        try:
+            return await self._send(
+                self.url,
+                "POST",
+                f"{API}/envs/{self.env_id}/{op}",
+                {**body, "seq": self.seq},
+            )
+        except EnvServiceError as exc:
+            if exc.kind in NOT_APPLIED_KINDS:
+                self.seq -= 1
+            raise
+
     async def _send(
         self, url: str, method: str, path: str, body: Any
     ) -> dict[str, Any]:
+        """A call the server answers once (a create by its id, a reset or step by its seq), so retried."""
         try:
             return await self._get_client().request(
-                url, method, path, body, timeout_s=self.call_timeout_s
+                url, method, path, body, timeout_s=self.call_timeout_s, idempotent=True
             )
         except EnvServiceError as exc:
             if (
@@ -352,8 +438,10 @@ async def check_service(
                     "env_config": env_config,
                     "seed": int(seed),
                     "timeout_s": timeout_s,
+                    "env_id": f"c{uuid.uuid4().hex}",
                 },
                 timeout_s=timeout_s,
+                idempotent=True,
             )
             await client.request(
                 url, "DELETE", f"{API}/envs/{payload['env_id']}", timeout_s=timeout_s

@@ -35,6 +35,7 @@ from roll_async.env_service.wire import (
     BadRequest,
     encode_observation,
     require,
+    require_seq,
     to_jsonable,
 )
 from roll_async.envs import make_env, registered_envs, resolve_env_class
@@ -46,6 +47,8 @@ ISOLATION_MODES = ("process", "none")
 DEFAULT_MAX_ENVS = {"process": 256, "none": 4096}
 #: Most requests aiohttp's listening socket queues before accepting (2,000 sessions may connect at once).
 LISTEN_BACKLOG = 4096
+#: Closed or dropped env ids remembered (why, and a failed call to answer again), newest kept.
+GONE_KEPT = 10_000
 
 
 class _CallFailed(Exception):
@@ -53,13 +56,57 @@ class _CallFailed(Exception):
         super().__init__(message)
         self.status, self.kind = status, kind
 
+    def again(self) -> _CallFailed:
+        """A fresh copy, to answer a repeat of the failed call."""
+        return _CallFailed(self.status, self.kind, str(self))
+
+
+@dataclass
+class _Applied:
+    """One call that changes an env (create, reset, step) and its answer, kept to answer a repeat.
+
+    ``key`` is the call's op and arguments: a repeat must be the same call, not just the same number.
+    """
+
+    seq: int
+    op: str
+    key: str
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    response: dict[str, Any] | None = None
+    failure: _CallFailed | None = None
+
+    def settle(
+        self,
+        response: dict[str, Any] | None = None,
+        failure: _CallFailed | None = None,
+    ) -> None:
+        self.response, self.failure = response, failure
+        self.done.set()
+
+    async def answer(self) -> dict[str, Any]:
+        """The call's answer, once it has one (bounded: the call itself is bounded by its timeout)."""
+        await self.done.wait()
+        if self.failure is not None:
+            raise self.failure.again()
+        assert self.response is not None
+        return self.response
+
 
 @dataclass
 class _Hosted:
     env: Any
     env_type: str
+    last: _Applied
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Gone:
+    """Why an env id is no longer served, and its failed last call (answered again to a repeat)."""
+
+    why: str
+    failed: _Applied | None = None
 
 
 @dataclass
@@ -73,6 +120,9 @@ class ServerStats:
     bad_requests: int = 0
     reaped_idle: int = 0
     overloaded: int = 0
+    #: calls answered from the last call's record instead of being applied again
+    repeats: int = 0
+    out_of_sequence: int = 0
 
 
 class EnvServer:
@@ -90,6 +140,10 @@ class EnvServer:
     until it returns (then the env is closed), but the pool starts another, so
     ``threads`` stay free for the other sessions, up to ``max_threads`` in all.
     A malformed request gets a 4xx naming the problem, never a crash.
+
+    Calls that change an env are applied once: each carries its session's sequence number, and a
+    repeat (a client retrying a call whose answer it lost) is answered from the env's record of
+    its last call (see :mod:`~roll_async.env_service.wire`).
     """
 
     def __init__(
@@ -118,6 +172,9 @@ class EnvServer:
         self.idle_timeout_s = float(idle_timeout_s)
         self._reaper: asyncio.Task | None = None
         self.envs: dict[str, _Hosted] = {}
+        #: envs being built, by id (a repeated create waits for the first one)
+        self._creating: dict[str, _Hosted] = {}
+        self._gone: collections.OrderedDict[str, _Gone] = collections.OrderedDict()
         self.stats = ServerStats()
         self._ids = itertools.count()
         self._pool = EnvThreadPool(threads, max_threads=max(threads, max_threads))
@@ -154,6 +211,10 @@ class EnvServer:
                 ):
                     self.envs.pop(env_id, None)
                     self.stats.reaped_idle += 1
+                    self._bury(
+                        env_id,
+                        f"closed after idle_timeout_s={self.idle_timeout_s:g} without a call",
+                    )
                     await self._dispose(hosted.env)
 
     # -- handlers --------------------------------------------------------------------
@@ -224,13 +285,39 @@ class EnvServer:
 
     # -- operations (shared by the single and batch endpoints) -------------------------
     async def _create(self, body: Any) -> dict[str, Any]:
+        """Build an env (and reset it, given a seed). With a client-chosen ``env_id`` it is call 0 of
+        that session: a repeat is answered from the record, never builds a second env."""
         env_type = require(body, "env_type", str)
         env_config = body.get("env_config") or {}
         if not isinstance(env_config, dict):
             raise BadRequest(
                 f"field 'env_config' must be an object, got {type(env_config).__name__}"
             )
-        if len(self.envs) >= self.max_envs:
+        seed = require(body, "seed", int) if "seed" in body else None
+        timeout = self._timeout(body)
+        key = _call_key(env_type, env_config, seed)
+        env_id = body.get("env_id")
+        if env_id is not None:
+            if not isinstance(env_id, str) or not env_id:
+                raise BadRequest(
+                    f"field 'env_id' must be a non-empty string, got {env_id!r}"
+                )
+            hosted = self._session(env_id, 0, "create", key)
+            if hosted is not None and hosted.last.seq != 0:
+                self.stats.out_of_sequence += 1
+                raise _CallFailed(
+                    409,
+                    "out_of_sequence",
+                    f"env {env_id!r} exists and its session is past its create (last call "
+                    f"seq={hosted.last.seq}); a new env needs a new env_id",
+                )
+            if hosted is not None:
+                return await self._repeat(env_id, hosted.last, 0, "create", key)
+        else:
+            env_id = f"e{next(self._ids)}"
+            while env_id in self.envs or env_id in self._creating:
+                env_id = f"e{next(self._ids)}"
+        if len(self.envs) + len(self._creating) >= self.max_envs:
             raise _CallFailed(
                 429,
                 "full",
@@ -240,7 +327,26 @@ class EnvServer:
             resolve_env_class(env_type)
         except ValueError as exc:
             raise _CallFailed(404, "not_found", str(exc)) from None
-        timeout = self._timeout(body)
+        hosted = _Hosted(env=None, env_type=env_type, last=_Applied(0, "create", key))
+        self._creating[env_id] = hosted
+
+        async def build() -> dict[str, Any]:
+            try:
+                hosted.env = await self._build(env_type, env_config, timeout)
+            finally:
+                self._creating.pop(env_id, None)
+            self.envs[env_id] = hosted
+            self.stats.created += 1
+            out: dict[str, Any] = {"env_id": env_id}
+            if seed is not None:
+                out.update(await self._reset_env(env_id, hosted, seed, timeout))
+            return out
+
+        return await self._apply_once(env_id, hosted, hosted.last, None, build)
+
+    async def _build(
+        self, env_type: str, env_config: dict[str, Any], timeout: float
+    ) -> Any:
         builder = functools.partial(make_env, env_type, env_config)
         if self.isolation == "process":
             env: Any = ProcessEnv(builder, name=f"{env_type}-env")
@@ -253,35 +359,29 @@ class EnvServer:
                 env.kill("start failed")
                 self.stats.env_errors += 1
                 raise _CallFailed(500, "env_error", f"make_env: {exc}") from None
-        else:
-            env = await self._timed(
-                self._pool.run(builder, timeout=timeout, cleanup=_close_quietly),
-                timeout,
-                "make_env",
-                None,
-            )
-        env_id = body.get("env_id") or f"e{next(self._ids)}"
-        if not isinstance(env_id, str) or env_id in self.envs:
-            await self._dispose(env, after_failure=True) if isinstance(
-                env, ProcessEnv
-            ) else None
-            raise BadRequest(f"field 'env_id' must be a new string id, got {env_id!r}")
-        self.envs[env_id] = _Hosted(env=env, env_type=env_type)
-        self.stats.created += 1
-        out: dict[str, Any] = {"env_id": env_id}
-        if "seed" in body:
-            out.update(
-                await self._reset(
-                    {"env_id": env_id, "seed": body["seed"], "timeout_s": timeout}
-                )
-            )
-        return out
+            return env
+        return await self._timed(
+            self._pool.run(builder, timeout=timeout, cleanup=_close_quietly),
+            timeout,
+            "make_env",
+            None,
+        )
 
     async def _reset(self, body: Any) -> dict[str, Any]:
         seed = require(body, "seed", int)
-        hosted, env_id = self._hosted(body)
+        seq = require_seq(body)
+        timeout = self._timeout(body)
+
+        async def reset(env_id: str, hosted: _Hosted) -> dict[str, Any]:
+            return await self._reset_env(env_id, hosted, seed, timeout)
+
+        return await self._sequenced(body, seq, "reset", _call_key(seed), reset)
+
+    async def _reset_env(
+        self, env_id: str, hosted: _Hosted, seed: int, timeout: float
+    ) -> dict[str, Any]:
         observation, info = await self._call(
-            env_id, hosted, "reset", seed, timeout=self._timeout(body)
+            env_id, hosted, "reset", seed, timeout=timeout
         )
         return {
             "env_id": env_id,
@@ -291,45 +391,164 @@ class EnvServer:
 
     async def _step(self, body: Any) -> dict[str, Any]:
         action = require(body, "action", str)
-        hosted, env_id = self._hosted(body)
-        observation, reward, terminated, truncated, info = await self._call(
-            env_id, hosted, "step", action, timeout=self._timeout(body)
-        )
-        return {
-            "observation": encode_observation(observation),
-            "reward": float(reward),
-            "terminated": bool(terminated),
-            "truncated": bool(truncated),
-            "info": to_jsonable(info),
-        }
+        seq = require_seq(body)
+        timeout = self._timeout(body)
+
+        async def step(env_id: str, hosted: _Hosted) -> dict[str, Any]:
+            observation, reward, terminated, truncated, info = await self._call(
+                env_id, hosted, "step", action, timeout=timeout
+            )
+            return {
+                "observation": encode_observation(observation),
+                "reward": float(reward),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": to_jsonable(info),
+            }
+
+        return await self._sequenced(body, seq, "step", _call_key(action), step)
 
     async def _close(self, body: Any) -> dict[str, Any]:
         env_id = require(body, "env_id", str)
         hosted = self.envs.pop(env_id, None)
         if hosted is None:
-            raise _CallFailed(
-                404,
-                "not_found",
-                f"no env with id {env_id!r} (already closed, or it failed)",
-            )
+            if env_id in self._creating:
+                raise _CallFailed(
+                    409,
+                    "busy",
+                    f"env {env_id!r} is still being created; close it once its create answers",
+                )
+            raise self._not_found(env_id)
         self.stats.closed += 1
+        self._bury(env_id, "closed by its client")
         await self._dispose(
             hosted.env, after_failure=hosted.lock.locked()
         )  # busy: kill, do not wait for the call
         return {"closed": True}
 
-    # -- plumbing --------------------------------------------------------------------
-    def _hosted(self, body: Any) -> tuple[_Hosted, str]:
+    # -- exactly once ----------------------------------------------------------------
+    async def _sequenced(
+        self, body: Any, seq: int, op: str, key: str, run: Any
+    ) -> dict[str, Any]:
+        """Apply call ``seq`` of an env's session once: the next number runs, the last one is answered again."""
         env_id = require(body, "env_id", str)
-        hosted = self.envs.get(env_id)
+        hosted = self._session(env_id, seq, op, key)
         if hosted is None:
+            raise self._not_found(env_id)
+        last = hosted.last
+        if seq == last.seq:
+            return await self._repeat(env_id, last, seq, op, key)
+        if seq != last.seq + 1:
+            self.stats.out_of_sequence += 1
             raise _CallFailed(
-                404,
-                "not_found",
-                f"no env with id {env_id!r} (already closed, or it failed)",
+                409,
+                "out_of_sequence",
+                f"env {env_id!r}: {op} seq={seq} is neither the next call (seq={last.seq + 1}) "
+                f"nor a repeat of the last (seq={last.seq}); nothing was applied: close this env "
+                "and start a new one",
             )
-        return hosted, env_id
+        if not last.done.is_set():
+            raise _CallFailed(
+                409,
+                "busy",
+                f"env {env_id!r} is still running call seq={last.seq}; wait for its answer",
+            )
+        applied = _Applied(seq, op, key)
+        hosted.last = applied
+        return await self._apply_once(
+            env_id, hosted, applied, last, functools.partial(run, env_id, hosted)
+        )
 
+    async def _apply_once(
+        self,
+        env_id: str,
+        hosted: _Hosted,
+        applied: _Applied,
+        before: _Applied | None,
+        run: Any,
+    ) -> dict[str, Any]:
+        """Run ``run()`` and record its answer in ``applied``, even if the request that asked is gone.
+
+        The call runs as its own task: a client that disconnects mid-call does not cancel it, and its
+        retry gets the answer. A failure that left the env in place (not called: 503, 409) frees the
+        number again (``before`` is the record again); one that dropped the env is remembered.
+        """
+
+        async def settle() -> dict[str, Any]:
+            try:
+                response = await run()
+            except _CallFailed as exc:
+                if env_id in self.envs or env_id in self._creating:
+                    if before is not None:
+                        hosted.last = before
+                elif exc.status >= 500 and exc.kind != "overloaded":
+                    self._bury(env_id, str(exc), applied)
+                applied.settle(failure=exc)
+                raise
+            except BaseException as exc:
+                failure = _CallFailed(
+                    500, "env_error", f"{applied.op} seq={applied.seq}: {exc!r}"
+                )
+                self._bury(env_id, str(failure), applied)
+                dropped = self.envs.pop(env_id, None)
+                if dropped is not None and isinstance(dropped.env, ProcessEnv):
+                    dropped.env.kill("its call was interrupted")
+                applied.settle(failure=failure)
+                raise
+            applied.settle(response=response)
+            return response
+
+        task = asyncio.ensure_future(settle())
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _repeat(
+        self, env_id: str, applied: _Applied, seq: int, op: str, key: str
+    ) -> dict[str, Any]:
+        if (applied.op, applied.key) != (op, key):
+            self.stats.out_of_sequence += 1
+            raise _CallFailed(
+                409,
+                "out_of_sequence",
+                f"env {env_id!r}: seq={seq} was already used for a {applied.op} with other "
+                "arguments; a repeat must resend the same call",
+            )
+        self.stats.repeats += 1
+        return await applied.answer()
+
+    def _session(self, env_id: str, seq: int, op: str, key: str) -> _Hosted | None:
+        """The env's record; None if the id is unknown; a gone env's failed call is answered again."""
+        hosted = self.envs.get(env_id) or self._creating.get(env_id)
+        if hosted is not None:
+            return hosted
+        gone = self._gone.get(env_id)
+        if gone is None:
+            return None
+        failed = gone.failed
+        if failed is not None and (failed.seq, failed.op, failed.key) == (seq, op, key):
+            assert failed.failure is not None
+            self.stats.repeats += 1
+            raise failed.failure.again()
+        raise _CallFailed(404, "not_found", f"env {env_id!r} is gone: {gone.why}")
+
+    def _not_found(self, env_id: str) -> _CallFailed:
+        gone = self._gone.get(env_id)
+        if gone is not None:
+            return _CallFailed(404, "not_found", f"env {env_id!r} is gone: {gone.why}")
+        return _CallFailed(
+            404,
+            "not_found",
+            f"no env with id {env_id!r} on this server: never created here, or the server "
+            "restarted since and lost it (envs do not survive a restart); start a new env",
+        )
+
+    def _bury(self, env_id: str, why: str, failed: _Applied | None = None) -> None:
+        self._gone[env_id] = _Gone(why, failed)
+        self._gone.move_to_end(env_id)
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
+
+    # -- plumbing --------------------------------------------------------------------
     def _timeout(self, body: Any) -> float:
         value = (
             body.get("timeout_s", self.env_timeout_s)
@@ -465,6 +684,17 @@ class EnvServer:
             if isinstance(hosted.env, ProcessEnv):
                 hosted.env.kill("server shutdown")
         self._pool.shutdown()
+
+
+def _call_key(*args: Any) -> str:
+    """A call's arguments as one comparable string (a repeat must be the same call)."""
+    return json.dumps(list(args), sort_keys=True, default=str)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark a call task's failure as seen: its requester may be gone, and its record holds the answer."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _close_quietly(env: Any) -> None:

@@ -19,26 +19,38 @@ from roll_async.envs.base import Observation
 # =======================  ===============================================  ==========================================
 # ``GET  /health``         -                                                ``{status, envs, isolation, registered}``
 # ``POST /v1/envs``        ``{env_type, env_config, seed?, timeout_s?,      ``{env_id}`` (+ ``observation, info`` with a seed:
-#                          env_id?}`` (a client-chosen id lets an interrupted
-#                          create be deleted)
-#                                                                           create and reset in one round trip)
-# ``POST /v1/envs/{id}/reset``  ``{seed, timeout_s?}``                      ``{observation, info}``
-# ``POST /v1/envs/{id}/step``   ``{action, timeout_s?}``                    ``{observation, reward, terminated, truncated, info}``
+#                          env_id?}``                                       create and reset in one round trip)
+# ``POST /v1/envs/{id}/reset``  ``{seed, seq, timeout_s?}``                 ``{env_id, observation, info}``
+# ``POST /v1/envs/{id}/step``   ``{action, seq, timeout_s?}``               ``{observation, reward, terminated, truncated, info}``
 # ``DELETE /v1/envs/{id}``      -                                           ``{closed: true}``
 # ``POST /v1/batch``       ``{calls: [{op: create|reset|step|close, ...}]}``  ``{results: [{ok, status, body}]}`` (run
 #                                                                           concurrently; one round trip for many envs)
 # =======================  ===============================================  ==========================================
 #
+# Exactly once: every call that changes an env carries the session's sequence number. A create
+# with a client-chosen ``env_id`` is call 0 of that session (a create without one cannot be
+# repeated safely); each reset and step carries ``seq``, the previous call's number + 1. The server
+# keeps each env's last call and its answer: the same ``seq`` again (the same op and arguments) is
+# answered from that record, waiting for it if the call is still running, and never applied twice;
+# a failed call's repeat gets the same failure. So a client may resend a call whose answer it lost.
+# A ``seq`` that is neither the next one nor the last one is 409 ``out_of_sequence`` (nothing is
+# applied; the env is kept, for the client to close); so is the last one reused for another call.
+# A missing, non-integer or negative ``seq`` is 400 naming the field.
+#
 # Errors carry ``{error: <reason>, kind: <kind>}``: 400 ``bad_request`` (the
 # request is malformed: the reason names the field), 404 ``not_found`` (unknown
-# env id or env_type), 409 ``busy`` (a call on that env is already running), 429
+# env id or env_type; the reason says whether the env was closed, dropped after a
+# failed call, or is unknown, as after a server restart: envs do not survive one),
+# 409 ``busy`` (a call on that env is already running) or ``out_of_sequence``, 429
 # ``full`` (the server holds ``--max-envs`` envs), 500 ``env_error`` / ``timeout``
 # / ``crashed`` (the env raised, ran past its timeout and was killed, or its
 # process died; the env is gone and the client builds a new one), 503
 # ``overloaded`` (all ``--max-threads`` threads were busy for the whole timeout;
-# the env was not called and is kept).
+# the env was not called and is kept, and the call's ``seq`` is free again).
 API = "/v1"
 ENV_FAILURE_KINDS = ("env_error", "timeout", "crashed")
+#: Error kinds of a call the server refused before calling the env: its ``seq`` was not used.
+NOT_APPLIED_KINDS = ("bad_request", "busy", "out_of_sequence", "overloaded")
 
 
 class BadRequest(ValueError):
@@ -111,3 +123,11 @@ def require(
             f"field {key!r} must be {expected}, got {type(value).__name__}"
         )
     return value
+
+
+def require_seq(body: Any) -> int:
+    """The call's sequence number ``body["seq"]``: a non-negative int, or BadRequest naming the field."""
+    seq = require(body, "seq", int)
+    if seq < 0:
+        raise BadRequest(f"field 'seq' must be a non-negative integer, got {seq}")
+    return seq
