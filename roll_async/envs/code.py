@@ -2,50 +2,221 @@
 
 Coding agents run code, read what it printed and try again before they submit;
 this env gives that loop on small function-writing tasks, with every run and
-the grading inside :func:`roll_async.envs.sandbox.run_python` so a submission
-cannot touch the host or see the tests.
+the submission's part of grading inside :func:`roll_async.envs.sandbox.run_python`
+so a submission cannot touch the host, see the tests or produce its own verdict:
+the sandbox only returns what the tests' calls returned, and the verdict is
+computed here (:func:`grade`).
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dataclasses
 import json
 import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.parsing import ParsedAction
-from roll_async.envs.sandbox import SandboxLimits, SandboxResult, run_python
+from roll_async.envs.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    process_isolation,
+    run_python,
+)
 from roll_async.envs.tool_actions import decode_tool_calls, function_tool
 
 DEFAULT_TASKS = Path(__file__).parent / "data" / "code_tasks.json"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
-# The grader runs the submission and the tests with their output discarded, then prints one line
-# tagged with a per-run nonce, so nothing the submission prints can fake or hide the result.
+#: Largest encoded result of one grading run (the sandbox's answer) the parent accepts.
+MAX_RESULT_BYTES = 256 * 1024
+#: Deepest nesting of a returned value the parent accepts.
+MAX_RESULT_DEPTH = 64
+#: Names a test evaluates in the parent: builtins, unless the task's function shadows one.
+_BUILTINS = frozenset(dir(builtins))
+
+# Runs in the sandbox: the submission, then each call of the tests (their inputs, nothing else),
+# printing one line of plain data: ["ok", tagged value] or ["raised", exception name] per call.
+# It writes on fd 1 after the submission's own output was sent to /dev/null; whatever the program
+# writes instead can only claim other return values, which the parent then checks like any others.
 _GRADER = """
-import io, json, sys
-_out = sys.stdout
-sys.stdout = sys.stderr = io.StringIO()
+import json as _json, os as _os, sys as _sys
+_CALLS = %(calls)r
+_LIMIT = %(limit)d
+_PLAIN = (int, float, bool, str, bytes, type(None), list, tuple, dict, set, frozenset)
+def _enc(value, depth):
+    kind = type(value)
+    if depth > %(depth)d or kind not in _PLAIN:
+        raise TypeError("not plain data: " + kind.__name__)
+    if kind is bool or kind is type(None):
+        return ["none"] if value is None else ["bool", value]
+    if kind is int:
+        return ["int", hex(value)]
+    if kind is float:
+        return ["float", value.hex()]
+    if kind is str:
+        return ["str", value]
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind is dict:
+        return ["dict", [[_enc(k, depth + 1), _enc(v, depth + 1)] for k, v in value.items()]]
+    return [kind.__name__, [_enc(item, depth + 1) for item in value]]
+_out = _os.dup(1)
+_sys.stdout = _sys.stderr = open(_os.devnull, "w")
 _ns = {"__name__": "solution"}
-_passed = 0
+_results = []
 try:
     exec(compile(%(source)r, "solution.py", "exec"), _ns)
-    for _test in %(tests)r:
-        try:
-            exec(_test, _ns)
-            _passed += 1
-        except BaseException:
-            pass
-except BaseException:
-    pass
-_out.write("\\n%(nonce)s " + json.dumps(_passed) + "\\n")
-_out.flush()
+    _loaded = None
+except BaseException as _error:
+    _loaded = ["raised", type(_error).__name__]
+for _call in _CALLS:
+    if _loaded:
+        _results.append(_loaded)
+        continue
+    try:
+        _value = eval(compile(_call, "test.py", "eval"), _ns)
+    except BaseException as _error:
+        _results.append(["raised", type(_error).__name__])
+        continue
+    try:
+        _results.append(["ok", _enc(_value, 0)])
+    except BaseException as _error:
+        _results.append(["raised", "unencodable " + type(_value).__name__])
+_line = _json.dumps(_results)
+if len(_line) > _LIMIT:
+    _line = _json.dumps([["raised", "result too large"]] * len(_CALLS))
+_os.write(_out, ("\\n" + _line + "\\n").encode())
+_os._exit(0)
 """
+
+
+class SubmissionRaised(Exception):
+    """A call of the submission raised in the sandbox (or returned something not plain data)."""
+
+
+@dataclass(frozen=True)
+class SplitTest:
+    """One hidden test split for grading: the calls run in the sandbox, the check runs in the parent.
+
+    ``calls`` are the source of the outermost calls of names the submission defines (the task's
+    ``function`` or any name that is not a builtin); ``check`` is the test's expression with call ``i``
+    replaced by ``__result__(i)`` (lazy, so ``and``/``or`` short-circuit as in the original test).
+    """
+
+    calls: tuple[str, ...]
+    check: Any  # a code object of mode "eval"
+
+
+def split_test(test: str, function: str, task_id: str) -> SplitTest:
+    """Split ``assert EXPR`` into the calls the sandbox evaluates and the check the parent evaluates.
+
+    Raises ``ValueError`` (one line naming the task) for any form that cannot be split this way: not a
+    single assert, a name the submission defines used other than as a call (``map(f, xs)``), a test
+    that binds names (lambda, comprehension, ``:=``), or a test that calls nothing of the submission.
+    """
+    where = f"code task {task_id!r}: test {test!r}"
+    try:
+        module = ast.parse(test, mode="exec")
+    except SyntaxError as exc:
+        raise ValueError(f"{where} is not valid Python ({exc.msg})") from None
+    if len(module.body) != 1 or not isinstance(module.body[0], ast.Assert):
+        raise ValueError(f"{where} must be one 'assert EXPR' statement")
+    expr = module.body[0].test
+    for node in ast.walk(expr):
+        if isinstance(
+            node,
+            ast.Lambda | ast.NamedExpr | ast.comprehension | ast.Await | ast.Yield,
+        ):
+            raise ValueError(
+                f"{where} binds names ({type(node).__name__}); only plain expressions can be split "
+                "into sandboxed calls and a trusted check"
+            )
+    own = {function} | {
+        n.id
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Name) and n.id not in _BUILTINS
+    }
+    calls: list[str] = []
+
+    class _Split(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            if isinstance(node.func, ast.Name) and node.func.id in own:
+                calls.append(ast.unparse(node))
+                return ast.copy_location(
+                    ast.Call(
+                        func=ast.Name("__result__", ast.Load()),
+                        args=[ast.Constant(len(calls) - 1)],
+                        keywords=[],
+                    ),
+                    node,
+                )
+            return self.generic_visit(node)
+
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in own:
+                raise ValueError(
+                    f"{where} uses {node.id!r} other than as a direct call; a test may only call the "
+                    "submission's functions (their results are compared in the grader)"
+                )
+            return node
+
+    check = ast.fix_missing_locations(ast.Expression(_Split().visit(expr)))
+    if not calls:
+        raise ValueError(f"{where} calls none of the submission's functions")
+    return SplitTest(tuple(calls), compile(check, f"<test of {task_id}>", "eval"))
+
+
+def decode_result(data: Any, depth: int = 0) -> Any:
+    """A value the sandbox returned, rebuilt from its tagged JSON as exact plain types.
+
+    Only int, float (nan and inf included), bool, str, bytes, None, list, tuple, dict, set and
+    frozenset come back, so a submission cannot hand the check an object whose ``__eq__`` lies;
+    anything else raises ``ValueError``.
+    """
+    if depth > MAX_RESULT_DEPTH or type(data) is not list or not data:
+        raise ValueError("malformed result")
+    tag, *rest = data
+    if tag == "none" and not rest:
+        return None
+    if len(rest) != 1:
+        raise ValueError("malformed result")
+    (body,) = rest
+    if tag == "bool" and type(body) is bool:
+        return body
+    if tag == "int" and type(body) is str and _HEX_INT.fullmatch(body):
+        return int(body, 16)
+    if tag == "float" and type(body) is str and _HEX_FLOAT.fullmatch(body):
+        return float.fromhex(body)
+    if tag == "str" and type(body) is str:
+        return body
+    if tag == "bytes" and type(body) is str:
+        return bytes.fromhex(body)
+    if type(body) is not list:
+        raise ValueError("malformed result")
+    if tag == "dict":
+        pairs = [
+            (p[0], p[1]) if type(p) is list and len(p) == 2 else None for p in body
+        ]
+        if None in pairs:
+            raise ValueError("malformed result")
+        return {
+            decode_result(k, depth + 1): decode_result(v, depth + 1) for k, v in pairs
+        }
+    kind = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}.get(tag)
+    if kind is None:
+        raise ValueError(f"unknown result tag {tag!r}")
+    return kind(decode_result(item, depth + 1) for item in body)
+
+
+_HEX_INT = re.compile(r"-?0x[0-9a-f]+")
+_HEX_FLOAT = re.compile(r"-?(0x[0-9a-f]+(\.[0-9a-f]*)?p[+-]\d+|inf|nan)")
 
 
 @dataclass
@@ -70,6 +241,9 @@ class CodeEnvConfig(EnvConfig):
     run_reward: float = 0.0
     #: tags: fenced blocks to run, ``<answer>`` to submit; tools: the ``run_python`` and ``submit`` function tools.
     action_format: str = "tags"
+    #: namespaces: each run in its own PID, mount and network namespace (root and ``unshare``; refused at
+    #: load where missing); rlimits: process group, rlimits and a temp dir only (see roll_async.envs.sandbox).
+    sandbox_isolation: Literal["namespaces", "rlimits"] = "namespaces"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,6 +265,14 @@ class CodeEnvConfig(EnvConfig):
             if float(getattr(self, name)) <= 0:
                 raise ValueError(f"code env: {name}={getattr(self, name)} must be > 0")
         self.task_ids = list(self.task_ids)
+        if self.sandbox_isolation not in ("namespaces", "rlimits"):
+            raise ValueError(
+                f"code env: sandbox_isolation={self.sandbox_isolation!r} must be namespaces or rlimits"
+            )
+        try:
+            process_isolation(self.sandbox_isolation)
+        except RuntimeError as exc:
+            raise ValueError(f"code env: env_config.{exc}") from None
 
     @property
     def limits(self) -> SandboxLimits:
@@ -101,6 +283,7 @@ class CodeEnvConfig(EnvConfig):
             max_output_bytes=int(self.max_output_bytes),
             max_processes=int(self.max_processes),
             disk_mb=int(self.disk_mb),
+            sandbox_isolation=self.sandbox_isolation,
         )
 
 
@@ -120,19 +303,100 @@ def load_tasks(
     return tasks
 
 
+def split_tasks(tasks: list[dict[str, Any]]) -> dict[str, list[SplitTest]]:
+    """Every task's tests split for grading (:func:`split_test`), by task id; a form that cannot be split raises."""
+    return {
+        task["id"]: [split_test(t, task["function"], task["id"]) for t in task["tests"]]
+        for task in tasks
+    }
+
+
 def grade(
-    source: str, tests: list[str], limits: SandboxLimits
+    source: str,
+    tests: list[str] | list[SplitTest],
+    limits: SandboxLimits,
+    function: str = "",
 ) -> tuple[int, SandboxResult]:
-    """(tests passed, the sandbox result) for ``source`` against ``tests``, run in the sandbox."""
-    nonce = secrets.token_hex(8)
+    """(tests passed, the sandbox result) for ``source`` against ``tests``; no verdict comes from the sandbox.
+
+    The sandbox runs the submission, then the calls of each test (see :func:`split_test`), and prints
+    their results as plain data; this process decodes them (:func:`decode_result`, never ``eval`` of
+    sandbox text) and evaluates each test's check with them. The expected values, the tests' source
+    and the checks never enter the sandbox; the calls' inputs necessarily do (the program could read
+    them by introspection, but not what they should return). A program that exits early, crashes the
+    run or prints a line of its own gets no result or only results of its own making, which pass only
+    if they are right. ``tests`` are ``assert`` lines (split here; ``function`` names the task's
+    function) or tests already split at load.
+    """
+    split = [
+        t if isinstance(t, SplitTest) else split_test(t, function, "(grade)")
+        for t in tests
+    ]
+    calls = [call for test in split for call in test.calls]
     result = run_python(
-        _GRADER % {"source": source, "tests": list(tests), "nonce": nonce}, limits
+        _GRADER
+        % {
+            "source": source,
+            "calls": calls,
+            "limit": MAX_RESULT_BYTES,
+            "depth": MAX_RESULT_DEPTH,
+        },
+        dataclasses.replace(
+            limits, max_output_bytes=max(limits.max_output_bytes, MAX_RESULT_BYTES + 64)
+        ),
     )
-    passed = 0
-    for line in result.stdout.splitlines():
-        if line.startswith(nonce + " "):
-            passed = int(line.split()[1])
+    values = _results_of(result.stdout, len(calls))
+    passed, offset = 0, 0
+    for test in split:
+        mine = values[offset : offset + len(test.calls)]
+        offset += len(test.calls)
+        passed += _check(test, mine)
     return passed, result
+
+
+def _results_of(stdout: str, count: int) -> list[Any]:
+    """Each call's decoded value, or a SubmissionRaised, from the last line of the grading run's stdout."""
+    lines = stdout.strip().splitlines()
+    failed: list[Any] = [SubmissionRaised("no result")] * count
+    if not lines or len(lines[-1]) > MAX_RESULT_BYTES:
+        return failed
+    try:
+        data = json.loads(lines[-1], parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return failed
+    if type(data) is not list or len(data) != count:
+        return failed
+    values: list[Any] = []
+    for item in data:
+        try:
+            if type(item) is list and len(item) == 2 and item[0] == "ok":
+                values.append(decode_result(item[1]))
+            else:
+                values.append(SubmissionRaised(str(item)[:200]))
+        except (ValueError, TypeError, RecursionError) as exc:
+            values.append(SubmissionRaised(str(exc)))
+    return values
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"bare {name} in a result")
+
+
+def _check(test: SplitTest, values: list[Any]) -> bool:
+    """Whether the test's check holds with ``values`` for its calls, evaluated here with the real builtins."""
+
+    def result(index: int) -> Any:
+        value = values[index]
+        if isinstance(value, SubmissionRaised):
+            raise value
+        return value
+
+    try:
+        return bool(
+            eval(test.check, {"__builtins__": builtins, "__result__": result})  # noqa: S307 (the task file's own expression)
+        )
+    except Exception:
+        return False
 
 
 def extract_code(text: str) -> str:
@@ -156,8 +420,12 @@ class CodeEnv(BaseEnv):
     ``<answer>...</answer>`` (a fenced block inside the tags is fine), which ends
     the episode: the task's tests run against it and grade it. Whichever comes
     first in a response counts. Code runs in :func:`roll_async.envs.sandbox.run_python`
-    (CPU time, memory, process, output limits; no network), so a submission
-    cannot touch the host or see the tests.
+    (CPU time, memory, process, output limits; no network; a PID namespace per run
+    with ``sandbox_isolation: namespaces``), so a submission cannot touch the host
+    or another episode. Each test is one ``assert EXPR`` whose calls of the
+    submission's functions run in the sandbox and whose comparison runs here on
+    the plain values they returned (:func:`grade`); a test that cannot be split
+    this way fails at load naming its task.
     """
 
     config_cls: ClassVar[type] = CodeEnvConfig
@@ -169,6 +437,7 @@ class CodeEnv(BaseEnv):
         super().__init__(config, **kwargs)
         self.config: CodeEnvConfig
         self.tasks = load_tasks(self.config.tasks_path, self.config.task_ids)
+        self.split_tests = split_tasks(self.tasks)
         self.task: dict[str, Any] = {}
         self.last_output = ""
         self.num_runs = 0
@@ -249,7 +518,7 @@ class CodeEnv(BaseEnv):
             )
             self.last_output = result.report(cfg.max_observation_chars)
             return cfg.run_reward, True, ""
-        tests = self.task["tests"]
+        tests = self.split_tests[self.task["id"]]
         passed, result = grade(code, tests, cfg.limits)
         self.tests_passed = passed / len(tests)
         self.success = passed == len(tests)

@@ -3,17 +3,21 @@
 Code written by a model may loop, allocate without bound, fork, flood its
 output, fill the disk, leave files for the next episode or reach the network;
 the code env and its grader run it here so none of that can touch the host or
-another run, and the whole process group is killed before a call returns.
+another run. Where PID namespaces work, nothing the program started outlives the
+call; elsewhere its process group is killed before the call returns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import math
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,18 +26,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 _NOBODY = 65534
+#: Per-run uids (root only): _UID_BASE + slot, slot < _UID_POOL, far above any login or container uid.
+_UID_BASE = 1_600_000_000
+_UID_POOL = 4096
+#: Lock files of the uid slots, one path for every process on the host (root-owned, mode 0700: no
+#: sandboxed program can reach them).
+_UID_LOCKS = "/tmp/roll_async_sandbox_uids"
+#: Seconds past ``wall_s`` before run_python kills a supervisor that has not ended the run itself.
+_GRACE_S = 5.0
+ISOLATION_MODES = ("auto", "namespaces", "rlimits")
 #: Imported before dropping to ``nobody``: an interpreter under a private directory (e.g. /root/.pyenv)
 #: cannot be read afterwards, so these are the modules such code can use there.
 _PRELOAD = (
     "abc array bisect collections copy dataclasses datetime decimal enum fractions functools heapq itertools json "
-    "math operator random re socket statistics string textwrap time typing unicodedata encodings.idna"
+    "math operator random re signal socket statistics string textwrap threading time typing unicodedata encodings.idna"
 ).split()
 
 _RUNNER = r"""
-import os, resource, sys
+import os, resource, sys, time
 source = sys.stdin.buffer.read().decode("utf-8", "replace")
 fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
-cpu_s, memory, fsize, nproc, guard_net, tmpfs_bytes, tmpfs_files = (int(x) for x in sys.argv[1:8])
+cpu_s, memory, fsize, nproc, guard_net, tmpfs_bytes, tmpfs_files, uid, status_fd, pidns = (
+    int(x) for x in sys.argv[1:11])
+deadline = float(sys.argv[11])
 if tmpfs_bytes:
     # In our own mount namespace (unshare --mount, as root): every mount read-only, then one size-limited
     # tmpfs on /tmp, also bound on /var/tmp and /dev/shm: the only writable place, gone when the run ends.
@@ -62,6 +77,9 @@ if tmpfs_bytes:
     for point in ("/var/tmp", "/dev/shm"):
         if os.path.isdir(point):
             _mount(b"/tmp", point, None, MS_BIND, None)
+    if pidns:
+        # /proc of this PID namespace: only this run's processes, and not the supervisor (hidepid)
+        _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2")
     os.chdir("/tmp")
     del ctypes, libc, _mount, points
 if os.getuid() == 0:
@@ -70,7 +88,40 @@ if os.getuid() == 0:
             __import__(name)
         except ImportError:
             pass
-    os.setgroups([]); os.setgid(%(nobody)d); os.setuid(%(nobody)d)
+child = os.fork()
+if child:
+    # The supervisor: never runs the program's code. In a PID namespace it is PID 1, so its exit tears
+    # down every process of the run; it keeps root (the program cannot signal or trace it) and reports
+    # how the program ended on status_fd, which the program does not hold.
+    import select
+    def _report(text):
+        os.write(status_fd, text.encode())
+        os._exit(0)
+    try:
+        pidfd = os.pidfd_open(child)
+    except (AttributeError, OSError):  # before Linux 5.3: poll
+        pidfd = -1
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if not pidns:
+                os.kill(child, 9)
+            _report("timeout")
+        if pidfd >= 0:
+            select.select([pidfd], [], [], left)
+        else:
+            time.sleep(min(left, 0.01))
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+    _report("signal %%d" %% os.WTERMSIG(status) if os.WIFSIGNALED(status)
+            else "exit %%d" %% os.WEXITSTATUS(status))
+os.close(status_fd)
+if pidns:
+    os.setsid()  # its own group and session inside the namespace: kill(0, ...) reaches only the run
+if os.getuid() == 0 and uid >= 0:
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
+os.umask(0o077)  # what it writes outside its private place is readable by its own uid only
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -84,10 +135,11 @@ if guard_net:
         for name in ("socket", "create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo"):
             if hasattr(mod, name):
                 setattr(mod, name, _no_network)
-del os, resource, fd, cpu_s, memory, fsize, nproc, guard_net, tmpfs_bytes, tmpfs_files
+del os, resource, time, fd, cpu_s, memory, fsize, nproc, guard_net, tmpfs_bytes, tmpfs_files, uid, status_fd
+del pidns, deadline, child
 sys.argv = ["solution.py"]
 exec(compile(source, "solution.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-""" % {"nobody": _NOBODY, "preload": _PRELOAD}  # noqa: UP031 (a %-template keeps the braces of the code it holds)
+""" % {"preload": _PRELOAD}  # noqa: UP031 (a %-template keeps the braces of the code it holds)
 
 
 @dataclass
@@ -104,6 +156,9 @@ class SandboxLimits:
     disk_mb: int = 16
     #: Most files and directories the program may create there.
     max_files: int = 4096
+    #: ``namespaces``: a PID namespace per run, refused (RuntimeError) where it cannot be set up;
+    #: ``rlimits``: process group and rlimits only; ``auto``: namespaces where they work.
+    sandbox_isolation: str = "auto"
 
 
 @dataclass
@@ -152,32 +207,122 @@ def network_isolation() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def sandbox_uids() -> str:
+    """``per_run`` (root, each run its own uid from a pool), ``nobody`` (root, one shared uid) or ``caller``.
+
+    Checked once by running a program as the first uid of the pool: a host whose user namespace maps
+    few uids (rootless containers) cannot use the pool and shares ``nobody``.
+    """
+    if os.getuid() != 0:
+        return "caller"
+    return "per_run" if _probe(_UID_BASE, pidns=False, tmpfs=False) else "nobody"
+
+
+@functools.lru_cache(maxsize=1)
 def file_isolation() -> str:
     """``tmpfs`` when a private mount namespace works here (root and ``unshare --mount``), else ``temp_dir``.
 
     Checked once by running the real set-up (read-only mounts, a private tmpfs) on a program that does nothing.
     """
-    unshare = shutil.which("unshare")
-    if unshare is None or os.getuid() != 0:
+    if shutil.which("unshare") is None or os.getuid() != 0:
         return "temp_dir"
+    return "tmpfs" if _probe(_NOBODY, pidns=False, tmpfs=True) else "temp_dir"
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_problem() -> str | None:
+    """None when every run can get its own PID namespace here, else what is missing (a short phrase).
+
+    Checked once by running the real set-up (``unshare --pid --fork --kill-child --mount``, a private
+    /proc and tmpfs, the uid drop) on a program that does nothing.
+    """
+    if os.getuid() != 0:
+        return (
+            f"root (running as uid {os.getuid()}; the PID and mount namespaces need it)"
+        )
+    if shutil.which("unshare") is None:
+        return "the unshare command (util-linux)"
+    if file_isolation() != "tmpfs":
+        return "a private mount namespace (unshare --mount failed)"
+    if not _probe(_NOBODY, pidns=True, tmpfs=True):
+        return "a PID namespace (unshare --pid --fork --kill-child failed)"
+    return None
+
+
+def process_isolation(mode: str = "auto") -> str:
+    """``pidns`` or ``process_group``: what ``run_python`` uses for ``sandbox_isolation=mode``.
+
+    ``namespaces`` raises ``RuntimeError`` (one line: what is missing) where a PID namespace cannot be
+    set up, rather than running with less isolation than asked for.
+    """
+    if mode not in ISOLATION_MODES:
+        raise ValueError(
+            f"sandbox_isolation={mode!r} is not one of {list(ISOLATION_MODES)}"
+        )
+    if mode == "rlimits":
+        return "process_group"
+    problem = namespace_problem()
+    if problem is None:
+        return "pidns"
+    if mode == "namespaces":
+        raise RuntimeError(
+            f"sandbox_isolation=namespaces needs {problem}; "
+            "set sandbox_isolation: rlimits to accept process-group isolation"
+        )
+    return "process_group"
+
+
+def _probe(uid: int, pidns: bool, tmpfs: bool) -> bool:
+    """Whether the runner's set-up works here, run on a program that does nothing."""
+    read, write = os.pipe()
     try:
         done = subprocess.run(
-            [unshare, "--mount", "--", *_runner_args(SandboxLimits(), 1, 1, 1 << 20)],
+            _command(
+                SandboxLimits(),
+                uid=uid,
+                status_fd=write,
+                guard_net=1,
+                tmpfs_bytes=1 << 20 if tmpfs else 0,
+                pidns=pidns,
+                deadline=time.monotonic() + 30,
+            ),
             input=b"pass",
             capture_output=True,
             timeout=30,
             start_new_session=True,
+            pass_fds=(write,),
         )
-        ok = done.returncode == 0
+        os.close(write)
+        write = -1
+        return done.returncode == 0 and _read_status(read) == "exit 0"
     except (OSError, subprocess.SubprocessError):
-        ok = False
-    return "tmpfs" if ok else "temp_dir"
+        return False
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
 
 
-def _runner_args(
-    limits: SandboxLimits, fsize: int, guard_net: int, tmpfs_bytes: int
+def _command(
+    limits: SandboxLimits,
+    *,
+    uid: int,
+    status_fd: int,
+    guard_net: int,
+    tmpfs_bytes: int,
+    pidns: bool,
+    deadline: float,
 ) -> list[str]:
+    namespaces = ["--pid", "--fork", "--kill-child"] if pidns else []
+    if tmpfs_bytes:
+        namespaces.append("--mount")
+    if not guard_net and not limits.network:
+        namespaces.append("--net")
+    prefix = (
+        [shutil.which("unshare") or "unshare", *namespaces, "--"] if namespaces else []
+    )
     return [
+        *prefix,
         sys.executable,
         "-I",
         "-S",
@@ -185,11 +330,15 @@ def _runner_args(
         _RUNNER,
         str(max(1, math.ceil(limits.cpu_s))),
         str(int(limits.memory_mb) * 1024 * 1024),
-        str(fsize),
+        str(max(1, int(limits.max_output_bytes))),
         str(max(1, int(limits.max_processes))),
         str(guard_net),
         str(tmpfs_bytes),
         str(max(16, int(limits.max_files))),
+        str(uid),
+        str(status_fd),
+        str(int(pidns)),
+        repr(deadline),
     ]
 
 
@@ -197,19 +346,40 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``code`` under ``limits``; never raises for anything the code does.
 
     ``run_python(code, limits)`` starts ``python -I -S`` (isolated, no site
-    packages) in a new session; the runner sets its own rlimits before it runs
-    the code, so no ``preexec_fn`` is needed (that is unsafe in threaded
-    processes such as a Ray worker):
+    packages) in a new session. That runner sets up the run, then forks: the
+    child sets its own rlimits and runs the code (no ``preexec_fn``, which is
+    unsafe in threaded processes such as a Ray worker); the parent, the
+    *supervisor*, runs no code of the program, enforces the wall clock and
+    reports how the child ended on a pipe the program does not hold.
 
-    * **CPU time** ``RLIMIT_CPU``: past it the kernel sends SIGXCPU; a wall-clock
-      limit (``wall_s``) kills the whole process group for code that sleeps or blocks.
+    * **Isolation** (``sandbox_isolation``; ``process_isolation()`` says which):
+      ``pidns`` (``namespaces``, the default where it works: root and
+      ``unshare --pid --fork --kill-child``; checked once): the run gets its own
+      PID namespace with its own /proc, and the supervisor is its PID 1. The
+      program sees and can signal only its own run's processes (``kill(-1, 9)``
+      reaches nothing outside it; PID 1 is root and immune), and when PID 1
+      exits the kernel kills every process left in the namespace, a double fork
+      plus ``setsid()`` included, before this call returns. ``process_group``
+      (``rlimits``, or ``auto`` where namespaces are missing): the whole process
+      group is killed when the call ends; a process that calls ``setsid()``
+      leaves the group and can outlive the call, and, without a uid of its own,
+      can signal other runs. ``sandbox_isolation=namespaces`` where namespaces
+      are missing raises ``RuntimeError`` rather than weaken silently.
+    * **Uid**: as root, each run drops to a uid of its own (``sandbox_uids()`` is
+      ``per_run``: ``_UID_BASE`` + a slot held with a file lock while the run
+      lasts, so concurrent runs, in any process on the host, never share one);
+      where the host cannot use the pool, ``nobody`` (65534) shared by all runs.
+      Standard modules the code may need are imported before the drop
+      (``_PRELOAD``): where the interpreter lives in a private directory
+      (``/root/.pyenv``) the run's uid cannot read others. Not root: the caller's uid.
+    * **CPU time** ``RLIMIT_CPU``: past it the kernel sends SIGXCPU (SIGKILL at one
+      second more); the wall clock (``wall_s``, measured from the call) ends the
+      run for code that sleeps or blocks.
     * **Memory** ``RLIMIT_AS``: an allocation past it raises MemoryError.
-    * **Processes** ``RLIMIT_NPROC``: root ignores it, so when we run as root the
-      runner first drops to uid/gid ``nobody`` (65534); a fork bomb then fails with
-      "Resource temporarily unavailable". The limit counts every process of that uid,
-      so sandboxes running at once share it. Standard modules the code may need
-      are imported before the drop (``_PRELOAD``): where the interpreter lives in
-      a private directory (``/root/.pyenv``) ``nobody`` cannot read others.
+    * **Processes** ``RLIMIT_NPROC``: the limit counts every process of a uid, so
+      with ``per_run`` uids a fork bomb in one run cannot make another run's forks
+      fail (with ``nobody`` runs share it); a fork bomb then fails with
+      "Resource temporarily unavailable".
     * **Output** ``RLIMIT_FSIZE`` on stdout/stderr (they go to temp files): a write
       past ``max_output_bytes`` fails (Python ignores SIGXFSZ, so it raises
       ``OSError: File too large``); what we read back is capped too.
@@ -218,10 +388,12 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
       mount read-only and mounts one tmpfs of ``disk_mb`` MiB and ``max_files``
       inodes on /tmp, bound on /var/tmp and /dev/shm too, with HOME, TMPDIR and the
       working directory in it: the program's only writable place, private to the
-      run and gone with it, so one episode cannot leave data for another or fill
-      the disk. Elsewhere (``temp_dir``) HOME, TMPDIR and the working directory are
-      a fresh temp directory deleted after the run, and ``RLIMIT_FSIZE`` bounds each
-      file; a program that writes to /tmp by name can still leave files there.
+      run and gone with it, so one episode cannot read or leave data for another
+      or fill the disk. Elsewhere (``temp_dir``) HOME, TMPDIR and the working
+      directory are a fresh temp directory deleted after the run (mode 0700, owned
+      by the run's uid when it has one of its own), and ``RLIMIT_FSIZE`` bounds
+      each file; a program that writes to /tmp by name can still leave files there
+      (created with umask 077: with a uid of its own, no other run can read them).
     * **Network**: where ``unshare --net`` works (root, or a kernel allowing user
       namespaces; checked once) the child gets a fresh network namespace with no
       interface up, so every connect fails in the kernel, whatever the code does.
@@ -230,59 +402,66 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
       use is ``network_isolation()``.
     """
     limits = limits or SandboxLimits()
-    fsize = max(1, int(limits.max_output_bytes))
-    guard_net = 0
-    namespaces: list[str] = []
-    if not limits.network:
-        if network_isolation() == "netns":
-            namespaces.append("--net")
-        else:
-            guard_net = 1
+    pidns = process_isolation(limits.sandbox_isolation) == "pidns"
+    guard_net = int(not limits.network and network_isolation() != "netns")
     tmpfs = file_isolation() == "tmpfs"
-    if tmpfs:
-        namespaces.append("--mount")
-    prefix = (
-        [shutil.which("unshare") or "unshare", *namespaces, "--"] if namespaces else []
-    )
-    args = _runner_args(
-        limits,
-        fsize,
-        guard_net,
-        max(1, int(limits.disk_mb)) * 1024 * 1024 if tmpfs else 0,
-    )
     with (
         tempfile.TemporaryFile() as out,
         tempfile.TemporaryFile() as err,
-        _private_dir(tmpfs) as home,
+        _run_uid() as uid,
+        _private_dir(tmpfs, uid) as home,
     ):
         started = time.monotonic()
-        process = subprocess.Popen(
-            prefix + args,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-            cwd=home,
-            env={
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "LANG": "C.UTF-8",
-                "PYTHONIOENCODING": "utf-8",
-                "HOME": home,
-                "TMPDIR": home,
-            },
-        )
-        timed_out = False
+        read, write = os.pipe()
         try:
-            process.communicate(code.encode("utf-8", "replace"), timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            process = subprocess.Popen(
+                _command(
+                    limits,
+                    uid=uid,
+                    status_fd=write,
+                    guard_net=guard_net,
+                    tmpfs_bytes=max(1, int(limits.disk_mb)) * 1024 * 1024
+                    if tmpfs
+                    else 0,
+                    pidns=pidns,
+                    deadline=started + float(limits.wall_s),
+                ),
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                pass_fds=(write,),
+                cwd=home,
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "LANG": "C.UTF-8",
+                    "PYTHONIOENCODING": "utf-8",
+                    "HOME": home,
+                    "TMPDIR": home,
+                },
+            )
+            os.close(write)
+            write = -1
+            backstop = False
+            try:
+                # the supervisor ends the run at wall_s; this is the backstop should it not
+                process.communicate(
+                    code.encode("utf-8", "replace"), timeout=limits.wall_s + _GRACE_S
+                )
+            except subprocess.TimeoutExpired:
+                backstop = True
+            finally:
+                _kill_group(process.pid)
+                process.wait()
+            report = _read_status(read)
         finally:
-            _kill_group(process.pid)
-            process.wait()
+            os.close(read)
+            if write >= 0:
+                os.close(write)
         seconds = time.monotonic() - started
-        stdout, out_full = _read_capped(out, fsize)
-        stderr, err_full = _read_capped(err, fsize)
-    code_ = process.returncode
+        stdout, out_full = _read_capped(out, limits.max_output_bytes)
+        stderr, err_full = _read_capped(err, limits.max_output_bytes)
+    code_, timed_out = _exit_of(report, process.returncode, backstop)
     truncated = out_full or err_full
     if timed_out:
         status = "timeout"
@@ -311,15 +490,74 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     )
 
 
+def _exit_of(
+    report: str, returncode: int | None, backstop: bool
+) -> tuple[int | None, bool]:
+    """(the program's exit code, negative for a signal; whether it timed out) from the supervisor's report.
+
+    No report: the supervisor did not finish (killed by the backstop, or, running as the program's own
+    uid under ``rlimits``, by the program), so its own exit status stands for the run.
+    """
+    kind, _, number = report.partition(" ")
+    if kind == "timeout":
+        return returncode, True
+    if kind == "exit" and number.isdigit():
+        return int(number), False
+    if kind == "signal" and number.isdigit():
+        return -int(number), False
+    return returncode, backstop
+
+
+def _read_status(fd: int) -> str:
+    """What the supervisor wrote on its status pipe (every writer has exited or was killed)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
 @contextlib.contextmanager
-def _private_dir(tmpfs: bool) -> Iterator[str]:
+def _run_uid() -> Iterator[int]:
+    """The uid this run drops to (-1: no drop), held for the run with a file lock so no concurrent run shares it."""
+    kind = sandbox_uids()
+    if kind != "per_run":
+        yield _NOBODY if kind == "nobody" else -1
+        return
+    os.makedirs(_UID_LOCKS, mode=0o700, exist_ok=True)
+    info = os.lstat(_UID_LOCKS)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        yield _NOBODY  # someone else made that directory: its locks cannot be trusted
+        return
+    start = secrets.randbelow(_UID_POOL)
+    for i in range(_UID_POOL):
+        slot = (start + i) % _UID_POOL
+        handle = open(os.path.join(_UID_LOCKS, str(slot)), "a")  # noqa: SIM115 (held for the run)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        try:
+            yield _UID_BASE + slot
+        finally:
+            handle.close()  # releases the lock
+        return
+    yield _NOBODY  # every slot in use at once: share nobody rather than fail the run
+
+
+@contextlib.contextmanager
+def _private_dir(tmpfs: bool, uid: int) -> Iterator[str]:
     """The program's HOME/TMPDIR/working directory: /tmp of its own tmpfs, else a temp dir deleted afterwards."""
     if tmpfs:
         yield "/tmp"  # the runner mounts the private tmpfs there and moves into it
         return
     path = tempfile.mkdtemp(prefix="roll_async_sandbox_")
     try:
-        os.chmod(path, 0o777)  # the runner may drop to nobody
+        if uid >= 0:
+            os.chown(
+                path, uid, uid
+            )  # only this run's uid can enter it (mkdtemp made it 0700)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -333,6 +571,7 @@ def _kill_group(pid: int) -> None:
 
 
 def _read_capped(handle, limit: int) -> tuple[str, bool]:
+    limit = max(1, int(limit))
     handle.seek(0, os.SEEK_END)
     size = handle.tell()
     handle.seek(0)

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import math
 import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
-from roll_async.envs import make_env
-from roll_async.envs.code import extract_code, grade, load_tasks
-from roll_async.envs.sandbox import SandboxLimits, network_isolation, run_python
+from roll_async.envs import make_env, sandbox
+from roll_async.envs.code import (
+    decode_result,
+    extract_code,
+    grade,
+    load_tasks,
+    split_test,
+)
+from roll_async.envs.sandbox import (
+    SandboxLimits,
+    namespace_problem,
+    network_isolation,
+    run_python,
+)
 
 FAST = SandboxLimits(
     cpu_s=1, wall_s=20, memory_mb=128, max_output_bytes=4096, max_processes=8
@@ -25,6 +41,19 @@ def test_ships_at_least_50_tasks_each_solved_by_its_reference_solution():
         for test in task["tests"]:
             exec(test, namespace)
         assert task["function"] in namespace
+
+
+def test_every_reference_solution_passes_the_sandboxed_grader():
+    tasks = load_tasks()
+    with ThreadPoolExecutor(4) as pool:
+        passed = list(
+            pool.map(
+                lambda t: grade(t["solution"], t["tests"], FAST, t["function"])[0],
+                tasks,
+            )
+        )
+    failing = [t["id"] for t, n in zip(tasks, passed) if n != len(t["tests"])]
+    assert not failing, failing
 
 
 def test_grading_runs_in_the_sandbox_and_counts_passed_tests():
@@ -126,3 +155,236 @@ def test_network_is_unreachable_from_the_sandbox():
         assert "connected" in allowed.stdout
     finally:
         listener.close()
+
+
+needs_namespaces = pytest.mark.skipif(
+    namespace_problem() is not None,
+    reason=f"no PID namespace here: {namespace_problem()}",
+)
+#: Reads the grader's frame for the hidden tests and the old per-run nonce, prints the nonce line with
+#: a full score and exits before any test runs: "passed 3 of 3" on the grader that ran tests in-process.
+FRAME_EXPLOIT = r"""
+import os, re, sys
+frame, found = sys._getframe(), []
+while frame is not None:
+    found += [c for c in frame.f_code.co_consts if isinstance(c, str)]
+    found += [v for v in frame.f_globals.values() if isinstance(v, str)]
+    frame = frame.f_back
+for text in found:
+    match = re.match(r"\n([0-9a-f]{16}) $", text)
+    if match:
+        os.write(1, ("\n%s 3\n" % match.group(1)).encode())
+os.write(1, b'\n[["ok", ["bool", true]], ["ok", ["bool", true]], ["ok", ["bool", true]]]\n')
+os._exit(0)
+def fizzbuzz(n):
+    return None
+"""
+
+
+def test_a_wrong_solution_cannot_read_the_tests_and_fake_a_pass():
+    task = next(t for t in load_tasks() if t["id"] == "fizzbuzz")
+    passed, result = grade(FRAME_EXPLOIT, task["tests"], FAST, "fizzbuzz")
+    assert passed == 0, result.report()
+    for test in task["tests"]:  # nothing of the checks reached the program
+        assert test not in result.stdout
+
+
+def test_tests_split_into_sandboxed_calls_and_a_check_the_parent_evaluates():
+    split = split_test("assert len(power_set([1, 2])) == 4", "power_set", "t")
+    assert split.calls == ("power_set([1, 2])",)
+    split = split_test("assert not f(1) and f(g(2)) == 'x' * 3", "f", "t")
+    assert split.calls == ("f(1)", "f(g(2))")
+    assert eval(split.check, {"__result__": [False, "xxx"].__getitem__})
+    assert not eval(split.check, {"__result__": [True, "xxx"].__getitem__})
+    every_task_splits = [
+        split_test(test, t["function"], t["id"])
+        for t in load_tasks()
+        for test in t["tests"]
+    ]
+    assert all(s.calls for s in every_task_splits)
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "assert all(f(x) for x in [1, 2])",
+        "assert list(map(f, [1])) == [2]",
+        "x = f(1); assert x == 2",
+        "assert (y := f(1)) == 2",
+        "assert 1 == 1",
+        "assert f(",
+    ],
+)
+def test_a_test_that_cannot_be_split_fails_at_load_naming_its_task(tmp_path, test):
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(
+        json.dumps(
+            {
+                "tasks": [
+                    {
+                        "id": "odd_one",
+                        "function": "f",
+                        "prompt": "p",
+                        "solution": "def f(x):\n    return x + 1",
+                        "tests": ["assert f(1) == 2", test],
+                    }
+                ]
+            }
+        )
+    )
+    with pytest.raises(ValueError, match="code task 'odd_one'") as error:
+        make_env("code", {"tasks_path": str(tasks)})
+    assert "\n" not in str(error.value)
+
+
+def test_results_come_back_as_exact_plain_types_only():
+    nested = {"k": [1, (2, 3)], 4: {5, frozenset({6})}, b"\x00": None, "f": -2.5}
+    program = (
+        "def f():\n    return [-(10 ** 5000), float('-inf'), True]\n"
+        f"def g():\n    return float('nan')\ndef h():\n    return {nested!r}\n"
+    )
+    tests = [
+        "assert f() == [-(10 ** 5000), float('-inf'), True]",
+        "assert g() != g()",
+        f"assert h() == {nested!r}",
+        "assert type(f()[2]) is bool",
+    ]
+    assert grade(program, tests, FAST, "f")[0] == 4
+    assert math.isnan(decode_result(["float", "nan"]))
+    assert decode_result(["tuple", [["int", "-0x10"], ["none"]]]) == (-16, None)
+    for forged in (
+        ["int", "1e9"],
+        ["int", 3],
+        ["bool", 1],
+        ["list", "abc"],
+        ["object", []],
+        ["dict", [[["list", []], ["none"]]]],
+        [],
+    ):
+        with pytest.raises((ValueError, TypeError)):
+            decode_result(forged)
+
+
+def test_objects_that_lie_about_equality_do_not_pass():
+    lying = (
+        "class Liar(list):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "class Truthy(int):\n    def __bool__(self):\n        return True\n"
+        "def fizzbuzz(n):\n    return Liar()\n"
+        "def is_palindrome(s):\n    return Truthy(0)\n"
+    )
+    task = next(t for t in load_tasks() if t["id"] == "fizzbuzz")
+    assert grade(lying, task["tests"], FAST, "fizzbuzz")[0] == 0
+    assert grade(lying, ["assert is_palindrome('ab')"], FAST, "is_palindrome")[0] == 0
+
+
+def test_a_shadowed_builtin_does_not_change_the_check():
+    task = next(t for t in load_tasks() if t["id"] == "power_set")
+    cheat = "def len(x):\n    return 16\ndef power_set(items):\n    return None\n"
+    assert grade(cheat, task["tests"], FAST, "power_set")[0] == 0
+
+
+def test_namespace_isolation_missing_is_refused_at_load_in_one_line(monkeypatch):
+    monkeypatch.setattr(
+        sandbox, "namespace_problem", lambda: "root (running as uid 1000)"
+    )
+    with pytest.raises(ValueError) as error:
+        make_env("code", {})
+    message = str(error.value)
+    assert "sandbox_isolation=namespaces needs root" in message and "\n" not in message
+    assert "sandbox_isolation: rlimits" in message
+    env = make_env("code", {"sandbox_isolation": "rlimits", "task_ids": ["add"]})
+    env.reset(0)
+    _, reward, *_ = env.step(f"<answer>{env.task['solution']}</answer>")
+    assert reward == 1.0
+    with pytest.raises(RuntimeError, match="sandbox_isolation=namespaces"):
+        run_python("pass", SandboxLimits(sandbox_isolation="namespaces"))
+
+
+def _sandbox_processes() -> list[psutil.Process]:
+    """Processes running as a sandbox uid (the per-run pool or nobody) on this host."""
+    found = []
+    for process in psutil.process_iter(["uids"]):
+        uid = process.info["uids"].real if process.info["uids"] else None
+        if uid == sandbox._NOBODY or (
+            uid is not None
+            and sandbox._UID_BASE <= uid < sandbox._UID_BASE + sandbox._UID_POOL
+        ):
+            found.append(process)
+    return found
+
+
+@needs_namespaces
+def test_a_run_cannot_kill_a_concurrent_run():
+    honest: list = []
+    thread = threading.Thread(
+        target=lambda: honest.append(
+            run_python("import time\ntime.sleep(3)\nprint('alive')", FAST)
+        )
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killer = run_python(
+        "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError as e:\n"
+        "    print('reached nothing:', e)",
+        FAST,
+    )
+    thread.join()
+    assert killer.status == "ok", killer.report()  # it did not even kill itself
+    assert honest[0].status == "ok" and "alive" in honest[0].stdout, honest[0].report()
+
+
+@needs_namespaces
+def test_nothing_a_run_starts_outlives_it():
+    escape = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n"
+        "    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\n"
+        "time.sleep(0.3)\nprint('parent done')\n"
+    )
+    result = run_python(escape, FAST)
+    assert "parent done" in result.stdout, result.report()
+    assert not _sandbox_processes()
+
+
+@needs_namespaces
+def test_a_fork_bomb_in_one_run_does_not_starve_another_runs_forks():
+    if sandbox.sandbox_uids() != "per_run":
+        pytest.skip("runs share the nobody uid here, so RLIMIT_NPROC is shared")
+    before = {p.pid for p in _sandbox_processes()}
+    bomb = (
+        "import os, time\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            time.sleep(4)\n            os._exit(0)\nexcept OSError:\n    time.sleep(4)\n"
+    )
+    thread = threading.Thread(target=run_python, args=(bomb, FAST))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while (
+        len([p for p in _sandbox_processes() if p.pid not in before])
+        < FAST.max_processes
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    forks = (
+        "import os\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\nprint('forked')"
+    )
+    result = run_python(forks, FAST)
+    thread.join()
+    assert "forked" in result.stdout, result.report()
+
+
+def test_run_python_without_namespaces_still_limits_and_reports():
+    limits = SandboxLimits(
+        cpu_s=1, wall_s=20, memory_mb=128, sandbox_isolation="rlimits"
+    )
+    assert run_python("print(6 * 7)", limits).stdout.strip() == "42"
+    assert run_python("while True:\n    pass", limits).status == "cpu_limit"
+    assert run_python("x = bytearray(1024 ** 3)", limits).status == "memory_limit"
+    sleeper = run_python(
+        "import time\ntime.sleep(30)",
+        SandboxLimits(wall_s=1, sandbox_isolation="rlimits"),
+    )
+    assert sleeper.status == "timeout" and sleeper.seconds < 15
