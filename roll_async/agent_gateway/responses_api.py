@@ -205,81 +205,91 @@ def response_body(
 
 
 def response_events(response: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The streamed form of a finished response: created, one added/done pair per output item, completed."""
-    events: list[tuple[str, dict[str, Any]]] = []
+    """The streamed form of a finished response, in the order and shape OpenAI streams it.
+
+    ``created`` and ``in_progress`` (no output yet); per output item ``output_item.added`` with the item
+    empty (a message without content, a call without arguments), its content arriving only as deltas
+    (message: ``content_part.added`` with empty text, ``output_text.delta``, ``output_text.done``,
+    ``content_part.done``; call: ``function_call_arguments.delta`` and ``.done``), then
+    ``output_item.done`` with the whole item; last ``completed`` (or ``incomplete``) with the response.
+    A client that accumulates the stream (the openai client's snapshot) thus holds each text once.
+    """
+    events: list[dict[str, Any]] = []
     in_progress = {**response, "status": "in_progress", "output": [], "usage": None}
-    events.append(
-        ("response.created", {"type": "response.created", "response": in_progress})
-    )
+    events.append({"type": "response.created", "response": in_progress})
+    events.append({"type": "response.in_progress", "response": in_progress})
     for index, item in enumerate(response["output"]):
-        events.append(
-            (
-                "response.output_item.added",
-                {
-                    "type": "response.output_item.added",
-                    "output_index": index,
-                    "item": item,
-                },
-            )
-        )
+        where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "message":
-            text = item["content"][0]["text"]
-            events.append(
-                (
-                    "response.output_text.delta",
-                    {
-                        "type": "response.output_text.delta",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "delta": text,
-                        "logprobs": [],
-                    },
-                )
-            )
-            events.append(
-                (
-                    "response.output_text.done",
-                    {
-                        "type": "response.output_text.done",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "text": text,
-                        "logprobs": [],
-                    },
-                )
-            )
+            events += _message_events(item, index, where)
         else:
-            events.append(
-                (
-                    "response.function_call_arguments.done",
-                    {
-                        "type": "response.function_call_arguments.done",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "name": item["name"],
-                        "arguments": item["arguments"],
-                    },
-                )
-            )
+            events += _function_call_events(item, index, where)
         events.append(
-            (
-                "response.output_item.done",
-                {
-                    "type": "response.output_item.done",
-                    "output_index": index,
-                    "item": item,
-                },
-            )
+            {"type": "response.output_item.done", "output_index": index, "item": item}
         )
     kind = (
         "response.incomplete"
         if response["status"] == "incomplete"
         else "response.completed"
     )
-    events.append((kind, {"type": kind, "response": response}))
+    events.append({"type": kind, "response": response})
     return [
-        (name, {**event, "sequence_number": n})
-        for n, (name, event) in enumerate(events)
+        (event["type"], {**event, "sequence_number": n})
+        for n, event in enumerate(events)
     ]
+
+
+def _message_events(
+    item: dict[str, Any], index: int, where: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A message item's events before its ``output_item.done``: empty item, empty part, text as a delta."""
+    text = item["content"][0]["text"]
+    part = {"type": "output_text", "text": "", "annotations": []}
+    at = {**where, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "status": "in_progress", "content": []},
+        },
+        {"type": "response.content_part.added", **at, "part": part},
+    ]
+    if text:
+        events.append(
+            {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []}
+        )
+    events += [
+        {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": {**part, "text": text}},
+    ]
+    return events
+
+
+def _function_call_events(
+    item: dict[str, Any], index: int, where: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A function_call item's events before its ``output_item.done``: no arguments, then them as a delta."""
+    arguments = item["arguments"]
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.output_item.added",
+            "output_index": index,
+            "item": {**item, "status": "in_progress", "arguments": ""},
+        }
+    ]
+    if arguments:
+        events.append(
+            {
+                "type": "response.function_call_arguments.delta",
+                **where,
+                "delta": arguments,
+            }
+        )
+    events.append(
+        {
+            "type": "response.function_call_arguments.done",
+            **where,
+            "arguments": arguments,
+        }
+    )
+    return events

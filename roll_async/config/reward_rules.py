@@ -41,6 +41,9 @@ DEFAULT_JUDGE_TEMPLATE = (
 )
 DEFAULT_REWARD_MODEL_TEMPLATE = "{question}\n{response}"
 
+#: Tokens a judge keeps free below max_model_len after fitting a prompt (chat-template closers, rounding).
+PROMPT_MARGIN_TOKENS = 8
+
 #: Default judge score patterns (the last match in the reply wins): ``Score: 7``, ``\\boxed{7}``.
 DEFAULT_SCORE_PATTERN = r"(?:score\s*[:=]\s*\**\s*|\\boxed\{\s*)([-+]?\d+(?:\.\d+)?)"
 
@@ -175,10 +178,12 @@ class RewardRules:
             raise ConfigError(
                 f"{key('max_tokens')}={self.max_tokens} must be at least 1"
             )
-        if self.max_tokens >= self.max_model_len:
+        if self.max_tokens >= self.max_model_len - PROMPT_MARGIN_TOKENS:
+            # The prompt budget is max_model_len - max_tokens - margin: with none left every call would fail.
             raise ConfigError(
                 f"{key('max_tokens')}={self.max_tokens} leaves no room for the prompt in "
-                f"{key('max_model_len')}={self.max_model_len}; lower it or raise max_model_len"
+                f"{key('max_model_len')}={self.max_model_len} ({PROMPT_MARGIN_TOKENS} tokens are kept as margin); "
+                f"set max_tokens below {self.max_model_len - PROMPT_MARGIN_TOKENS} or raise max_model_len"
             )
         known = self.engine_keys
         unknown = sorted(set(self.engine) - known)

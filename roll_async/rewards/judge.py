@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from roll_async.config.reward_rules import TINY_MODEL
+from roll_async.config.reward_rules import PROMPT_MARGIN_TOKENS, TINY_MODEL
 from roll_async.config.sections import EngineConfig, RewardConfig
 from roll_async.engine.engine_actor import engine_clients, launch_engines
 from roll_async.engine.router import EngineClient
@@ -29,8 +29,12 @@ from roll_async.trajectory import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
-#: Tokens kept free below max_model_len after fitting a prompt (chat-template closers, rounding).
-PROMPT_MARGIN_TOKENS = 8
+#: Seconds an abort of a timed-out or cancelled judge request may take; it runs beside the retries, never
+#: in their way (a hung replica's abort can hang too).
+JUDGE_ABORT_TIMEOUT_S = 5.0
+
+#: Aborts in flight (a task nobody awaits needs a reference until it ends).
+_pending_aborts: set[asyncio.Task[None]] = set()
 
 
 def parse_judge_score(
@@ -184,8 +188,9 @@ class LLMJudge:
             try:
                 result = await self.clients[replica].generate(request)
             except asyncio.CancelledError:
-                # Timed out, or the episode was cancelled (group complete, sync pause, shutdown): free the judge.
-                await _abort_quietly(self.clients[replica], request.request_id)
+                # Timed out, or the episode was cancelled (group complete, sync pause, shutdown): free the judge,
+                # without waiting on it (a hung replica's abort would hold the timeout and the retries).
+                abort_in_background(self.clients[replica], request.request_id)
                 raise
             finally:
                 self._in_flight[replica] -= 1
@@ -202,9 +207,27 @@ class LLMJudge:
         return await self.caller.call(attempt)
 
 
-async def _abort_quietly(client: EngineClient, request_id: str) -> None:
-    """Abort one judge request; a failure is logged, never raised (the caller is being cancelled)."""
+def abort_in_background(client: EngineClient, request_id: str) -> None:
+    """Start the abort of one judge request and return at once; it is cut off after JUDGE_ABORT_TIMEOUT_S."""
+    task = asyncio.get_running_loop().create_task(
+        _abort_quietly(client, request_id, JUDGE_ABORT_TIMEOUT_S)
+    )
+    _pending_aborts.add(task)
+    task.add_done_callback(_pending_aborts.discard)
+
+
+async def _abort_quietly(
+    client: EngineClient, request_id: str, timeout_s: float
+) -> None:
+    """Abort one judge request within ``timeout_s``; a failure or overrun is logged, never raised."""
     try:
-        await client.abort([request_id])
+        async with asyncio.timeout(timeout_s):
+            await client.abort([request_id])
+    except TimeoutError:
+        logger.warning(
+            "judge abort of %s did not answer within %gs; the replica may be hung",
+            request_id,
+            timeout_s,
+        )
     except Exception as exc:
         logger.debug("judge abort of %s failed: %s", request_id, exc)

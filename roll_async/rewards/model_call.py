@@ -74,8 +74,6 @@ class RewardClient(Protocol):
 
 #: One attempt: given its index, return (score or None when the reply had no score, reply text); raise on error.
 Attempt = Callable[[int], Awaitable[tuple[float | None, str]]]
-#: Called with the attempt index after that attempt timed out (e.g. to abort the engine request).
-OnTimeout = Callable[[int], Awaitable[None]]
 
 
 class BoundedModelCaller:
@@ -94,10 +92,13 @@ class BoundedModelCaller:
         self._sleep = sleep
         self._clock = clock
 
-    async def call(
-        self, attempt: Attempt, on_timeout: OnTimeout | None = None
-    ) -> ModelScore:
-        """Attempt until a reply comes back (scored or not) or the retries run out; never raises but CancelledError."""
+    async def call(self, attempt: Attempt) -> ModelScore:
+        """Attempt until a reply comes back (scored or not) or the retries run out; never raises but CancelledError.
+
+        A timed-out attempt is cancelled and must return promptly when cancelled (clean-up such as an engine
+        abort runs beside the retries, not in the attempt), so a call ends within about
+        ``timeout_s * (max_retries + 1)`` plus the backoffs and the wait for a slot.
+        """
         cfg, counters = self.config, self.counters
         started = self._clock()
         counters.calls += 1
@@ -122,8 +123,6 @@ class BoundedModelCaller:
                 except TimeoutError:
                     timeouts += 1
                     counters.timeouts += 1
-                    if on_timeout is not None:
-                        await _quietly(on_timeout(index))
                     continue
                 except asyncio.CancelledError:
                     raise
@@ -157,13 +156,3 @@ class BoundedModelCaller:
             parse_failed=parse_failed,
             reply=reply,
         )
-
-
-async def _quietly(awaitable: Awaitable[None]) -> None:
-    """Await a clean-up call (an abort); its failure is logged, never raised."""
-    try:
-        await awaitable
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        logger.warning("reward call clean-up failed: %s: %s", type(exc).__name__, exc)

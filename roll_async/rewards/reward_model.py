@@ -62,6 +62,9 @@ class RewardModelActor:
         )
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        # A text longer than max_length keeps its end: the answer being scored is there (the default
+        # template puts the response last); cutting it off would score every long episode alike.
+        self.tokenizer.truncation_side = "left"
         self.model = AutoModelForSequenceClassification.from_pretrained(
             model_path, dtype=torch.float32, trust_remote_code=trust_remote_code
         ).eval()
@@ -80,7 +83,7 @@ class RewardModelActor:
         return await asyncio.to_thread(self.forward, texts)
 
     def forward(self, texts: list[str]) -> list[float]:
-        """One forward pass over ``texts`` (no batching window); right-padded, truncated to max_length."""
+        """One forward pass over ``texts`` (no batching window); a text over max_length loses its start."""
         encoded = self.tokenizer(
             texts,
             padding=True,

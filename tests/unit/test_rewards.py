@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from roll_async.rewards import (
     parse_judge_score,
     reward_batch_metrics,
 )
+from roll_async.rewards import judge as judge_module
 from roll_async.rewards.micro_batcher import MicroBatcher
 from roll_async.trajectory import (
     GenerationRequest,
@@ -59,8 +61,12 @@ class FakeJudgeEngine:
         delay_s: float = 0.0,
         hang_first: int = 0,
         fail_first: int = 0,
+        abort_hangs: bool = False,
     ) -> None:
         self.reply = reply
+        #: A hung replica: abort never answers either (until cancelled).
+        self.abort_hangs = abort_hangs
+        self.aborts_cut_off = 0
         self.delay_s = delay_s
         self.hang_first = hang_first
         self.fail_first = fail_first
@@ -91,6 +97,12 @@ class FakeJudgeEngine:
 
     async def abort(self, request_ids: list[str]) -> None:
         self.aborted.extend(request_ids)
+        if self.abort_hangs:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.aborts_cut_off += 1
+                raise
 
 
 def judge_config(**overrides) -> RewardConfig:
@@ -190,6 +202,22 @@ async def test_judge_timeout_past_retries_is_a_failure_not_an_exception():
     assert result.failed and result.timeouts == 2 and not result.parse_failed
     assert len(engine.aborted) == 2
     assert judge.counters.failures == 1 and judge.counters.in_flight == 0
+
+
+async def test_judge_timeout_holds_when_the_replica_and_its_abort_hang(monkeypatch):
+    """A hung replica whose abort hangs too: retries still start and score() ends in time."""
+    monkeypatch.setattr(judge_module, "JUDGE_ABORT_TIMEOUT_S", 0.3, raising=False)
+    engine = FakeJudgeEngine(hang_first=10, abort_hangs=True)
+    judge = make_judge(engine, timeout_s=0.5, max_retries=1)
+    started = time.monotonic()
+    result = await asyncio.wait_for(judge.score(EPISODE), 10)
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.5 * (1 + 1) + 0.3, elapsed
+    assert result.failed and result.timeouts == 2 and result.attempts == 2
+    assert len(engine.requests) == 2  # the retry started while the first abort hung
+    assert engine.aborted == [r.request_id for r in engine.requests]
+    await asyncio.sleep(0.5)  # each abort is cut off by its own deadline
+    assert engine.aborts_cut_off == 2
 
 
 @pytest.mark.parametrize(
@@ -395,6 +423,7 @@ def test_config_is_omegaconf_compatible():
         ({"score_pattern": "Score: ("}, "score_pattern", "not a regex"),
         ({"score_min": 5, "score_max": 5}, "score_max", "greater"),
         ({"max_tokens": 4096, "max_model_len": 4096}, "max_tokens", "no room"),
+        ({"max_tokens": 4088, "max_model_len": 4096}, "max_model_len", "below 4088"),
         ({"engine": {"dtpye": "float32"}}, "engine", "dtpye"),
     ],
 )
@@ -498,4 +527,25 @@ async def test_reward_model_actor_batches_and_matches_single_passes(
     singles = [actor.forward([t]) for t in texts]
     assert [b[0] for b in batched] == pytest.approx([s[0] for s in singles], abs=1e-4)
     assert len(set(round(s[0], 6) for s in singles)) > 1  # the head is not constant
+    await actor.batcher.close()
+
+
+async def test_reward_model_keeps_the_end_of_a_text_longer_than_its_context(
+    tiny_reward_model: Path,
+):
+    """Three endings after a long prefix: the answer must survive truncation to max_length."""
+    actor = RewardModelActor(str(tiny_reward_model), max_length=64)
+    client = RewardModelClient(
+        RewardConfig(kind="reward_model", retry_backoff_s=0.0),
+        actor.score,
+    )
+    prefix = "Let me think about this step by step. " * 40
+    endings = ["The answer is 4.", "I refuse to answer.", "Banana banana banana."]
+    scores = [
+        (await client.score(EpisodeText(question="What is 2+2?", response=prefix + e)))
+        for e in endings
+    ]
+    assert all(not s.failed for s in scores)
+    assert len(actor.tokenizer(prefix)["input_ids"]) > 64
+    assert len({round(s.score, 6) for s in scores}) == 3, [s.score for s in scores]
     await actor.batcher.close()
