@@ -19,6 +19,7 @@ from roll_async.agent_gateway.task import load_agent_function
 from roll_async.agent_gateway.tool_calls import ToolCallParser
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
+from roll_async.engine.vllm_engine import engine_dtype
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
@@ -337,8 +338,27 @@ def check_rewards(config: PipelineConfig) -> None:
             )
 
 
+def check_engine_dtypes(config: PipelineConfig) -> None:
+    """An explicit bfloat16 engine (the policy's or a judge's) on a CPU that cannot run vLLM's bfloat16 kernels
+    fails here, before any actor (vllm_engine.engine_dtype); ``auto`` is resolved by each engine on its node."""
+    engines = [("engine.dtype", config.engine.dtype)]
+    for tag in used_tags(config):
+        reward = config.custom_envs[tag].reward
+        if reward is not None and reward.kind == "judge":
+            key = f"custom_envs.{tag}.reward.engine.dtype"
+            engines.append((key, reward.engine.get("dtype", "auto")))
+    for key, dtype in engines:
+        if dtype != "bfloat16":
+            continue
+        try:
+            engine_dtype(dtype, key)
+        except ImportError:
+            return  # no engine installed here: the engine's own start decides
+
+
 def preflight(config: PipelineConfig) -> tuple[str, Any]:
     """Run every pre-actor check; returns the resolved model path and its tokenizer."""
+    check_engine_dtypes(config)
     check_envs(config)
     check_rewards(config)
     try:

@@ -72,7 +72,7 @@ class EngineConfig:
 
     #: Engine replicas (one vLLM AsyncLLM each); requests are spread over them by load.
     num_replicas: int = 1
-    #: vLLM's weight and activation dtype; auto takes the model's (bfloat16 on vLLM's CPU backend).
+    #: vLLM's weight and activation dtype; auto takes the model's (bfloat16 on vLLM's CPU backend; float32 where a probe finds the CPU cannot run vLLM's bfloat16 kernels).
     dtype: EngineDtype = "auto"
     #: Longest prompt + response, in tokens, a replica accepts (vLLM max_model_len).
     max_model_len: int = 2048

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_async.config.schema import EngineConfig
+from roll_async.engine import process_deaths
+from roll_async.engine.cpu_bf16_probe import cpu_bf16_probe
 from roll_async.engine.lora_adapters import AdapterVersions, LoraServing
 from roll_async.engine.weight_transport import resolve_bucket
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
-from roll_async.errors import EngineStartupError
+from roll_async.errors import ConfigError, EngineStartupError
 from roll_async.prompts.images import input_only_logit_bias, model_is_vision_language
 from roll_async.runtime import node_files
 from roll_async.trajectory import FinishReason, GenerationRequest, GenerationResult
@@ -91,7 +93,7 @@ def _stat_logger_factory(snapshot: _SchedulerSnapshot):
 
 @functools.cache
 def supports_flat_logprobs() -> bool:
-    """``SamplingParams(flat_logprobs=...)`` exists from vLLM 0.12 on; 0.11 (the ``gpu`` extra allows it) lacks it."""
+    """``SamplingParams(flat_logprobs=...)`` exists from vLLM 0.12 on; an older vLLM lacks it."""
     from vllm import SamplingParams
 
     return "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
@@ -101,6 +103,40 @@ def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def engine_dtype(dtype: str, key: str = "engine.dtype") -> str:
+    """The dtype vLLM gets for the engine configured at ``key``: the one place that decides it.
+
+    On vLLM's CPU backend ``auto`` means bfloat16, whose kernels some CPUs list
+    but cannot run (an Intel Xeon VM with AMX: SIGILL in the engine's worker at
+    start-up). There :func:`cpu_bf16_probe` (a child process, once per process)
+    decides: ``auto`` becomes float32 with one warning, an explicit ``bfloat16``
+    is a ConfigError naming ``<key>=float32``. Any other dtype or device: unchanged.
+    """
+    if dtype not in ("auto", "bfloat16") or not is_cpu_platform():
+        return dtype
+    probe = cpu_bf16_probe()
+    if probe.usable:
+        return dtype
+    if dtype == "bfloat16":
+        raise ConfigError(
+            f"{key}=bfloat16: this CPU cannot run vLLM's bfloat16 kernels ({probe.detail}); "
+            f"set {key}=float32"
+        )
+    _warn_float32_once(key, probe.detail)
+    return "float32"
+
+
+@functools.cache
+def _warn_float32_once(key: str, detail: str) -> None:
+    logger.warning(
+        "%s=auto runs the engine in float32: this CPU cannot run vLLM's bfloat16 kernels (%s); "
+        "set %s=float32 to say so in the config",
+        key,
+        detail,
+        key,
+    )
 
 
 def build_engine_args(
@@ -114,7 +150,7 @@ def build_engine_args(
 
     kwargs: dict[str, Any] = dict(
         model=model_path,
-        dtype=config.dtype,
+        dtype=engine_dtype(config.dtype),
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         enable_prefix_caching=config.enable_prefix_caching,
@@ -140,6 +176,9 @@ def build_engine_args(
         kwargs["max_num_batched_tokens"] = max(
             config.max_num_batched_tokens or 0, config.max_model_len
         )
+        # vLLM's multiprocess executor (what the CPU backend uses) that records a worker's death by a
+        # signal, so a failed start names it (process_deaths) instead of "EngineCore encountered an issue".
+        kwargs["distributed_executor_backend"] = process_deaths.RECORDING_EXECUTOR
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
     if lora is not None:
@@ -218,14 +257,19 @@ class VLLMEngine(ServesRequestsOverZmq):
 
         shipped = model_files is not None
         self.use_model_dir_on_node(model_files)
-        args = build_engine_args(self.model_path, self.config, self._lora)
+        try:
+            args = build_engine_args(self.model_path, self.config, self._lora)
+        except ConfigError as exc:  # engine.dtype=bfloat16 on a CPU that cannot run it
+            raise EngineStartupError(str(exc)) from None
         if self._lora is not None:
             self._adapters = AdapterVersions(self._lora)
+        started_at = time.time()
         try:
             self._llm = AsyncLLM.from_engine_args(
                 args, stat_loggers=[_stat_logger_factory(self._snapshot)]
             )
         except Exception as exc:
+            self._raise_if_a_process_died(started_at, args.dtype)
             # vLLM raises many types for bad options; name them all the same way
             raise EngineStartupError(
                 f"vLLM could not start model {self.model_path!r} with engine options "
@@ -234,10 +278,15 @@ class VLLMEngine(ServesRequestsOverZmq):
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         self._max_model_len = self._llm.model_config.max_model_len
-        # vLLM labels every engine step's tokens with this version (per-token truth, see generate).
-        await self._llm.update_weight_version(str(self._weight_version))
-        self._input_only_bias = input_only_logit_bias(self.model_path) or None
-        await self._warm_up()
+        try:
+            # vLLM labels every engine step's tokens with this version (per-token truth, see generate).
+            await self._llm.update_weight_version(str(self._weight_version))
+            self._input_only_bias = input_only_logit_bias(self.model_path) or None
+            # the first model steps: where a worker whose kernel the CPU cannot run dies
+            await self._warm_up()
+        except Exception:
+            self._raise_if_a_process_died(started_at, args.dtype)
+            raise
         self._info = {
             "model": self.model_path,
             "model_files_shipped": shipped,
@@ -247,6 +296,29 @@ class VLLMEngine(ServesRequestsOverZmq):
             "lora": self._lora is not None,
         }
         return self._info
+
+    def _raise_if_a_process_died(self, since: float, dtype: str) -> None:
+        """A failed start whose worker or EngineCore died by a signal: raise naming the signal and its cause.
+
+        Workers are reaped by the EngineCore process, which records their deaths
+        (roll_async.engine.exit_recording_executor); the EngineCore is this process's child.
+        """
+        deaths = process_deaths.deaths_since(os.getpid(), since)
+        process_deaths.forget_deaths(os.getpid())
+        manager = getattr(
+            getattr(getattr(self._llm, "engine_core", None), "resources", None),
+            "engine_manager",
+            None,
+        )
+        finished = manager.finished_procs() if manager is not None else {}
+        for name, exitcode in finished.items():
+            text = process_deaths.describe_exit(f"engine process {name}", exitcode)
+            if text is not None:
+                deaths.append(text)
+        if deaths:
+            raise EngineStartupError(
+                f"engine for model {self.model_path!r} (dtype={dtype}) failed to start: {deaths[0]}"
+            ) from None
 
     def info(self) -> dict[str, Any]:
         """What start() reported: model, max_model_len, device, pid of the process hosting the engine."""

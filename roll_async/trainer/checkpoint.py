@@ -7,7 +7,6 @@ writes, recognises, lists and prunes such directories.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import re
@@ -50,8 +49,11 @@ def checkpoint_state_dict(
         state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     try:  # transformers >= 5: the exact helpers save_pretrained uses
         from transformers.modeling_utils import remove_tied_weights_from_state_dict
-    except ImportError:
-        return _drop_shared_storage(state)
+    except (
+        ImportError
+    ):  # older transformers: the declared aliases (never storage: meta has none)
+        tied = tied_parameter_names(model)
+        return {name: tensor for name, tensor in state.items() if name not in tied}
     return to_checkpoint_names(model, remove_tied_weights_from_state_dict(state, model))
 
 
@@ -71,43 +73,49 @@ def to_checkpoint_names(
     return revert_weight_conversion(model, state)
 
 
-def _drop_shared_storage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Fallback for older transformers: keep the first name of each group of tensors sharing storage."""
-    seen: set[tuple[Any, ...]] = set()
-    kept: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        key = (
-            tensor.device,
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-        )
-        if key in seen:
-            continue
-        seen.add(key)
-        kept[name] = tensor
-    return kept
-
-
 def tied_parameter_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names that alias another entry (e.g. a tied ``lm_head.weight``)."""
-    groups: dict[tuple[Any, ...], list[str]] = collections.defaultdict(list)
-    for name, tensor in model.state_dict().items():
-        groups[
-            (
-                tensor.device,
-                tensor.untyped_storage().data_ptr(),
-                tensor.storage_offset(),
+    """State-dict names that alias another entry (e.g. a tied ``lm_head.weight``), as the model declares them.
+
+    Read from what transformers ties, never from storage pointers: a model built
+    on the meta device (fsdp2 ranks, roll_async.trainer.model_loading) has every
+    ``data_ptr`` 0, and grouping by it once took 20 of the tiny model's 27 names
+    for aliases (never synced, never exported). Each Hugging Face (sub)model
+    declares its own, so a peft wrapper's prefixed names are found too.
+    """
+    names = list(model.state_dict())
+    tied: set[str] = set()
+    for prefix, module in model.named_modules():
+        for key in _declared_tied_keys(module):
+            pattern = f"{prefix}.{key}" if prefix else key
+            tied.update(
+                name for name in names if name == pattern or re.fullmatch(pattern, name)
             )
-        ].append(name)
-    exported = set(checkpoint_state_dict(model))
-    return {
-        name
-        for names in groups.values()
-        if len(names) > 1
-        for name in names
-        if name not in exported
-    }
+    return tied
+
+
+def _declared_tied_keys(module: torch.nn.Module) -> list[str]:
+    """The tied (target) names one Hugging Face model declares, relative to it; [] for any other module.
+
+    transformers 5 expands them from the config into ``all_tied_weights_keys``
+    (``{target: source}``). transformers 4 ties ``_tied_weights_keys`` (a list
+    there) to the input embeddings when the text config's ``tie_word_embeddings``
+    is set (``PreTrainedModel.tie_weights``).
+    """
+    expanded = getattr(module, "all_tied_weights_keys", None)
+    if expanded is not None:
+        return list(expanded)
+    keys = getattr(module, "_tied_weights_keys", None)
+    config = getattr(module, "config", None)
+    if not keys or config is None:
+        return []
+    text_config = (
+        config.get_text_config(decoder=True)
+        if hasattr(config, "get_text_config")
+        else config
+    )
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return []
+    return list(keys)
 
 
 # ---------------------------------------------------------------------------

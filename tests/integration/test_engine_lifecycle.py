@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import psutil
@@ -11,6 +12,7 @@ from roll_async.config.schema import EngineConfig
 from roll_async.engine import VLLMEngine
 from roll_async.errors import EngineStartupError
 from roll_async.model.paths import resolve_model_path
+from roll_async.testing.dying_worker import SIGILL_WORKER
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +69,31 @@ async def test_shutdown_leaves_no_vllm_process(ray_session, tiny_model_path):
     assert not alive, (
         f"processes left after shutdown: {[(p.pid, p.name()) for p in alive]}"
     )
+
+
+@pytest.mark.slow
+async def test_a_worker_dead_by_sigill_is_named_with_the_cause_and_the_fix(
+    tiny_model_path,
+):
+    # vLLM's CPU worker really dies by SIGILL at its first step (as on a CPU that cannot run a kernel);
+    # the start reports the signal, its cause and engine.dtype=float32, not "EngineCore encountered an issue"
+    engine = VLLMEngine(
+        str(tiny_model_path),
+        EngineConfig(
+            max_model_len=256,
+            max_num_seqs=8,
+            engine_kwargs={"worker_cls": SIGILL_WORKER},
+        ),
+    )
+    try:
+        with pytest.raises(EngineStartupError) as caught:
+            await engine.start()
+    finally:
+        await engine.shutdown()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert re.search(
+        r"engine process VllmWorker\S* \(pid \d+\) died by SIGILL \(illegal instruction: this CPU "
+        r".*set engine\.dtype=float32\)$",
+        message,
+    ), message

@@ -33,6 +33,29 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def adamw_first_step_bound(
+    lr: float,
+    grad_a: torch.Tensor,
+    grad_b: torch.Tensor,
+    eps: float = 1e-8,
+    atol: float = 1e-6,
+) -> torch.Tensor:
+    """Elementwise bound on how far two runs' weights may differ after AdamW's first step from the same start.
+
+    The first step moves each weight by ``lr * g / (|g| + eps)`` (bias-corrected moments: m = g, sqrt(v) = |g|),
+    so gradients that agree to reduction noise can move an element whose ``|g|`` is near ``eps`` by up to ``lr``
+    apart (the ratio swings between -1 and 1): a fixed tolerance fails on one CPU and not another. The bound is
+    the step difference the two runs' own gradients give, plus ``atol`` for rounding; ``grad_a`` and ``grad_b``
+    are the gradients each optimizer stepped with (after clipping). A run whose update is wrong exceeds it
+    wherever its gradient is well above the noise.
+    """
+
+    def step(grad: torch.Tensor) -> torch.Tensor:
+        return grad / (grad.abs() + eps)
+
+    return lr * (step(grad_a) - step(grad_b)).abs() + atol
+
+
 def in_one_process_and_on_two_ranks(
     fn, model_path, batch, config: TrainerConfig, timeout_s: float = 600.0
 ):

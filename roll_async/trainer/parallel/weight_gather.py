@@ -34,8 +34,9 @@ def gathered_weight_chunks(
 
     Collective: every rank must iterate to the end in step. ``skip_names`` are
     tied aliases (``lm_head.weight`` sharing the embedding), left out as in a
-    saved checkpoint; compute them before sharding, while aliases still share
-    storage (:func:`roll_async.trainer.checkpoint.tied_parameter_names`).
+    saved checkpoint; they come from the model's declared tied keys
+    (:func:`roll_async.trainer.checkpoint.tied_parameter_names`), never from
+    storage pointers, which are all 0 on a meta-built model.
     """
     state = model.state_dict()
     units: dict[str, list[str]] = {}
