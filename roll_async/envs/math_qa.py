@@ -19,7 +19,7 @@ from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.math_answers import (
     VerifyOutcome,
     VerifyStatus,
-    extract_answer,
+    stated_answers,
     verifier_pool,
     verify_answer,
 )
@@ -91,9 +91,15 @@ class MathQAEnv(BaseEnv):
     Seed ``s`` takes row ``s mod n`` of the rows shuffled once by ``shuffle_seed``,
     so seeds ``0..n-1`` visit every problem once. Rewards: ``correct_reward`` (1)
     for a correct answer (ends the episode); ``wrong_answer_reward`` (0) for a
-    wrong, unreadable (``answer_unparsed``) or timed-out (``verify_timeout``) one,
-    after which the model is told and may try again while ``max_attempts`` allow;
-    ``format_penalty`` (-0.1) for a turn with no answer.
+    wrong, unreadable (``answer_unparsed``), hedged (``answer_ambiguous``: every
+    answer a reply states must be correct, see roll_async.envs.math_answers), not
+    final (``answer_not_final``: the question's expression or an unevaluated form
+    boxed back, see math_answers.final_form),
+    unverifiable (``verify_error``) or timed-out (``verify_timeout``) one, after
+    which the model is told and may try again while ``max_attempts`` allow;
+    ``format_penalty`` (-0.1) for a turn with no answer. A verifier that cannot
+    start or dies raises VerifierUnavailable from ``step``: the episode ends
+    ``env_error`` rather than a 0 the policy did not earn.
     """
 
     config_cls: ClassVar[type] = MathQAConfig
@@ -112,6 +118,8 @@ class MathQAEnv(BaseEnv):
         self.attempts = 0
         self.status_text = ""
         self.turn_outcome: VerifyOutcome | None = None
+        #: Every answer the reply being graded states (the last is its answer).
+        self.answers: list[str] = []
 
     @property
     def num_tasks(self) -> int:
@@ -148,11 +156,12 @@ class MathQAEnv(BaseEnv):
         self.turn_outcome = None
 
     def _parse(self, action_text: str) -> ParsedAction:
-        answer = extract_answer(action_text or "", self.parser.regex)
-        if answer is None:
+        self.answers = stated_answers(action_text or "", self.parser.regex)
+        if not self.answers:
             return ParsedAction(
                 error="no answer found; put the final answer in \\boxed{...}"
             )
+        answer = self.answers[-1]
         return ParsedAction(actions=[answer], raw=answer, is_valid=True)
 
     def _apply(self, action: str) -> tuple[float, bool, str]:
@@ -160,9 +169,10 @@ class MathQAEnv(BaseEnv):
         self.attempts += 1
         outcome = verify_answer(
             self.task.answer,
-            action,
+            self.answers or [action],
             cfg.verify_timeout_s,
             verifier_pool(cfg.verify_workers),
+            question=self.task.question,
         )
         self.turn_outcome = outcome
         left = cfg.max_attempts - self.attempts
@@ -170,14 +180,17 @@ class MathQAEnv(BaseEnv):
             self.success = self.done = True
             self.status_text = "Your answer is correct."
             return cfg.correct_reward, True, ""
-        if outcome.status in (VerifyStatus.REFERENCE_UNPARSED, VerifyStatus.ERROR):
+        if outcome.status is VerifyStatus.REFERENCE_UNPARSED:
             # Not the model's fault and retrying will not help: end the episode ungraded.
             self.done = True
             self.status_text = "Your answer could not be graded."
             return 0.0, False, ""
         why = {
             VerifyStatus.UNPARSED: "could not be read as a mathematical expression",
+            VerifyStatus.AMBIGUOUS: "states more than one value; give one final answer",
+            VerifyStatus.NOT_FINAL: "is not in final form; evaluate and simplify it",
             VerifyStatus.TIMEOUT: "could not be checked in time, so it counts as wrong",
+            VerifyStatus.ERROR: "could not be verified, so it counts as wrong",
         }.get(outcome.status, "is not correct")
         if left <= 0:
             self.done = True
@@ -194,6 +207,8 @@ class MathQAEnv(BaseEnv):
         return {
             "num_attempts": float(self.attempts),
             "answer_unparsed": status is VerifyStatus.UNPARSED,
+            "answer_ambiguous": status is VerifyStatus.AMBIGUOUS,
+            "answer_not_final": status is VerifyStatus.NOT_FINAL,
             "verify_timeout": status is VerifyStatus.TIMEOUT,
             "verify_error": status is VerifyStatus.ERROR,
             "reference_unparsed": status is VerifyStatus.REFERENCE_UNPARSED,

@@ -41,15 +41,20 @@ class _Worker:
     ) -> None:
         self.calls = 0
         self._buffer = b""
-        self.proc = subprocess.Popen(
-            list(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-            env=env,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                list(command),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                bufsize=0,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise PoolWorkerFailed(
+                f"helper {list(command)} could not start: {e}"
+            ) from None
         try:
             ready = self._read_reply(time.monotonic() + startup_timeout_s)
         except PoolCallTimeout:
@@ -143,6 +148,7 @@ class SubprocessPool:
         self._slots = threading.BoundedSemaphore(max_workers)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
         self._pid = os.getpid()
         #: Children killed because a call ran past its limit (for tests and diagnostics).
         self.num_killed = 0
@@ -152,6 +158,8 @@ class SubprocessPool:
         """The child's reply; raises PoolCallTimeout past ``timeout_s`` or PoolWorkerFailed if it dies."""
         with self._slots:
             worker = self._take_idle() or self._start()
+            with self._lock:
+                self._busy.add(worker)
             try:
                 reply = worker.call(request, timeout_s)
             except BaseException as e:
@@ -160,12 +168,20 @@ class SubprocessPool:
                     with self._lock:
                         self.num_killed += 1
                 raise
+            finally:
+                with self._lock:
+                    self._busy.discard(worker)
             if worker.calls >= self.max_calls_per_worker:
                 worker.kill()
             else:
                 with self._lock:
                     self._idle.append(worker)
             return reply
+
+    def busy_pids(self) -> list[int]:
+        """Process ids of the children answering a call right now (for tests and diagnostics)."""
+        with self._lock:
+            return [worker.proc.pid for worker in self._busy]
 
     def close(self) -> None:
         """Kill the idle children (busy ones are killed by their callers when they fail)."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,11 +16,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from roll_async.config.rollout_spec import rollout_spec
+from roll_async.config.schema import (
+    CustomEnvConfig,
+    EnvManagerConfig,
+    GenerationConfig,
+    PipelineConfig,
+    validate_config,
+)
 from roll_async.envs import make_env
 from roll_async.envs.dataset import make_env_dataset_rows
 from roll_async.envs.math_answers import (
+    VerifierUnavailable,
     VerifyStatus,
     extract_answer,
+    final_form,
     reference_answer,
     verifier_pool,
     verify_answer,
@@ -30,7 +44,11 @@ from roll_async.envs.math_data import (
     latex_polynomial,
 )
 from roll_async.envs.math_qa import MathQAConfig, MathQAEnv
+from roll_async.envs.subprocess_pool import SubprocessPool
 from roll_async.errors import ConfigError
+from roll_async.scheduler.local import LocalRolloutScheduler
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
+from roll_async.testing.fake_engine import FakeEngine
 
 #: Needs a time-out: sympy evaluates the tower exactly and never returns.
 PATHOLOGICAL = "9^{9^{9^{9}}}"
@@ -71,8 +89,13 @@ def test_reference_answer_unwraps_boxes_and_dollars():
         ("0.5", "\\frac{1}{2}", VerifyStatus.CORRECT),
         ("\\frac{3}{4}", "\\dfrac{3}{4}", VerifyStatus.CORRECT),
         ("-\\frac{7}{2}", "-3.5", VerifyStatus.CORRECT),
-        ("x^2 + x - 6", "(x+3)(x-2)", VerifyStatus.CORRECT),
-        ("6\\sqrt{2}", "\\sqrt{72}", VerifyStatus.CORRECT),
+        ("x^2 + x - 6", "-6 + x + x^{2}", VerifyStatus.CORRECT),
+        ("6\\sqrt{2}", "\\sqrt{2} \\cdot 6", VerifyStatus.CORRECT),
+        # equal, but the work rather than the result: not final (see final_form)
+        ("x^2 + x - 6", "(x+3)(x-2)", VerifyStatus.NOT_FINAL),
+        ("6\\sqrt{2}", "\\sqrt{72}", VerifyStatus.NOT_FINAL),
+        ("5", "10/2", VerifyStatus.NOT_FINAL),
+        ("\\frac{1}{2}", "2/4", VerifyStatus.NOT_FINAL),
         ("12000", "12,000", VerifyStatus.CORRECT),
         ("5", "6", VerifyStatus.WRONG),
         ("\\frac{3}{4}", "\\frac{4}{3}", VerifyStatus.WRONG),
@@ -97,7 +120,7 @@ def test_a_check_past_its_time_limit_is_cut_off_and_the_pool_recovers():
     assert outcome.status is VerifyStatus.TIMEOUT
     assert time.monotonic() - t0 < 3.0
     assert pool.num_killed == killed + 1
-    assert verify_answer("2", "4/2", pool=pool).correct
+    assert verify_answer("\\frac{1}{2}", "1/2", pool=pool).correct
 
 
 def test_env_counts_a_timeout_in_a_worker_thread():
@@ -111,6 +134,97 @@ def test_env_counts_a_timeout_in_a_worker_thread():
     assert reward == 0.0 and terminated
     assert info["metrics"]["verify_timeout"] and not info["metrics"]["success"]
     assert "in time" in obs
+
+
+def kill_busy_helper_soon(
+    pool: SubprocessPool, after_s: float = 0.3
+) -> threading.Thread:
+    """SIGKILL the helper that is checking an answer (as the OOM killer would), from another thread."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + 60
+        while not pool.busy_pids() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(after_s)
+        for pid in pool.busy_pids():
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_verifier_that_dies_mid_check_raises_instead_of_grading():
+    pool = verifier_pool()
+    verify_answer("1", "1", pool=pool)  # a started helper
+    killer = kill_busy_helper_soon(pool)
+    with pytest.raises(VerifierUnavailable, match="helper exited"):
+        verify_answer("5", PATHOLOGICAL, timeout_s=60, pool=pool)
+    killer.join(5)
+    assert verify_answer(
+        "\\frac{1}{2}", "1/2", pool=pool
+    ).correct  # the next check starts a new helper
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-c", "import sys; sys.exit(3)"],  # exits before ready
+        ["/nonexistent/python-for-math-verify"],  # cannot be spawned
+    ],
+)
+def test_a_verifier_that_cannot_start_raises_instead_of_grading(command):
+    pool = SubprocessPool(command, max_workers=1, startup_timeout_s=10)
+    with pytest.raises(VerifierUnavailable, match="math verifier failed"):
+        verify_answer("5", "5", pool=pool)
+    pool.close()
+
+
+async def test_a_verifier_death_ends_the_episode_as_an_env_error_and_the_seat_is_rerun(
+    tmp_path,
+):
+    tokenizer = build_chatml_test_tokenizer()
+    path = task_file(tmp_path, [{"problem": "What is 2 + 3?", "answer": "5"}])
+    replies = iter([f"\\boxed{{{PATHOLOGICAL}}}", "\\boxed{5}", "\\boxed{5}"])
+
+    def output(request):
+        ids = tokenizer.encode(next(replies), add_special_tokens=False)
+        return ids + [tokenizer.eos_token_id]
+
+    config = PipelineConfig(
+        rollout_batch_size=1,
+        sequence_length=512,
+        generation=GenerationConfig(retry_backoff_s=0.001),
+        custom_envs={
+            "Math": CustomEnvConfig(
+                env_type="math",
+                env_config={"data_path": path, "verify_timeout_s": 60.0},
+                max_steps=1,
+                max_tokens_per_step=64,
+            )
+        },
+        train_env_manager=EnvManagerConfig(
+            num_env_groups=1, group_size=1, tags=["Math"], env_step_timeout_s=90.0
+        ),
+    )
+    validate_config(config)
+    pool = verifier_pool(2)  # the math env's default verify_workers
+    verify_answer("1", "1", pool=pool)
+    killer = kill_busy_helper_soon(pool)
+    scheduler = LocalRolloutScheduler(
+        rollout_spec(config, "train"), engines=FakeEngine(output), tokenizer=tokenizer
+    )
+    try:
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(1, step=0), 60
+        )
+    finally:
+        await scheduler.shutdown()
+    killer.join(5)
+    assert metrics["rollout/env_errors"] == 1
+    assert sum(m.stats.env_errors for m in scheduler.managers) == 1
+    (trajectory,) = batch
+    assert trajectory.stop_reason == "terminated" and trajectory.episode_reward == 1.0
 
 
 def task_file(tmp_path, rows, name="tasks.jsonl"):
@@ -296,6 +410,76 @@ def test_generated_answers_verify_against_themselves_and_equivalent_forms():
         num, den = row["answer"].lstrip("-")[len("\\frac{") : -1].split("}{")
         plain = f"{sign * int(num)}/{den}"
         assert verify_answer(row["answer"], plain).correct, row
+
+
+Q_SUM, Q_EXPAND = "What is 2 + 3?", "Expand $(x + 3)(x - 2)$."
+
+
+@pytest.mark.parametrize(
+    "answer, reference, question, final",
+    [
+        # 1: the question's own expression
+        ("2 + 3", "5", Q_SUM, False),
+        ("(x + 3)(x - 2)", "x^2 + x - 6", Q_EXPAND, False),
+        ("\\sqrt{72}", "6\\sqrt{2}", "Simplify $\\sqrt{72}$.", False),
+        ("5", "5", "What is 5 times 1?", True),
+        # 2: a plain number's answer is a plain number, a fraction in lowest terms
+        ("3+2", "5", Q_SUM, False),
+        ("\\sqrt{25}", "5", "", False),
+        ("10/2", "5", "", False),
+        ("\\frac{2}{5}\\cdot 20", "8", "", False),
+        ("\\frac{68}{10}", "\\frac{34}{5}", "", False),
+        ("2/4", "\\frac{1}{2}", "", False),
+        ("x = 5", "5", Q_SUM, True),
+        ("5 \\text{ apples}", "5", Q_SUM, True),
+        ("\\text{5}", "5", Q_SUM, True),
+        ("\\$28", "28", "", True),
+        ("\\frac{85}{3} \\text{ km/h}", "\\frac{85}{3}", "", True),
+        ("19.2\\%", "\\frac{96}{5}", "", True),
+        ("0.5", "\\frac{1}{2}", "", True),
+        ("\\frac{-1}{4}", "-\\frac{1}{4}", "", True),
+        ("-1/4", "-\\frac{1}{4}", "", True),
+        ("12,000", "12000", "", True),
+        ("5.0", "5", "", True),
+        # 3: no more operations than the reference; roots of numbers simplified
+        ("(x - 2)(x + 3)", "x^2 + x - 6", Q_EXPAND, False),
+        ("x^2 + 3x - 2x - 6", "x^2 + x - 6", "", False),
+        ("x^2 + 2 \\cdot 5x + 9", "x^2 + 10x + 9", "", False),
+        ("x^2 - 8^2", "x^2 - 64", "", False),
+        ("\\sqrt{36}\\sqrt{2}", "6\\sqrt{2}", "", False),
+        ("\\sqrt{36 \\cdot 2}", "6\\sqrt{2}", "", False),
+        ("-6 + x + x^2", "x^2 + x - 6", Q_EXPAND, True),
+        ("x^2 + 10 \\cdot x + 9", "x^2 + 10x + 9", "", True),
+        ("6 \\cdot \\sqrt{2}", "6\\sqrt{2}", "Simplify $\\sqrt{72}$.", True),
+    ],
+)
+def test_final_form(answer, reference, question, final):
+    assert final_form(answer, reference, question) is final
+
+
+def test_every_shipped_reference_boxed_scores_one():
+    env = make_env("math", {})
+    for seed in range(env.num_tasks):
+        env.reset(seed)
+        _, reward, _, _, info = env.step(f"\\boxed{{{env.task.answer}}}")
+        assert reward == 1.0 and info["metrics"]["success"], (env.task, info)
+
+
+def test_the_question_reaches_the_grader(tmp_path):
+    # Only rule 1 (the question's own expression) rejects 3 + 2x: the env must hand over the question.
+    question, reference = "Write $3 + 2x$ with the x term first.", "2x + 3"
+    assert verify_answer(reference, "3 + 2x").correct
+    assert verify_answer(reference, "3 + 2x", question=question).status is (
+        VerifyStatus.NOT_FINAL
+    )
+    path = task_file(tmp_path, [{"problem": question, "answer": reference}])
+    env = make_env("math", {"data_path": path, "max_attempts": 2})
+    env.reset(0)
+    obs, reward, _, _, info = env.step("\\boxed{3 + 2x}")
+    assert reward == 0.0 and info["metrics"]["answer_not_final"]
+    assert "not in final form" in obs
+    _, reward, _, _, info = env.step("\\boxed{2x + 3}")
+    assert reward == 1.0 and not info["metrics"]["answer_not_final"]
 
 
 def test_latex_writers():
