@@ -65,7 +65,24 @@ class GenerationResult:
 
 @dataclass
 class TurnRecord:
-    """One model turn followed by one env step."""
+    """One model turn followed by one env step.
+
+    Attributes:
+        turn: The turn's index in the episode, from 0.
+        action_text: The model's reply, as handed to the env's ``step``.
+        observation: The env's answer to it.
+        reward: The env's reward for the step.
+        generated_tokens: Tokens the model generated this turn.
+        weight_version: The weight version that sampled the turn's last token.
+        generate_s: Seconds spent generating the reply.
+        env_step_s: Seconds the env's ``step`` took.
+        finish_reason: How the generation ended: ``stop``, ``length``, ``abort`` or ``error``.
+        metrics: The env's per-step metrics (``info["metrics"]``).
+        generate_finished_at: See ``generate_started_at``.
+        env_step_started_at: See ``generate_started_at``.
+        env_step_finished_at: See ``generate_started_at``.
+        reward_finished_at: See ``reward_started_at``.
+    """
 
     turn: int
     action_text: str
@@ -102,6 +119,29 @@ class Trajectory:
     ``response_mask`` is 1 on tokens the model generated, ``logprobs`` holds the
     engine's behaviour logprobs there (0.0 elsewhere). ``prompt_length`` is the
     length of the first-turn prompt (system + instruction + first observation).
+
+    Attributes:
+        tag: The ``custom_envs`` tag of the env.
+        group_id: The group the episode belongs to (its episodes share a seed).
+        episode_id: The episode's index within its group.
+        env_id: The env instance that played it.
+        seed: The seed the env was reset with.
+        traj_id: A unique id, used in logs and the run directory.
+        created_step: The training step the episode's group was created for.
+        token_ids: The whole conversation's token ids, as the engine saw them.
+        response_mask: 1 on tokens the model generated, 0 elsewhere.
+        logprobs: The engine's logprob of each generated token (0.0 elsewhere).
+        prompt_length: The first-turn prompt's length in tokens.
+        turns: One record per model turn and env step.
+        episode_reward: The sum of the turns' rewards (plus a reward model's score, if any).
+        stop_reason: Why the episode ended: ``terminated``, ``max_steps``, ``max_length``,
+            ``env_error``, ``engine_error`` or ``aborted`` (never trained on).
+        error: The failure's message when the episode ended with an error, else None.
+        oldest_weight_version: The oldest weight version that sampled a token of it.
+        newest_weight_version: The newest weight version that sampled a token of it.
+        started_at: When the episode started (unix seconds).
+        finished_at: When the episode finished (unix seconds).
+        metrics: Episode metrics (the env's per-step metrics and the episode's own).
     """
 
     tag: str

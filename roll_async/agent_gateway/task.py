@@ -21,6 +21,16 @@ class AgentTask:
     from them plays the same instance as the rest of its group. ``model`` is the
     served model id to pass as ``model=``; ``max_tokens`` and ``max_steps`` are
     the per-call token cap and the number of calls allowed.
+
+    Attributes:
+        seed: The episode's seed (its group's, shared by every episode of the group).
+        env_config: The tag's ``env_config``, merged with the episode's dataset row if any.
+        tag: The ``custom_envs`` tag the episode belongs to.
+        group_id: The episode's group.
+        episode_id: The episode's index within its group.
+        model: The served model id, to pass as ``model=`` to the client.
+        max_tokens: The token cap of one model call (the tag's ``max_tokens_per_step``).
+        max_steps: How many model calls the episode may make (the tag's ``max_steps``).
     """
 
     seed: int

@@ -121,7 +121,21 @@ def _explain_unknown_key(exc: ConfigKeyError) -> ConfigError:
 def load_config(
     path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None
 ) -> PipelineConfig:
-    """Load YAML (with ``defaults``) and ``key=value`` overrides into a validated PipelineConfig."""
+    """Load YAML (with ``defaults``) and ``key=value`` overrides into a validated PipelineConfig.
+
+    Args:
+        path: A YAML config file; its ``defaults: [name]`` entries are included first. None
+            starts from the schema's defaults.
+        overrides: ``key=value`` strings (dotted keys, e.g. ``trainer.lr=1e-5``), applied
+            after the file.
+
+    Returns:
+        The config, with every rule between fields checked.
+
+    Raises:
+        ConfigError: An unknown key, a wrong type or choice, or a broken rule; the message
+            names the key and the fix.
+    """
     schema = OmegaConf.structured(PipelineConfig)
     try:
         cfg = schema

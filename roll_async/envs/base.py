@@ -25,7 +25,12 @@ class InvalidAction(Exception):
 
 @dataclass
 class Observation:
-    """A multimodal observation: ``text`` holds one image placeholder per entry of ``images``."""
+    """A multimodal observation: ``text`` holds one image placeholder per entry of ``images``.
+
+    Attributes:
+        text: The observation's text, with one ``image_placeholder`` per image.
+        images: The images, in placeholder order.
+    """
 
     text: str
     images: list[Image.Image] = field(default_factory=list)
@@ -141,6 +146,16 @@ class BaseEnv:
 
     # ---- public API -----------------------------------------------------------------
     def reset(self, seed: int) -> tuple[str | Observation, dict[str, Any]]:
+        """Start an episode; everything random in it derives from ``seed``.
+
+        Args:
+            seed: The episode's seed; the same seed gives the same episode.
+
+        Returns:
+            ``(observation, info)``: the first observation (text, or an
+            :class:`Observation` in vision mode) and ``info`` with ``instruction`` (the
+            task text), ``seed`` and, for tool-using envs, ``tools``.
+        """
         self.seed = int(seed)
         self.num_steps = 0
         self.done = False
@@ -156,6 +171,18 @@ class BaseEnv:
     def step(
         self, action_text: str
     ) -> tuple[str | Observation, float, bool, bool, dict[str, Any]]:
+        """Play one turn: parse the actions out of the model's reply and apply them.
+
+        Args:
+            action_text: The model's raw reply; a malformed one costs ``format_penalty``.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``; ``info["metrics"]``
+            holds the per-step metrics (``success``, ``action_is_valid``, ...).
+
+        Raises:
+            RuntimeError: ``step`` was called before ``reset`` or after the episode ended.
+        """
         if not self._started:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self.done:
@@ -271,12 +298,15 @@ class BaseEnv:
         return {}
 
     def render_text(self) -> str:
+        """The current state as text (subclasses implement it)."""
         raise NotImplementedError
 
     def render_image(self) -> Image.Image:
+        """The current state as an image, for ``render_mode: vision`` (grid envs implement it)."""
         raise NotImplementedError(f"{type(self).__name__} has no image render")
 
     def instruction(self) -> str:
+        """The task text of the first turn, put in ``info["instruction"]`` (subclasses implement it)."""
         raise NotImplementedError
 
     def answer_format(self, example: str, second: str | None = None) -> str:

@@ -53,6 +53,19 @@ def register_env(name: str, cls: type | None = None, *, overwrite: bool = False)
 
     Re-registering a name with a different class needs ``overwrite=True``, so two
     plugins cannot silently shadow each other.
+
+    Args:
+        name: The ``env_type`` a config uses for this env; non-empty, without ``:``.
+        cls: The env class: any class with ``reset`` and ``step`` methods.
+        overwrite: Replace a different class already registered under ``name``.
+
+    Returns:
+        ``cls`` itself, or, when ``cls`` is None, a decorator that registers the class it
+        decorates.
+
+    Raises:
+        ValueError: ``name`` is empty, contains ``:``, or is taken by another class.
+        TypeError: ``cls`` has no ``reset`` or ``step`` method.
     """
     if cls is None:
         return lambda c: register_env(name, c, overwrite=overwrite)
@@ -106,6 +119,18 @@ def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
     ``env_config`` checked against that dataclass; any other class is called with ``**env_config``, its
     keys checked against the constructor's signature. A :class:`~roll_async.envs.wrapper.EnvWrapper`
     gets the env its config names in ``inner_env_type`` / ``inner_env_config``, built here first.
+
+    Args:
+        env_type: A registered name, an adapter prefix (``gymnasium:<EnvId>``) or a dotted
+            path ``package.module:ClassName``.
+        env_config: The env's settings (a config's ``custom_envs.<Tag>.env_config``).
+
+    Returns:
+        A new env instance, not yet reset.
+
+    Raises:
+        ValueError: ``env_type`` names no env, or ``env_config`` has a key the env does not
+            accept (the message lists the accepted ones).
     """
     if split_adapter_env_type(env_type) is not None:
         return make_adapter_env(env_type, dict(env_config or {}))

@@ -1,4 +1,5 @@
-"""The wheel holds one import package, roll_async, with the two mapped root folders inside it."""
+"""The wheel holds one import package, roll_async, with the two mapped root folders inside it,
+and its ``py.typed`` marker."""
 
 from __future__ import annotations
 
@@ -42,5 +43,6 @@ def test_the_wheel_installs_exactly_one_top_level_package(tmp_path):
         "roll_async/testing/fake_engine.py",
         "roll_async/envs/data/retrieval_qa.json",
         "roll_async/report/page.html",
+        "roll_async/py.typed",  # PEP 561: type checkers read the package's hints
     ):
         assert shipped in names, shipped
