@@ -31,7 +31,7 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
-from roll_async.errors import ConfigError, NonFiniteLossError, TrainerRankTimeoutError
+from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
@@ -49,15 +49,18 @@ from roll_async.runtime.ray_utils import init_ray
 from roll_async.sampling import SamplingSettings
 from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 from roll_async.scheduler.validation import ValidationScheduler
-from roll_async.trainer import build_sft_examples, checkpoint_dir, prune_checkpoints
+from roll_async.trainer import checkpoint_dir, prune_checkpoints
 from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
 from roll_async.trainer.collate import collate_trajectories, padding_token_id
+from roll_async.trainer.factory import ModelLoadError
 from roll_async.trainer.lora import adapter_config_json, lora_enabled
+from roll_async.trainer.sft import build_sft_examples
 from roll_async.trainer.trainer_actor import (
     build_placed_trainer,
     engine_weight_refs,
     release_trainer,
     sft_warm_start,
+    trainer_needs_ray,
 )
 
 logger = logging.getLogger(__name__)
@@ -99,24 +102,32 @@ class AgenticPipeline:
 
     # -- set-up ------------------------------------------------------------------------
 
-    def _prepare_trainer(self) -> dict[str, float]:
-        """Build the trainer, resume or warm start it; all before any actor exists."""
+    def _preflight(self) -> None:
+        """Check the config, model, tokenizer and envs (roll_async.pipelines.preflight); nothing starts."""
         config = self.config
         self.model_path, self.tokenizer = preflight(config)
         # The distribution train rollouts sample from, engine-side logit bias included (the trainer scores under it).
         self.train_sampling = SamplingSettings.from_generation(
             config.generation, input_only_logit_bias(self.model_path)
         )
+
+    def _prepare_trainer(self) -> dict[str, float]:
+        """Build the trainer, resume or warm start it; all before any engine or env actor exists.
+
+        A trainer in Ray actors (fsdp2 ranks, ``placement: ray_actor``) needs Ray: ``run`` starts it on
+        the loop's thread first (:meth:`_ensure_ray`), since this runs in a worker thread.
+        """
+        config = self.config
+        if self.tokenizer is None:
+            self._preflight()
         try:
             self.trainer = build_placed_trainer(
                 config.trainer, self.model_path, ensure_ray=self._ensure_ray
             )
-        except (ConfigError, TrainerRankTimeoutError):
-            raise  # a rank silent past trainer.rank_call_timeout_s hung; it did not fail to load the model
-        except Exception as exc:
+        except ModelLoadError as exc:
+            # only an error reading the model's files; anything else (Ray, ranks, a timeout) is itself
             raise ConfigError(
-                f"model.path={config.model.path!r}: the trainer cannot load {self.model_path!r} as a causal LM: "
-                f"{type(exc).__name__}: {exc}"
+                f"model.path={config.model.path!r}: the trainer {exc}"
             ) from None
         if config.checkpoint.resume_from:
             extra = self.trainer.load_checkpoint(config.checkpoint.resume_from)
@@ -162,7 +173,11 @@ class AgenticPipeline:
         return sft_metrics
 
     def _ensure_ray(self) -> None:
-        """Start or join Ray once per run (a trainer actor needs it before the engines start)."""
+        """Start or join Ray once per run (a trainer actor needs it before the engines start).
+
+        Called on the loop's thread: there ``ray.init`` replaces the SIGTERM handler and ``reclaim`` takes
+        it back at once (from a worker thread Ray would leave the handlers alone but warn on the console).
+        """
         import ray
 
         if not ray.is_initialized():
@@ -337,12 +352,21 @@ class AgenticPipeline:
         configure_console(config.logging.level)
         if config.replay.from_dir:
             self.replay_steps = saved_steps(config.replay.from_dir)
-        sft_metrics = await self.interrupt.race(
-            asyncio.to_thread(self._prepare_trainer)
-        )
+        await self.interrupt.race(asyncio.to_thread(self._preflight))
+        # Before the trainer: ranks or a trainer actor start Ray, whose workers log into RUN_DIR/logs.
         self.run_dir = RunDirectory.create(config.output_dir, f"train-{config.mode}")
         self.run_dir.write_config(config)
         attach_run_logs(self.run_dir.root, config.logging.level)
+        try:
+            if trainer_needs_ray(config.trainer):
+                self._ensure_ray()
+            sft_metrics = await self.interrupt.race(
+                asyncio.to_thread(self._prepare_trainer)
+            )
+        except BaseException:
+            # the ranks or trainer actor, and Ray, if they started
+            await self.shutdown()
+            raise
         self.tracker = MetricsTracker(
             config.logging, self.run_dir, dataclasses.asdict(config)
         )

@@ -8,9 +8,10 @@ then saves a checkpoint of the last completed step, shuts its actors down and
 raises :class:`RunInterrupted` (the rollout pipeline: :class:`RolloutInterrupted`,
 its batches are already written), which the CLI prints as one line and turns
 into exit status 128 + the signal number: 130 for SIGINT, 143 for SIGTERM, as a
-shell reports a process the signal ended. ``ray.init`` installs Ray's own
-SIGTERM handlers (a C++ stack dump, then ``sys.exit``), so the pipelines call
-:meth:`InterruptFlag.reclaim` right after it. A second signal while the run
+shell reports a process the signal ended. ``ray.init`` on the main thread installs
+Ray's own SIGTERM handler (``sys.exit``), so the pipelines start Ray on the loop's
+thread and call :meth:`InterruptFlag.reclaim` right after it (from another thread
+``ray.init`` leaves the handlers alone and logs a warning). A second signal while the run
 stops exits the process immediately (``os._exit``, same status); Ray's
 processes share the driver's fate and go with it.
 """
@@ -85,14 +86,32 @@ class InterruptFlag:
 
     def install(self) -> InterruptFlag:
         self._loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(signum, self._on_signal, signum)
+        self._add_handlers()
         return self
 
     def reclaim(self) -> None:
-        """Take SIGINT/SIGTERM back after a library replaced their handlers (``ray.init`` does); no-op if not installed."""
-        if self._loop is not None:
-            self.install()
+        """Take SIGINT/SIGTERM back after a library replaced their handlers (``ray.init`` does); no-op if not installed.
+
+        Safe from any thread: a worker thread (``asyncio.to_thread``) has no running loop and may not
+        set handlers, so from there the handlers are re-added on the flag's own loop.
+        """
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # no loop in this thread
+            on_loop = False
+        if on_loop:
+            self._add_handlers()
+        else:
+            loop.call_soon_threadsafe(self._add_handlers)
+
+    def _add_handlers(self) -> None:
+        if self._loop is None:  # uninstalled meanwhile
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(signum, self._on_signal, signum)
 
     def uninstall(self) -> None:
         if self._loop is None:

@@ -36,6 +36,8 @@ def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_model(args: argparse.Namespace) -> int:
+    # The engine runs in this process: its INFO lines would bury the table (init_ray's default for the pipelines).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from roll_async.model.check import CheckSettings, main
 
     settings = CheckSettings(

@@ -7,12 +7,57 @@ one place.
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from roll_async.config.dotted_paths import resolve_dotted
-from roll_async.config.schema import TrainerConfig
-from roll_async.errors import ConfigError
+from roll_async.config.sections import TrainerConfig
+from roll_async.errors import ConfigError, RollAsyncError
 from roll_async.trainer.base import TRAINER_METHODS, Trainer
 from roll_async.trainer.grpo_trainer import GRPOTrainer
+from roll_async.trainer.model_loading import empty_causal_lm, load_causal_lm
 from roll_async.trainer.simulated import SimulatedTrainer
+
+#: The functions that read a model's files for the trainer: an error raised inside one is the model's.
+_MODEL_LOADERS = frozenset({load_causal_lm.__code__, empty_causal_lm.__code__})
+
+
+class ModelLoadError(RollAsyncError, RuntimeError):
+    """The trainer could not read ``model_path`` as a causal LM (its config or weights); ``cause`` says why.
+
+    Raised only for errors that come out of the model-loading functions, so that any
+    other failure while building a trainer (Ray, ranks, optimizer) surfaces as itself.
+    Its arguments are plain strings: it crosses Ray from a trainer actor or rank.
+    """
+
+    def __init__(self, model_path: str, cause: str) -> None:
+        super().__init__(model_path, cause)
+        self.model_path, self.cause = model_path, cause
+
+    def __str__(self) -> str:
+        return f"cannot load {self.model_path!r} as a causal LM: {self.cause}"
+
+
+def raised_loading_the_model(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a model-loading function (its traceback passes through one)."""
+    return any(
+        frame.f_code in _MODEL_LOADERS
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )
+
+
+@contextmanager
+def loading_the_model(model_path: str) -> Iterator[None]:
+    """Around building a trainer: an error from reading the model becomes :class:`ModelLoadError`; others pass."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if raised_loading_the_model(exc):
+            raise ModelLoadError(model_path, f"{type(exc).__name__}: {exc}") from exc
+        raise
 
 
 def load_trainer_class(dotted_path: str) -> type:
@@ -50,4 +95,5 @@ def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
     if config.trainer_cls:
         cls = load_trainer_class(config.trainer_cls)
         return cls(config, model_path)
-    return GRPOTrainer(config, model_path)
+    with loading_the_model(model_path):
+        return GRPOTrainer(config, model_path)

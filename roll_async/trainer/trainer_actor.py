@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from roll_async.config.schema import TrainerConfig
+from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
 from roll_async.errors import ConfigError
 from roll_async.runtime.ray_utils import unwrap_ray_error
@@ -204,13 +204,18 @@ def build_placed_trainer(
     * :func:`sft_warm_start`: the SFT warm start runs where the model is.
     * :func:`release_trainer`: the actor is killed at the end of the run.
     """
-    if config.strategy == "fsdp2":
+    if trainer_needs_ray(config):
         ensure_ray()
+    if config.strategy == "fsdp2":
         return TrainerRankGroup.start(config, model_path)
     if config.placement == "ray_actor":
-        ensure_ray()
         return TrainerActorClient.start(config, model_path)
     return build_trainer(config, model_path)
+
+
+def trainer_needs_ray(config: TrainerConfig) -> bool:
+    """The trainer lives in Ray actors (fsdp2 ranks, or ``placement: ray_actor``), so Ray must be up first."""
+    return config.strategy == "fsdp2" or config.placement == "ray_actor"
 
 
 #: Trainers living in Ray actors: they pack their own weights, run SFT where the model is, and must be stopped.

@@ -11,10 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import glob
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -493,73 +489,3 @@ async def test_every_shipped_config_collects_a_batch(path, engine, tiny_model_pa
     assert len(batch) == config.rollout_batch_size
     assert {t.tag for t in batch} == set(em.tags)
     assert metrics["rollout/trajectories_per_s"] > 0
-
-
-@pytest.mark.slow
-def test_rollout_command_writes_the_run_directory(tmp_path):
-    out = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "roll_async.cli",
-        "rollout",
-        str(REPO / "configs" / "default.yaml"),
-        "num_batches=2",
-        f"output_dir={out}",
-        "rollout_batch_size=8",
-        "train_env_manager.num_env_groups=2",
-    ]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    started = time.time()
-    done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "step 1:" in done.stdout
-    assert (out / "config.yaml").is_file()
-    assert load_config(out / "config.yaml").num_batches == 2
-    metrics = [
-        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [m["step"] for m in metrics] == [0, 1]
-    assert {
-        "rollout/trajectories_per_s",
-        "rollout/tokens_per_s",
-        "rollout/get_batch_wait_s",
-        "rollout/turns/mean",
-        "rollout/staleness/max",
-    } <= set(metrics[0])
-    records = [
-        json.loads(line)
-        for line in (out / "trajectories.jsonl").read_text().splitlines()
-    ]
-    assert len(records) == 16
-    for record in records:
-        assert {
-            "tag",
-            "group_id",
-            "episode_id",
-            "env_id",
-            "seed",
-            "traj_id",
-            "episode_reward",
-            "stop_reason",
-            "created_step",
-            "oldest_weight_version",
-            "newest_weight_version",
-            "started_at",
-            "finished_at",
-            "turns",
-            "text",
-        } <= set(record)
-        assert started - 600 < record["started_at"] <= record["finished_at"]
-        for turn in record["turns"]:
-            assert {
-                "action_text",
-                "observation",
-                "reward",
-                "generated_tokens",
-                "weight_version",
-                "generate_s",
-                "env_step_s",
-            } <= set(turn)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 
+from roll_async.config.schema import load_config
+from roll_async.pipelines.agentic_pipeline import AgenticPipeline
 from roll_async.pipelines.interrupt import (
     EXIT_INTERRUPTED,
     InterruptFlag,
@@ -19,6 +24,8 @@ from roll_async.pipelines.interrupt import (
     SignalReceived,
     exit_status,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -108,3 +115,73 @@ def test_the_rollout_message_names_the_batches_kept():
     assert str(RolloutInterrupted(3, "runs/r", "SIGTERM")) == (
         "interrupted at batch 3 (SIGTERM); 3 batches kept in runs/r"
     )
+
+
+async def test_reclaim_from_a_worker_thread_takes_the_signals_back_on_the_loop():
+    """A trainer built in ``asyncio.to_thread`` may start Ray there; reclaim from that thread must not raise
+    (it needs the flag's loop, not a running one) and the first SIGTERM is ours again afterwards."""
+    flag = InterruptFlag().install()
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(15))  # as ray.init does
+        await asyncio.to_thread(flag.reclaim)
+        await asyncio.sleep(0)  # the loop runs the re-install
+        asyncio.get_running_loop().call_later(
+            0.05, os.kill, os.getpid(), signal.SIGTERM
+        )
+        with pytest.raises(SignalReceived):
+            await flag.race(asyncio.sleep(3600))
+    finally:
+        flag.uninstall()
+    assert flag.signal_name == "SIGTERM"
+
+
+class _Built(Exception):
+    """Stands for the rest of the run once the trainer is built."""
+
+
+@pytest.mark.parametrize(
+    "placement", ["trainer.strategy=fsdp2", "trainer.placement=ray_actor"]
+)
+async def test_a_trainer_in_ray_actors_starts_ray_on_the_loop_thread_and_keeps_sigterm(
+    placement, tmp_path, monkeypatch
+):
+    """The README's fsdp2 command once failed at start-up: Ray was started from the worker thread that
+    builds the trainer, and reclaiming the signals there raised. Ray now starts on the loop's (main)
+    thread before the trainer is built, and the run's SIGTERM handling survives ray.init's."""
+    ray_handler = lambda *_: sys.exit(15)  # noqa: E731 (as ray.init installs)
+    started_on: list[threading.Thread] = []
+
+    def fake_init_ray(*args, **kwargs):
+        started_on.append(threading.current_thread())
+        signal.signal(signal.SIGTERM, ray_handler)  # raises outside the main thread
+
+    seen_while_building: list[object] = []
+
+    def prepare_trainer():
+        seen_while_building.append(signal.getsignal(signal.SIGTERM))
+        raise _Built
+
+    config = load_config(
+        REPO / "configs" / "sokoban.yaml",
+        [
+            placement,
+            "sft_warmup.enabled=false",
+            "logging.console=false",
+            f"output_dir={tmp_path}",
+        ],
+    )
+    pipeline = AgenticPipeline(config)
+    monkeypatch.setattr("roll_async.pipelines.agentic_pipeline.init_ray", fake_init_ray)
+    monkeypatch.setattr(pipeline, "_prepare_trainer", prepare_trainer)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(_Built):
+            await pipeline.run(handle_signals=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for handler in list(logging.getLogger().handlers):  # the run's driver.log
+            if getattr(handler, "_roll_async_file", False):
+                logging.getLogger().removeHandler(handler)
+                handler.close()
+    assert started_on == [threading.main_thread()]
+    assert seen_while_building and seen_while_building[0] is not ray_handler

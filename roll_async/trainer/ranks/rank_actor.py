@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from roll_async.config.schema import TrainerConfig
+from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import DEFAULT_BUCKET_BYTES, iter_weight_buckets
+from roll_async.trainer.factory import loading_the_model
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trainer.parallel.process_group import free_port, init_rank, leave_group
 from roll_async.trainer.sft import run_sft
@@ -47,9 +48,10 @@ class TrainerRank:
         gpu_ids = ray.get_gpu_ids()
         device = torch.device("cuda", 0) if gpu_ids else torch.device("cpu")
         info = init_rank(rank, world_size, address[0], address[1], device)
-        self.trainer = GRPOTrainer(
-            dataclasses.replace(config, device=str(device)), model_path, rank=info
-        )
+        with loading_the_model(model_path):
+            self.trainer = GRPOTrainer(
+                dataclasses.replace(config, device=str(device)), model_path, rank=info
+            )
         context = ray.get_runtime_context()
         return {
             "rank": rank,
