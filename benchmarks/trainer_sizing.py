@@ -39,6 +39,10 @@ SEQUENCE_LENGTH = 4096
 MICRO_BATCH_TOKENS = 4096
 LORA_RANK = 16
 STRATEGIES = ("single", "fsdp2x2", "fsdp2x4", "fsdp2x8")
+#: FSDP2 on one rank: not on the page (it fits wherever single does), sized for benchmarks.gpu_trainer,
+#: which measures the trainer's fsdp2 path on one GPU. Nothing is sharded, but FSDP2 still gathers each
+#: unit into compute-dtype copies (and their gradients) instead of autocast's casts.
+FSDP2_ONE_RANK = "fsdp2x1"
 PRECISIONS = ("fp32", "bf16")
 TUNINGS = ("full", "lora")
 FP32 = 4
@@ -246,7 +250,7 @@ def size(
 ) -> Sizing:
     """The bytes per rank of one configuration (see the module docstring and docs/trainer-sizing.md)."""
     if (
-        strategy not in STRATEGIES
+        strategy not in (*STRATEGIES, FSDP2_ONE_RANK)
         or precision not in PRECISIONS
         or tuning not in TUNINGS
     ):
@@ -257,11 +261,12 @@ def size(
     # The unit FSDP2 holds unsharded: the root (embeddings, head, final norm) stays gathered from the
     # start of forward to the end of backward, and one decoder layer at a time beside it.
     gathered = arch.root_params() + arch.layer_params()
+    fsdp2 = strategy != "single"
     if tuning == "full":
         param_shard = total * FP32 // n
         grad_shard = total * FP32 // n
         optim_shard = 2 * total * FP32 // n
-        if n > 1:
+        if fsdp2:
             param_working = gathered * d
             grad_working = gathered * d
         else:
@@ -275,7 +280,7 @@ def size(
         param_shard = (total * d + adapters * FP32) // n
         grad_shard = adapters * FP32 // n
         optim_shard = 2 * adapters * FP32 // n
-        param_working = gathered * d if n > 1 else 0
+        param_working = gathered * d if fsdp2 else 0
         grad_working = 0
     per_layer = arch.layer_activation_bytes_per_token(d) * tokens
     if checkpointing:

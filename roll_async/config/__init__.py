@@ -2,8 +2,8 @@
 
 ``load_config(path, overrides)`` returns a validated :class:`PipelineConfig`; every rule between fields is
 checked there, before any actor starts.
+
+Import them from :mod:`roll_async.config.schema`. This package imports nothing itself, so the
+dataclasses load without the YAML loader's omegaconf (the trainer runs on torch, transformers and
+peft alone).
 """
-
-from roll_async.config.schema import ConfigError, PipelineConfig, load_config
-
-__all__ = ["ConfigError", "PipelineConfig", "load_config"]

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from omegaconf import MISSING
 
 from roll_async.config import sections
-from roll_async.config.sections import PipelineConfig
+from roll_async.config.sections import MISSING, PipelineConfig
 
 REGENERATE_COMMAND = "python -m roll_async.config.reference --write"
 #: The page's place in a source checkout.

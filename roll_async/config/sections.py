@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
-from omegaconf import MISSING
-
 from roll_async.config.reward_rules import RewardRules
+
+#: omegaconf's MISSING: OmegaConf.structured reads a field whose default is this string as required.
+#: Spelled here, not imported, so the dataclasses (and the trainer that takes them) import without
+#: omegaconf: benchmarks.gpu_trainer runs on GPU nodes that have torch, transformers and peft alone.
+MISSING: Any = "???"
 
 # ---------------------------------------------------------------------------
 # Choices: the words a key accepts

@@ -1,4 +1,8 @@
-"""Training: the ``Trainer`` interface and its factory, the built-in GRPO trainer, advantages, losses, checkpoints, the SFT warm start, and where the trainer runs."""
+"""Training: the ``Trainer`` interface and its factory, the built-in GRPO trainer, advantages, losses, checkpoints, and where the trainer runs.
+
+The SFT warm start (roll_async.trainer.sft) is not re-exported: it builds envs, whose renderers need
+PIL, and this package imports with torch, transformers and peft alone (benchmarks.gpu_trainer).
+"""
 
 from roll_async.errors import NonFiniteLossError
 from roll_async.trainer.advantages import (
@@ -26,17 +30,14 @@ from roll_async.trainer.losses import (
     truncated_importance_weights,
 )
 from roll_async.trainer.scoring import score_generated_tokens
-from roll_async.trainer.sft import SFTExample, build_sft_examples, run_sft
 
 __all__ = [
     "GRPOTrainer",
     "GradientStats",
     "LossNormalizer",
     "NonFiniteLossError",
-    "SFTExample",
     "Trainer",
     "aggregate",
-    "build_sft_examples",
     "build_trainer",
     "checkpoint_dir",
     "checkpoint_state_dict",
@@ -50,7 +51,6 @@ __all__ = [
     "prune_checkpoints",
     "resolve_resume_dir",
     "rloo_advantages",
-    "run_sft",
     "score_generated_tokens",
     "token_logprobs",
     "truncated_importance_weights",

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from roll_async.config.schema import TrainerConfig
+from roll_async.config.sections import TrainerConfig
 from roll_async.config.validation import pure_low_precision_message
 from roll_async.errors import ConfigError, NonFiniteLossError
 from roll_async.metrics import (

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from roll_async.config.schema import LoraConfig
+from roll_async.config.sections import LoraConfig
 from roll_async.errors import ConfigError
 from roll_async.trainer.checkpoint import checkpoint_state_dict
 from roll_async.trainer.model_loading import empty_causal_lm

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from roll_async.config.schema import TrainerConfig
+from roll_async.config.sections import TrainerConfig
 from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
 
 

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any
 
-from roll_async.config.schema import TrainerConfig
+from roll_async.config.sections import TrainerConfig
 from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.ranks.rank_actor import TrainerRank
