@@ -13,7 +13,6 @@ from roll_async.trainer.advantages import (
 from roll_async.trainer.base import Trainer
 from roll_async.trainer.checkpoint import (
     checkpoint_dir,
-    checkpoint_state_dict,
     is_checkpoint,
     list_checkpoints,
     prune_checkpoints,
@@ -21,6 +20,7 @@ from roll_async.trainer.checkpoint import (
 )
 from roll_async.trainer.factory import build_trainer, load_trainer_class
 from roll_async.trainer.grpo_trainer import GradientStats, GRPOTrainer
+from roll_async.trainer.hf_names import checkpoint_state_dict
 from roll_async.trainer.losses import (
     LossNormalizer,
     aggregate,

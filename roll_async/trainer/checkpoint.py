@@ -1,13 +1,17 @@
-"""Checkpoint directories: atomic writes, HF-format weights, and finding the one to resume from.
+"""Checkpoint directories: atomic writes, HF-format weights, a trainer's save and resume, and finding the one to resume from.
 
 A run must resume after a crash from a checkpoint that is whole, and a
 checkpoint should itself be a model vLLM or transformers can load; this module
-writes, recognises, lists and prunes such directories.
+writes, recognises, lists and prunes such directories, and saves and restores a
+:class:`~roll_async.trainer.policy_model.PolicyModel` (weights, AdamW, KL
+reference, RNG; DCP shards under fsdp2) with the trainer's counters.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,8 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from roll_async.runtime.tensor_groups import bytes_bounded_groups
+from roll_async.trainer import lora as lora_adapters
+from roll_async.trainer.hf_names import checkpoint_state_dict, tied_parameter_names
+from roll_async.trainer.parallel.sharded_checkpoint import (
+    check_resumable_by_fsdp2,
+    has_reference,
+    is_sharded_checkpoint,
+    load_sharded,
+    save_sharded,
+)
+from roll_async.trainer.parallel.weight_gather import gathered_weight_chunks
+from roll_async.trainer.policy_model import PolicyModel
+
+logger = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -29,93 +47,6 @@ RNG_FILE = "rng_rank{rank}.pt"
 KL_REFERENCE_DIR = "kl_reference"
 CHECKPOINT_FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-# ---------------------------------------------------------------------------
-# HF checkpoint naming
-
-
-def checkpoint_state_dict(
-    model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
-) -> dict[str, torch.Tensor]:
-    """The model's weights under the names ``save_pretrained`` writes (tied aliases dropped, conversions reverted).
-
-    These are the names vLLM's ``reload_weights(is_checkpoint_format=True)``
-    expects. With tied embeddings ``lm_head.weight`` is the same tensor as
-    ``model.embed_tokens.weight`` and is left out, exactly as in the saved file.
-    ``state``: tensors to name instead of ``model.state_dict()`` (same keys; LoRA's merged weights).
-    """
-    if state is None:
-        state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    try:  # transformers >= 5: the exact helpers save_pretrained uses
-        from transformers.modeling_utils import remove_tied_weights_from_state_dict
-    except (
-        ImportError
-    ):  # older transformers: the declared aliases (never storage: meta has none)
-        tied = tied_parameter_names(model)
-        return {name: tensor for name, tensor in state.items() if name not in tied}
-    return to_checkpoint_names(model, remove_tied_weights_from_state_dict(state, model))
-
-
-def to_checkpoint_names(
-    model: torch.nn.Module, state: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Module-name weights (tied aliases already dropped) under the names ``save_pretrained`` writes.
-
-    transformers 5 may load some checkpoints into fused or renamed parameters;
-    this reverts that, for the whole state dict or for one decoder layer's part
-    of it (the sharded trainer gathers and converts a layer at a time).
-    """
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:
-        return state
-    return revert_weight_conversion(model, state)
-
-
-def tied_parameter_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names that alias another entry (e.g. a tied ``lm_head.weight``), as the model declares them.
-
-    Read from what transformers ties, never from storage pointers: a model built
-    on the meta device (fsdp2 ranks, roll_async.trainer.model_loading) has every
-    ``data_ptr`` 0, and grouping by it once took 20 of the tiny model's 27 names
-    for aliases (never synced, never exported). Each Hugging Face (sub)model
-    declares its own, so a peft wrapper's prefixed names are found too.
-    """
-    names = list(model.state_dict())
-    tied: set[str] = set()
-    for prefix, module in model.named_modules():
-        for key in _declared_tied_keys(module):
-            pattern = f"{prefix}.{key}" if prefix else key
-            tied.update(
-                name for name in names if name == pattern or re.fullmatch(pattern, name)
-            )
-    return tied
-
-
-def _declared_tied_keys(module: torch.nn.Module) -> list[str]:
-    """The tied (target) names one Hugging Face model declares, relative to it; [] for any other module.
-
-    transformers 5 expands them from the config into ``all_tied_weights_keys``
-    (``{target: source}``). transformers 4 ties ``_tied_weights_keys`` (a list
-    there) to the input embeddings when the text config's ``tie_word_embeddings``
-    is set (``PreTrainedModel.tie_weights``).
-    """
-    expanded = getattr(module, "all_tied_weights_keys", None)
-    if expanded is not None:
-        return list(expanded)
-    keys = getattr(module, "_tied_weights_keys", None)
-    config = getattr(module, "config", None)
-    if not keys or config is None:
-        return []
-    text_config = (
-        config.get_text_config(decoder=True)
-        if hasattr(config, "get_text_config")
-        else config
-    )
-    if not getattr(text_config, "tie_word_embeddings", False):
-        return []
-    return list(keys)
 
 
 # ---------------------------------------------------------------------------
@@ -332,6 +263,152 @@ def load_optimizer_state(
         return False
     optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
     return True
+
+
+# ---------------------------------------------------------------------------
+# A trainer's checkpoint: its PolicyModel and counters
+
+
+def save_trainer_checkpoint(
+    policy: PolicyModel,
+    directory: str | os.PathLike[str],
+    counters: dict[str, Any],
+    extra_state: dict[str, Any],
+) -> None:
+    """Write ``policy`` (weights, AdamW, a snapshot KL reference, RNG) and the trainer's ``counters``.
+
+    Single: :func:`write_checkpoint`. fsdp2: every rank must call it (DCP
+    shards, :func:`_save_sharded_checkpoint`).
+    """
+    trainer_state = _trainer_state(policy, counters)
+    if policy.rank is not None:
+        _save_sharded_checkpoint(
+            policy, Path(directory).resolve(), trainer_state, extra_state
+        )
+        return
+    write_checkpoint(
+        directory,
+        model=policy.model,
+        optimizer=policy.optimizer,
+        tokenizer=policy.tokenizer,
+        trainer_state=trainer_state,
+        extra_state=extra_state,
+        reference_model=policy.ref_model
+        if policy.reference_source == "snapshot"
+        else None,
+    )
+
+
+def _trainer_state(policy: PolicyModel, counters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **counters,
+        "model_path": policy.model_path,
+        "trainer_config": dataclasses.asdict(policy.config),
+        "kl_reference": policy.reference_source
+        if policy.ref_model is not None
+        else None,
+        "world_size": policy.rank.world_size if policy.rank is not None else 1,
+    }
+
+
+def _save_sharded_checkpoint(
+    policy: PolicyModel,
+    target: Path,
+    trainer_state: dict[str, Any],
+    extra_state: dict[str, Any],
+) -> None:
+    """fsdp2: every rank writes its DCP shards; the main rank writes HF weights (layer by layer) and the rest.
+
+    The directory is written beside the target and renamed into place by the
+    main rank once every rank has finished, as for a single checkpoint; with
+    several nodes the run directory must be on a shared filesystem.
+    """
+    rank = policy.rank
+    assert rank is not None
+    tmp = target.parent / f".{target.name}.tmp-sharded"
+    if rank.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    reference = policy.ref_model if policy.reference_source == "snapshot" else None
+    save_sharded(tmp, policy.model, policy.optimizer, reference)
+    save_rng_state(tmp, rank.rank)
+    if policy.lora:  # the adapter as peft saves it, like a single LoRA checkpoint
+        adapter = lora_adapters.gathered_adapter_state_dict(policy.model, rank.is_main)
+        if rank.is_main:
+            lora_adapters.write_adapter(
+                tmp, adapter, policy.config.lora, policy.model_path
+            )
+    else:
+        chunks = gathered_weight_chunks(policy.model, rank, policy.tied_names)
+        if rank.is_main:
+            write_hf_weights(
+                chunks,
+                tmp,
+                policy.model.config,
+                getattr(policy.model, "generation_config", None),
+            )
+        else:
+            for _ in chunks:
+                pass
+    if rank.is_main:
+        write_checkpoint_state(tmp, policy.tokenizer, trainer_state, extra_state)
+        swap_into_place(tmp, target)
+    dist.barrier()
+
+
+def load_trainer_checkpoint(
+    policy: PolicyModel, directory: str | os.PathLike[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restore ``policy``'s weights, optimizer, KL reference and RNG; returns ``(trainer_state, extra_state)``.
+
+    A run dir means its newest checkpoint; the config's hyperparameters win over
+    the saved optimizer's. A DCP checkpoint (written by fsdp2 at any number of
+    ranks) loads under either strategy; a single checkpoint (HF weights +
+    ``optimizer.pt``) only under single.
+    """
+    path = resolve_resume_dir(directory)
+    trainer_state, extra_state = read_checkpoint_state(path)
+    if policy.rank is not None:
+        check_resumable_by_fsdp2(path, str(directory))
+    if is_sharded_checkpoint(path):
+        snapshot = trainer_state.get("kl_reference") == "snapshot"
+        reference = policy.ref_model if snapshot and has_reference(path) else None
+        load_sharded(path, policy.model, policy.optimizer, reference)
+        policy.apply_config_hyperparameters()
+    else:
+        # a LoRA checkpoint holds the adapter (the base is model_path)
+        if policy.lora:
+            lora_adapters.load_adapter_weights(policy.model, path)
+        else:
+            load_model_weights(policy.model, path)
+        if load_optimizer_state(policy.optimizer, path):
+            policy.apply_config_hyperparameters()
+    restore_rng_state(path, policy.rank.rank if policy.rank is not None else 0)
+    _restore_reference(policy, path, trainer_state)
+    return trainer_state, extra_state
+
+
+def _restore_reference(
+    policy: PolicyModel, path: Path, trainer_state: dict[str, Any]
+) -> None:
+    """The KL reference the checkpointed run used: its saved snapshot, else model.path's weights."""
+    if policy.ref_model is None or policy.lora:
+        return
+    if trainer_state.get("kl_reference") == "snapshot":
+        if not is_sharded_checkpoint(path):
+            load_model_weights(policy.ref_model, path / KL_REFERENCE_DIR)
+        policy.reference_source = "snapshot"
+    elif (
+        trainer_state.get("kl_reference") is None
+        and policy.config.kl_coef > 0
+        and (trainer_state.get("trainer_config") or {}).get("kl_coef", 0) > 0
+    ):
+        logger.warning(
+            "checkpoint %s does not say which KL reference it used (an older checkpoint): the reference is "
+            "model.path's weights, not a post-SFT snapshot",
+            path,
+        )
 
 
 # ---------------------------------------------------------------------------

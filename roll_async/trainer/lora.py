@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from roll_async.config.sections import LoraConfig
 from roll_async.errors import ConfigError
-from roll_async.trainer.checkpoint import checkpoint_state_dict
+from roll_async.trainer.hf_names import checkpoint_state_dict
 from roll_async.trainer.model_loading import empty_causal_lm
 
 #: peft's file names in a saved adapter directory (and so in a LoRA run's checkpoints).

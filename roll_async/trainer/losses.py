@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from roll_async.sampling import SamplingSettings, sampling_logits
+from roll_async.trainer.collate import TrajectoryBatch
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 
@@ -201,4 +202,26 @@ def aggregate(
         return per_seq.sum() / normalizer.num_sequences
     raise ValueError(
         f"loss aggregation {agg!r} is unknown; use one of {', '.join(LOSS_AGGREGATIONS)}"
+    )
+
+
+def scored_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """Response tokens that can be scored: position 0 has no prefix to predict it from."""
+    mask = response_mask.bool().clone()
+    mask[:, 0] = False
+    return mask
+
+
+def token_lag(batch: TrajectoryBatch) -> torch.Tensor | None:
+    """``policy_version - token_version`` per token ([batch, seq]; -1 where the version is unknown).
+
+    None when the batch lacks per-token versions or the policy version (hand-built batches).
+    """
+    if batch.token_versions is None or batch.policy_version is None:
+        return None
+    versions = batch.token_versions.to(batch.response_mask.device)
+    return torch.where(
+        versions >= 0,
+        (batch.policy_version - versions).clamp(min=0),
+        torch.full_like(versions, -1),
     )

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
-from roll_async.trainer.checkpoint import to_checkpoint_names
+from roll_async.trainer.hf_names import to_checkpoint_names
 from roll_async.trainer.parallel.process_group import RankInfo
 
 _LAYER_PREFIX = re.compile(r"^(.*?\.layers\.\d+)\.")
