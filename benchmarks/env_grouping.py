@@ -473,9 +473,7 @@ async def run_per_env(
         previous = started
         for step in range(config.num_batches):
             asked = time.time()
-            batch, metrics = await scheduler.get_batch_with_metrics(
-                config.rollout_batch_size, step
-            )
+            batch, metrics = await scheduler.get_batch_with_metrics(step)
             ready = time.time()
             waits.append(ready - asked)
             windows.append(BatchWindow(previous, ready, [t.finished_at for t in batch]))

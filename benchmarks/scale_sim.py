@@ -249,7 +249,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     marks: list[dict[str, float]] = []
     try:
         for step in range(config.num_batches):
-            batch = await scheduler.get_batch(config.rollout_batch_size, step)
+            batch = await scheduler.get_batch(step)
             served += len(batch)
             marks.append(mark())
             print(

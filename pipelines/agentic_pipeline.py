@@ -1,12 +1,17 @@
 """AgenticPipeline: rollout → train → weight sync, one loop for sync and async mode.
 
     for step in steps:
-        batch = train_scheduler.get_batch(rollout_batch_size, step)   # blocks
-        sync : the scheduler suspended the env loops when get_batch returned
-        async: env loops keep generating with version `step`; groups older than
-               max_staleness steps are dropped by the scheduler
-        metrics = trainer.train_step(batch, step)
-        engine.update_weights(trainer weights, version = step + 1)
+        batch = source.next_batch(step)          # rollout (blocks) or replay.from
+        trainer.train_step(batch, step)          # never cut short by a signal
+        for action in after_step:                # in order:
+            WeightSync, Validation, CheckpointAndExport, StepLog
+
+The batch sources are in ``batch_sources.py``, the train step in ``train_step.py`` and
+the after-step actions in ``step_actions.py``; :meth:`AgenticPipeline._phase` is where
+a phase is raced against a signal, and ``_run`` is where an interrupt ends the run.
+In sync mode the scheduler has suspended the env loops when ``get_batch`` returns; in
+async mode they keep generating with version ``step``, and groups older than
+max_staleness steps are dropped by the scheduler.
 
 The mode flag changes only scheduler behaviour (inside RolloutScheduler) and the
 weight-sync policy (``_sync_weights``); everything else is the same code.
@@ -21,21 +26,29 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from roll_async import metrics as m
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
-from roll_async.errors import ConfigError, NonFiniteLossError
+from roll_async.errors import ConfigError
 from roll_async.model.export import export_checkpoint
-from roll_async.pipelines.console import format_train_line
+from roll_async.pipelines.batch_sources import BatchSource, ReplaySource, RolloutSource
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async.pipelines.preflight import preflight, used_tags
+from roll_async.pipelines.step_actions import (
+    CheckpointAndExport,
+    StepAction,
+    StepLog,
+    Validation,
+    WeightSync,
+)
+from roll_async.pipelines.step_state import RunProgress
+from roll_async.pipelines.train_step import TrainStep
 from roll_async.prompts.images import input_only_logit_bias
 from roll_async.rewards.reward_services import (
     RewardService,
@@ -50,20 +63,17 @@ from roll_async.sampling import SamplingSettings
 from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 from roll_async.scheduler.validation import ValidationScheduler
 from roll_async.trainer import checkpoint_dir, prune_checkpoints
-from roll_async.trainer.batch_dump import load_batch, save_batch, saved_steps
-from roll_async.trainer.collate import collate_trajectories, padding_token_id
+from roll_async.trainer.base import TrainerHandle
+from roll_async.trainer.batch_dump import saved_steps
+from roll_async.trainer.collate import padding_token_id
 from roll_async.trainer.factory import ModelLoadError
 from roll_async.trainer.lora import adapter_config_json, lora_enabled
 from roll_async.trainer.sft import build_sft_examples
-from roll_async.trainer.trainer_actor import (
-    build_placed_trainer,
-    engine_weight_refs,
-    release_trainer,
-    sft_warm_start,
-    trainer_needs_ray,
-)
+from roll_async.trainer.trainer_actor import build_placed_trainer, trainer_needs_ray
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class AgenticPipeline:
@@ -88,7 +98,7 @@ class AgenticPipeline:
         self.version_base = 0
         self.train_scheduler: Any = None
         self.val_scheduler: Any = None
-        self.trainer: Any = None
+        self.trainer: TrainerHandle | None = None
         self.tokenizer: Any = None
         self.model_path = ""
         self.start_step = 0
@@ -160,8 +170,7 @@ class AgenticPipeline:
             raise ConfigError(
                 f"sft_warmup: the expert of custom_envs.{tag} solved none of {warm.num_demos} seeds"
             )
-        sft_metrics = sft_warm_start(
-            self.trainer,
+        sft_metrics = self.trainer.run_sft(
             examples,
             steps=warm.steps,
             lr=warm.lr,
@@ -244,13 +253,14 @@ class AgenticPipeline:
     async def _push_weights(self, version: int, in_flight: str) -> float:
         """Pause every replica (``in_flight`` decides what happens to running turns), load, resume."""
         start = time.perf_counter()
-        if getattr(self.trainer, "simulated", False):
+        assert self.trainer is not None
+        if self.trainer.simulated:
             await self._push_simulated_version(version, in_flight)
             return time.perf_counter() - start
 
         # Packed once and put in the object store once for every replica (not one pickled copy per replica),
         # by the process holding the trainer (a trainer actor's weights never pass through the driver).
-        buckets = await asyncio.to_thread(engine_weight_refs, self.trainer)
+        buckets = await asyncio.to_thread(self.trainer.engine_weight_refs)
         await self.fleet.push_weights(buckets, version, in_flight)
         return time.perf_counter() - start
 
@@ -285,6 +295,7 @@ class AgenticPipeline:
             )
         extra_state = {"step": step, "scheduler_seed_state": seed_state}
         path = checkpoint_dir(self.run_dir.checkpoints, step)
+        assert self.trainer is not None
         await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)
         prune_checkpoints(self.run_dir.checkpoints, self.config.checkpoint.keep_last)
 
@@ -306,6 +317,19 @@ class AgenticPipeline:
         _, val_metrics = await self.val_scheduler.evaluate(step)
         return val_metrics
 
+    async def _interrupted(self, progress: RunProgress) -> RunInterrupted:
+        """A signal stopped the run: checkpoint the last completed step; the error the run ends with."""
+        assert self.run_dir is not None
+        checkpoint = await self._checkpoint_on_interrupt(
+            progress.last_completed, progress.last_saved
+        )
+        return RunInterrupted(
+            progress.last_completed + 1,
+            str(self.run_dir.root),
+            checkpoint,
+            self.interrupt.signal_name,
+        )
+
     async def _checkpoint_on_interrupt(
         self, last_completed: int, last_saved: int
     ) -> str | None:
@@ -326,18 +350,6 @@ class AgenticPipeline:
             return None
         return str(checkpoint_dir(self.run_dir.checkpoints, last_saved))
 
-    def _replay_batch(self, step: int) -> Any:
-        assert self.replay_steps is not None
-        path = self.replay_steps.get(step)
-        if path is None:
-            return None
-        saved_step, batch = load_batch(path)
-        if saved_step != step:
-            raise ConfigError(
-                f"replay.from: {path} holds step {saved_step}, not step {step}; the batches/ directory was edited"
-            )
-        return batch
-
     async def run(self, handle_signals: bool = False) -> Path:
         """Train; ``handle_signals``: the first SIGINT/SIGTERM stops at a safe point and raises RunInterrupted."""
         if handle_signals:
@@ -348,6 +360,48 @@ class AgenticPipeline:
             self.interrupt.uninstall()
 
     async def _run(self) -> Path:
+        """The run: set up, then per step its batch, the train step and the after-step actions, in order."""
+        config = self.config
+        trainer = await self._set_up()
+        progress_bar = _progress_bar(config, self.start_step)
+        progress = RunProgress(self.start_step)
+        interrupted: RunInterrupted | None = None
+        try:
+            source = await self._open_batch_source()
+            train_step = TrainStep(trainer, progress)
+            after_step = self._after_step_actions(progress, progress_bar)
+            for step in range(self.start_step, config.max_steps):
+                record = await self._phase(
+                    source.interruptible, source.next_batch(step, time.perf_counter())
+                )
+                if record is None:
+                    break
+                await source.save(record)
+                await train_step(record)
+                # A signal during the train step: the step is trained (and checkpointed on the way out),
+                # so its record is still written; the other after-step actions are skipped.
+                record.stopping = self.interrupt.is_set
+                for action in after_step:
+                    if action.due(record) and (
+                        action.runs_when_stopping or not record.stopping
+                    ):
+                        await self._phase(action.interruptible, action(record))
+                if record.stopping:
+                    raise SignalReceived(self.interrupt.signal_name)
+        except SignalReceived:
+            interrupted = await self._interrupted(progress)
+        finally:
+            if progress_bar is not None:
+                progress_bar.close()
+            await self.shutdown()
+        if interrupted is not None:
+            raise interrupted
+        assert self.run_dir is not None
+        print(f"run directory: {self.run_dir.root}")
+        return self.run_dir.root
+
+    async def _set_up(self) -> TrainerHandle:
+        """Preflight, the run directory, the trainer (resumed or warm-started) and the metrics tracker."""
         config = self.config
         configure_console(config.logging.level)
         if config.replay.from_dir:
@@ -372,133 +426,56 @@ class AgenticPipeline:
         )
         if sft_metrics:
             self.tracker.log(self.start_step - 1, sft_metrics)
-        progress = _progress_bar(config, self.start_step)
-        last_completed = last_saved = self.start_step - 1
-        interrupted: RunInterrupted | None = None
-        try:
-            if self.replay_steps is None:
-                await self.interrupt.race(self._start_actors())
-            for step in range(self.start_step, config.max_steps):
-                step_start = time.perf_counter()
-                if self.replay_steps is not None:
-                    trajectories, step_metrics = [], {}
-                    batch = self._replay_batch(step)
-                    if batch is None:
-                        logger.warning(
-                            "replay.from=%s has no batch for step %d; replay stops",
-                            config.replay.from_dir,
-                            step,
-                        )
-                        break
-                else:
-                    trajectories, step_metrics = await self.interrupt.race(
-                        self.train_scheduler.get_batch_with_metrics(
-                            config.rollout_batch_size, step
-                        )
-                    )
-                    step_metrics[m.TIME_STEP_ROLLOUT] = time.perf_counter() - step_start
-                    served_at = time.time()
-                    batch = collate_trajectories(
-                        trajectories,
-                        pad_token_id=padding_token_id(self.tokenizer),
-                        sampling=self.train_sampling,  # what train rollouts sampled with
-                        policy_version=self.version_base
-                        + step,  # the trainer's weights now (trainer.max_token_lag)
-                    )
-                    if config.logging.save_batches:
-                        await asyncio.to_thread(
-                            save_batch, self.run_dir.batches, step, batch, trajectories
-                        )
-                train_start = time.perf_counter()
-                step_metrics["timestamp/train_start"] = time.time()
-                try:
-                    step_metrics.update(
-                        await asyncio.to_thread(self.trainer.train_step, batch, step)
-                    )
-                except NonFiniteLossError as exc:
-                    kept = (
-                        f"last good checkpoint: step {last_saved}"
-                        if last_saved >= self.start_step
-                        else "no checkpoint yet"
-                    )
-                    raise NonFiniteLossError(
-                        exc.step, exc.traj_ids, exc.what, f"run stopped; {kept}"
-                    ) from exc
-                step_metrics[m.TIME_STEP_TRAIN] = time.perf_counter() - train_start
-                step_metrics["timestamp/train_end"] = time.time()
-                last_completed = step
-                # A signal during the train step: the step is trained (and checkpointed on the way out), so its
-                # metrics and trajectories are still written; no weight sync, validation or checkpoint here.
-                stopping = self.interrupt.is_set
-                if not stopping:
-                    step_metrics[m.TIME_STEP_WEIGHT_SYNC] = await self.interrupt.race(
-                        self._sync_weights(step)
-                    )
-                if (
-                    not stopping
-                    and config.eval_steps > 0
-                    and (step + 1) % config.eval_steps == 0
-                ):
-                    step_metrics.update(
-                        await self.interrupt.race(self._validate(step + 1))
-                    )
-                save_every = config.checkpoint.save_interval
-                export_every = config.checkpoint.export_hf_interval
-                export_now = export_every > 0 and (
-                    (step + 1) % export_every == 0 or step == config.max_steps - 1
-                )
-                if not stopping and (
-                    (save_every > 0 and (step + 1) % save_every == 0)
-                    or step == config.max_steps - 1
-                    or export_now
-                ):
-                    await self._checkpoint(step)
-                    last_saved = step
-                if not stopping and export_now:
-                    await asyncio.to_thread(self._export_hf, step)
-                step_metrics[m.TIME_STEP_TOTAL] = time.perf_counter() - step_start
-                if self.engines:
-                    step_metrics["weight_version"] = float(
-                        await self.fleet.weight_version()
-                    )
-                    step_metrics.update(self.fleet.metrics())
-                self.tracker.log(step, step_metrics)
-                if config.logging.save_trajectories and trajectories:
-                    self.run_dir.append_trajectories(
-                        trajectories,
-                        self.tokenizer,
-                        served_step=step,
-                        served_at=served_at,
-                    )
-                    self.run_dir.append_unserved(
-                        self.train_scheduler.last_unserved, self.tokenizer, step
-                    )
-                if config.logging.console:
-                    line = format_train_line(step, step_metrics)
-                    if progress is not None:
-                        progress.write(line)
-                    else:
-                        print(line, flush=True)
-                if progress is not None:
-                    progress.update(1)
-                if stopping:
-                    raise SignalReceived(self.interrupt.signal_name)
-        except SignalReceived:
-            checkpoint = await self._checkpoint_on_interrupt(last_completed, last_saved)
-            interrupted = RunInterrupted(
-                last_completed + 1,
-                str(self.run_dir.root),
-                checkpoint,
-                self.interrupt.signal_name,
-            )
-        finally:
-            if progress is not None:
-                progress.close()
-            await self.shutdown()
-        if interrupted is not None:
-            raise interrupted
-        print(f"run directory: {self.run_dir.root}")
-        return self.run_dir.root
+        assert self.trainer is not None
+        return self.trainer
+
+    # -- the loop's phases ---------------------------------------------------------------
+
+    async def _phase(self, interruptible: bool, work: Awaitable[T]) -> T:
+        """Every phase is awaited here: an interruptible one is raced against the first signal."""
+        return await (self.interrupt.race(work) if interruptible else work)
+
+    async def _open_batch_source(self) -> BatchSource:
+        """replay.from: the saved batches (nothing starts); otherwise start the actors and roll out."""
+        config = self.config
+        if self.replay_steps is not None:
+            return ReplaySource(self.replay_steps, config.replay.from_dir)
+        await self.interrupt.race(self._start_actors())
+        assert self.run_dir is not None
+        return RolloutSource(
+            self.train_scheduler,
+            pad_token_id=padding_token_id(self.tokenizer),
+            sampling=self.train_sampling,
+            version_base=self.version_base,
+            save_to=self.run_dir.batches if config.logging.save_batches else None,
+        )
+
+    def _after_step_actions(
+        self, progress: RunProgress, progress_bar: Any
+    ) -> list[StepAction]:
+        """What follows each train step, in this order (docs/architecture.md)."""
+        config = self.config
+        assert self.run_dir is not None and self.tracker is not None
+        return [
+            WeightSync(self._sync_weights),
+            Validation(config.eval_steps, self._validate),
+            CheckpointAndExport(
+                config.checkpoint,
+                config.max_steps,
+                self._checkpoint,
+                self._export_hf,
+                progress,
+            ),
+            StepLog(
+                config.logging,
+                self.tracker,
+                self.run_dir,
+                self.tokenizer,
+                self.fleet if self.engines else None,
+                self.train_scheduler,
+                progress_bar,
+            ),
+        ]
 
     async def shutdown(self) -> None:
         import ray
@@ -513,7 +490,8 @@ class AgenticPipeline:
         if self._owns_reward_services:
             await shutdown_reward_services(self.reward_services)
             self.reward_services = {}
-        release_trainer(self.trainer)
+        if self.trainer is not None:
+            self.trainer.shutdown()
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
@@ -524,7 +502,7 @@ class AgenticPipeline:
 def engine_lora_serving(config: PipelineConfig, model_path: str) -> LoraServing | None:
     """What the engines need to serve the run's adapters (trainer.lora.sync=adapter), else None.
 
-    Each replica keeps ``max_staleness + 1`` versions loaded in async mode (2 in sync mode), so a request
+    Each replica keeps ``max(2, staleness_bound + 1)`` versions loaded, so a request
     in flight ends on the adapter it started with.
     """
     lora = config.trainer.lora
@@ -532,7 +510,7 @@ def engine_lora_serving(config: PipelineConfig, model_path: str) -> LoraServing 
         return None
     return LoraServing(
         rank=lora.rank,
-        max_loras=serving_max_loras(config.mode, config.staleness_bound),
+        max_loras=serving_max_loras(config.staleness_bound),
         adapter_config=adapter_config_json(lora, model_path),
     )
 

@@ -79,7 +79,7 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
         for step in range(config.num_batches):
             started = time.perf_counter()
             batch, metrics = await interrupt.race(
-                scheduler.get_batch_with_metrics(config.rollout_batch_size, step)
+                scheduler.get_batch_with_metrics(step)
             )
             metrics[TIME_STEP_ROLLOUT] = time.perf_counter() - started
             served_at = time.time()

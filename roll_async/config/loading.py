@@ -17,8 +17,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from roll_async.config.field_checks import check_fields, did_you_mean
 from roll_async.config.sections import CustomEnvConfig, PipelineConfig, RewardConfig
-from roll_async.config.validation import check_choices, did_you_mean, validate_config
+from roll_async.config.validation import validate_config
 from roll_async.errors import ConfigError
 
 
@@ -168,7 +169,7 @@ def load_config(
 
 def _checked(raw: DictConfig) -> DictConfig:
     """``raw`` after the choices check, so a wrong word fails with the key, the choices and a suggestion."""
-    check_choices(PipelineConfig, OmegaConf.to_container(raw, resolve=False))
+    check_fields(PipelineConfig, OmegaConf.to_container(raw, resolve=False))
     return raw
 
 

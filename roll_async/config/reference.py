@@ -1,6 +1,6 @@
 """Renders docs/config-reference.md from the schema, so the page lists exactly the keys a config can set.
 
-Each key's type and default come from the dataclasses in roll_async/config/sections.py and its meaning
+Each key's type, limits and default come from the dataclasses in roll_async/config/sections.py and its meaning
 from the ``#:`` comment above the field; a unit test fails when the checked-in page differs from what
 this renders. Regenerate with ``python -m roll_async.config.reference --write``.
 """
@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from roll_async.config import sections
+from roll_async.config.field_checks import limit_text
 from roll_async.config.sections import MISSING, PipelineConfig
 
 REGENERATE_COMMAND = "python -m roll_async.config.reference --write"
@@ -108,7 +109,8 @@ def _section_table(
         elif optional_section(hint) is not None:
             kind, default = "section or null", "`null`"
         else:
-            kind = _cell(type_name(hint))
+            limits = limit_text(f.metadata)
+            kind = _cell(type_name(hint) + (f" ({limits})" if limits else ""))
             default = f"`{_cell(yaml_value(getattr(instance, f.name)))}`"
         meaning = comments.get((cls.__name__, f.name), "")
         rows.append(f"| `{name}` | {kind} | {default} | {_cell(meaning)} |")
@@ -175,9 +177,10 @@ def render() -> str:
         f"     {REGENERATE_COMMAND} -->",
         "",
         "Every key a config file or a `key=value` override can set, per section, with its type, default and",
-        "meaning. A key whose type lists words (`sync | async`) accepts exactly those. Config files include",
-        "others with `defaults: [base]`; `roll-async train CONFIG --check` loads and checks one without",
-        "starting anything.",
+        "meaning. A key whose type lists words (`sync | async`) accepts exactly those; a limit after the type",
+        "(`int (>= 1)`) is checked at load, with every other single-key problem, in one error. Config files",
+        "include others with `defaults: [base]`; `roll-async train CONFIG --check` loads and checks one",
+        "without starting anything.",
     ]
     for heading, cls, instance, note in _sections():
         lines += ["", f"## {heading}", ""]

@@ -15,6 +15,7 @@ import string
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
+from roll_async.config.field_checks import check_fields
 from roll_async.errors import ConfigError
 
 #: judge: an LLM served by its own vLLM engine reads a rubric and writes a score; reward_model: a
@@ -100,38 +101,11 @@ class RewardRules:
         self._validate_model_path(key)
 
     def _validate_numbers(self, key: Any) -> None:
-        if self.max_concurrency < 1:
-            raise ConfigError(
-                f"{key('max_concurrency')}={self.max_concurrency} must be at least 1 (calls in flight at once)"
-            )
-        if not self.timeout_s > 0:
-            raise ConfigError(
-                f"{key('timeout_s')}={self.timeout_s} must be > 0 seconds (how long one scoring call may take)"
-            )
-        if self.max_retries < 0:
-            raise ConfigError(f"{key('max_retries')}={self.max_retries} must be >= 0")
-        if self.retry_backoff_s < 0:
-            raise ConfigError(
-                f"{key('retry_backoff_s')}={self.retry_backoff_s} must be >= 0"
-            )
+        # The limits of single keys are declared beside the fields (sections.RewardConfig) and checked by the
+        # one pass of validate_config; validate() also runs on its own, so it runs that pass on its section.
+        check_fields(type(self), self, key(""))
         if not math.isfinite(self.weight):
             raise ConfigError(f"{key('weight')}={self.weight} must be a finite number")
-        if self.batch_size < 1:
-            raise ConfigError(
-                f"{key('batch_size')}={self.batch_size} must be at least 1"
-            )
-        if self.batch_window_s < 0:
-            raise ConfigError(
-                f"{key('batch_window_s')}={self.batch_window_s} must be >= 0"
-            )
-        if self.num_replicas < 1:
-            raise ConfigError(
-                f"{key('num_replicas')}={self.num_replicas} must be at least 1"
-            )
-        if self.max_model_len < 16:
-            raise ConfigError(
-                f"{key('max_model_len')}={self.max_model_len} is too small; give at least the prompt + reply length"
-            )
 
     def _validate_template(self, key: Any) -> None:
         template = self.template()
@@ -173,10 +147,6 @@ class RewardRules:
         if not self.score_max > self.score_min:
             raise ConfigError(
                 f"{key('score_max')}={self.score_max} must be greater than {key('score_min')}={self.score_min}"
-            )
-        if self.max_tokens < 1:
-            raise ConfigError(
-                f"{key('max_tokens')}={self.max_tokens} must be at least 1"
             )
         if self.max_tokens >= self.max_model_len - PROMPT_MARGIN_TOKENS:
             # The prompt budget is max_model_len - max_tokens - margin: with none left every call would fail.

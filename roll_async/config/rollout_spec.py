@@ -25,6 +25,7 @@ from roll_async.config.schema import (
     ServeOrder,
     validate_config,
 )
+from roll_async.config.sections import staleness_bound
 
 RolloutRole = Literal["train", "val"]
 RolloutSection = Literal["train_env_manager", "val_env_manager"]
@@ -48,8 +49,11 @@ class RolloutSpec:
     request_transport: RequestTransport
     seed: int
     mode: Mode
-    #: Steps a pending group may lag the policy before it is dropped (0 in sync mode and for validation).
+    #: Steps a pending group may lag the policy before it is dropped (config.staleness_bound resolves it;
+    #: 0 in sync mode, and validation plays in sync mode). Everything downstream reads this value.
     staleness_bound: int
+    #: Groups in each batch the trainer takes (rollout_batch_size / group_size; 1 for validation): the
+    #: queue's quota, and the size of every ``get_batch``.
     groups_per_batch: int
     #: Extra seats per group beyond group_size (the section's group_size_redundancy; 0 for validation).
     seat_redundancy: int
@@ -70,6 +74,7 @@ def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
         raise ValueError(f"role={role!r}: use 'train' or 'val'")
     validate_config(config)
     train = role == "train"
+    mode: Mode = config.mode if train else "sync"
     em = config.train_env_manager if train else config.val_env_manager
     return RolloutSpec(
         role=role,
@@ -83,8 +88,8 @@ def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
         sequence_length=config.sequence_length,
         request_transport=config.engine.request_transport,
         seed=config.seed,
-        mode=config.mode if train else "sync",
-        staleness_bound=config.staleness_bound if train else 0,
+        mode=mode,
+        staleness_bound=staleness_bound(mode, config.max_staleness),
         groups_per_batch=max(1, config.rollout_batch_size // em.group_size)
         if train
         else 1,

@@ -42,7 +42,7 @@ from roll_async.config.sections import (
     WeightSyncConfig,
     WorkerPlacement,
 )
-from roll_async.config.validation import check_choices, validate_config
+from roll_async.config.validation import check_fields, validate_config
 from roll_async.errors import ConfigError
 
 #: engine.request_transport values, as a tuple (argparse choices).
@@ -84,7 +84,7 @@ __all__ = [
     "TrainerPlacement",
     "WeightSyncConfig",
     "WorkerPlacement",
-    "check_choices",
+    "check_fields",
     "config_to_yaml",
     "load_config",
     "validate_config",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
+from roll_async.config.field_checks import bounded
 from roll_async.config.reward_rules import RewardRules
 
 #: omegaconf's MISSING: OmegaConf.structured reads a field whose default is this string as required.
@@ -74,7 +75,7 @@ class EngineConfig:
     """The vLLM engine replicas that generate every turn."""
 
     #: Engine replicas (one vLLM AsyncLLM each); requests are spread over them by load.
-    num_replicas: int = 1
+    num_replicas: int = bounded(1, ge=1)
     #: vLLM's weight and activation dtype; auto takes the model's (bfloat16 on vLLM's CPU backend; float32 where a probe finds the CPU cannot run vLLM's bfloat16 kernels).
     dtype: EngineDtype = "auto"
     #: Longest prompt + response, in tokens, a replica accepts (vLLM max_model_len).
@@ -117,7 +118,7 @@ class GenerationConfig:
     #: Keep only the top_k most likely tokens (-1: all).
     top_k: int = -1
     #: Retries of a failed engine request before the error surfaces (naming env, turn, request).
-    max_retries: int = 2
+    max_retries: int = bounded(2, ge=0)
     #: Seconds before the first retry of a failed engine request; doubled for each further retry.
     retry_backoff_s: float = 0.5
     #: Seconds an engine request may take before it counts as failed (and is retried).
@@ -147,15 +148,15 @@ class RewardConfig(RewardRules):
     #: Multiplies the model's score before it enters the reward.
     weight: float = 1.0
     #: Most scoring calls in flight at once from one scorer (an asyncio.Semaphore).
-    max_concurrency: int = 8
+    max_concurrency: int = bounded(8, ge=1)
     #: Seconds one scoring call may take; past it the call is aborted and counted as a timeout.
-    timeout_s: float = 60.0
+    timeout_s: float = bounded(60.0, gt=0, note="seconds")
     #: Retries of a call that timed out or failed (a reply without a score is not retried).
-    max_retries: int = 1
+    max_retries: int = bounded(1, ge=0)
     #: Seconds before the first retry; doubled for each further retry.
-    retry_backoff_s: float = 0.5
+    retry_backoff_s: float = bounded(0.5, ge=0)
     #: judge: most tokens of the judge's reply.
-    max_tokens: int = 256
+    max_tokens: int = bounded(256, ge=1)
     #: judge: sampling temperature of the judge (0: greedy).
     temperature: float = 0.0
     #: judge: regex whose first group is the score (last match wins); None: ``Score: n`` or ``\\boxed{n}``.
@@ -165,15 +166,15 @@ class RewardConfig(RewardRules):
     #: judge: the highest score of the rubric (maps to 1).
     score_max: float = 10.0
     #: reward_model: most texts in one forward pass.
-    batch_size: int = 16
+    batch_size: int = bounded(16, ge=1)
     #: reward_model: seconds the actor waits for more texts before running a partial batch.
-    batch_window_s: float = 0.01
+    batch_window_s: float = bounded(0.01, ge=0)
     #: Score each env-stepped turn's reply (question: the user text it answered) instead of the finished episode; the episode reward is then the sum of the turn rewards. Env tags only (not agent).
     per_turn: bool = False
     #: judge: engine replicas serving the judge (never the policy's, never weight-synced).
-    num_replicas: int = 1
+    num_replicas: int = bounded(1, ge=1)
     #: Longest prompt + reply, in tokens (judge engine max_model_len; reward_model truncation length).
-    max_model_len: int = 2048
+    max_model_len: int = bounded(2048, ge=16, note="(the prompt + reply length)")
     #: judge: further EngineConfig keys of the judge engine (e.g. {dtype: float32, cpu_kv_cache_space_gib: 0.5}).
     engine: dict[str, Any] = field(default_factory=dict)
     #: Let transformers / vLLM run the model repository's own code.
@@ -189,9 +190,9 @@ class CustomEnvConfig:
     #: Keyword arguments of the env's constructor.
     env_config: dict[str, Any] = field(default_factory=dict)
     #: Turns per episode; the episode ends (truncated) after this many.
-    max_steps: int = 10
+    max_steps: int = bounded(10, ge=1)
     #: Most tokens the model may generate in one turn.
-    max_tokens_per_step: int = 64
+    max_tokens_per_step: int = bounded(64, ge=1)
     #: System message of every episode ('' for none).
     system_prompt: str = "You are an agent solving a task step by step. Reply with your action inside <answer></answer>."
     #: First user message; fields: {instruction}, {observation}.
@@ -206,7 +207,7 @@ class CustomEnvConfig:
     #: Run this tag's envs on env servers (``roll-async env-server``): one URL or a list, spread by load.
     service_url: Any = None
     #: Retries of transport errors per env-server call before the server counts as down.
-    service_max_retries: int = 3
+    service_max_retries: int = bounded(3, ge=0)
     #: none: envs run in the worker's threads; process: each env instance in its own child process
     #: (a call past env_step_timeout_s kills it; a crash is contained); inline: sync env calls run on the
     #: worker's event loop, no thread hop (for fast, trusted envs: a call past env_step_timeout_s fails
@@ -221,11 +222,11 @@ class EnvManagerConfig:
     """The env groups of one scheduler: ``train_env_manager`` (rollouts) or ``val_env_manager`` (validation)."""
 
     #: Env groups kept running; each group plays one episode specification (env config and seed).
-    num_env_groups: int = 4
+    num_env_groups: int = bounded(4, ge=0)
     #: Trajectories per group (GRPO's group: same env config and seed).
-    group_size: int = 4
+    group_size: int = bounded(4, ge=1)
     #: Extra env instances per group (seats beyond group_size); redundancy_keep decides which trajectories a group keeps.
-    group_size_redundancy: int = 0
+    group_size_redundancy: int = bounded(0, ge=0)
     #: With group_size_redundancy > 0. seat_order: a group keeps the episodes of its first group_size seats in
     #: launch order; a redundant seat only replaces a seat whose episode failed (env_error) or was given back,
     #: so which episodes are kept does not depend on their length (unbiased). first_finished: the first
@@ -237,14 +238,14 @@ class EnvManagerConfig:
     #: Groups per tag, same length as ``tags``; empty means split num_env_groups evenly.
     num_groups_partition: list[int] = field(default_factory=list)
     #: Most env instances one EnvManagerWorker process runs; more envs start more workers.
-    max_env_num_per_worker: int = 16
+    max_env_num_per_worker: int = bounded(16, ge=1)
     #: Seconds an env reset or step may take before the episode ends as env_error.
-    env_step_timeout_s: float = 60.0
+    env_step_timeout_s: float = bounded(60.0, gt=0, note="seconds")
     #: Threads per worker for synchronous env reset/step calls.
     env_threads_per_worker: int = 8
     #: EnvManagerWorker processes: allocations between young garbage collections, after freezing what the
     #: worker built (roll_async/runtime/gc_tuning.py); 0 keeps Python's default (700).
-    worker_gc_threshold: int = 250_000
+    worker_gc_threshold: int = bounded(250_000, ge=0, note="(0 keeps Python's default)")
     #: Linux scheduling policy of the EnvManagerWorker and GroupQueueActor processes (roll_async/runtime/sched_policy.py):
     #: batch (SCHED_BATCH: same CPU share, but their wake-ups do not preempt vLLM's steps on a shared core) | normal.
     rollout_sched_policy: RolloutSchedPolicy = "batch"
@@ -258,7 +259,7 @@ class EnvManagerConfig:
     #: An env that makes no progress for this long is reported by the watchdog.
     watchdog_timeout_s: float = 300.0
     #: EnvManagerWorkers that die (process killed, crash) are restarted this many times in total; one more fails the run.
-    max_worker_restarts: int = 3
+    max_worker_restarts: int = bounded(3, ge=0)
     #: Train only. fifo: serve the oldest groups (no bias to short episodes; envs may idle behind a slow group).
     #: first_complete: serve the first groups to complete; the rest continue into later steps within the
     #: staleness bound, and every env group is kept busy (see roll_async.scheduler.serve_order).
@@ -272,7 +273,7 @@ class LoraConfig:
     """LoRA adapters (peft) on the built-in trainer's model: only the adapters train, checkpoint and sync."""
 
     #: Adapter rank; 0 turns LoRA off (full fine-tuning).
-    rank: int = 0
+    rank: int = bounded(0, ge=0, note="(0 turns LoRA off)")
     #: LoRA alpha: the adapter's update is scaled by alpha / rank.
     alpha: float = 16.0
     #: Adapter dropout; must be 0 (the trainer switches dropout off so PPO ratios compare the same policy).
@@ -303,7 +304,7 @@ class TrainerConfig:
     #: bfloat16). Weights and optimizer state stay float32, so a bfloat16 setting still learns at small lr.
     param_dtype: TrainerParamDtype = "float32"
     #: AdamW learning rate.
-    lr: float = 1e-5
+    lr: float = bounded(1e-5, gt=0)
     #: AdamW weight decay.
     weight_decay: float = 0.0
     #: AdamW betas (two values).
@@ -311,11 +312,13 @@ class TrainerConfig:
     #: Gradient norm clip per optimizer step.
     max_grad_norm: float = 1.0
     #: Trajectories per forward/backward pass; gradients accumulate over the batch.
-    micro_batch_size: int = 8
+    micro_batch_size: int = bounded(8, ge=1)
     #: 0: micro_batch_size rows per forward/backward pass, padded to the longest. > 0: rows grouped so each
     #: pass holds at most this many tokens (micro_batch_size ignored), packed end to end without padding where
     #: the model supports it, else padded (vision-language models). At least sequence_length.
-    max_tokens_per_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = bounded(
+        0, ge=0, note="(0: trainer.micro_batch_size rows per pass)"
+    )
     #: Optimizer passes over each rollout batch (PPO epochs).
     ppo_epochs: int = 1
     #: grpo: (r - mean) / std within a group; rloo: leave-one-out baseline.
@@ -327,34 +330,34 @@ class TrainerConfig:
     #: PPO clip: the ratio is clipped above at 1 + clip_ratio_high (DAPO's clip-higher).
     clip_ratio_high: float = 0.28
     #: Truncated importance sampling cap on pi_train/pi_behaviour (off-policy correction); 0 disables.
-    tis_cap: float = 2.0
+    tis_cap: float = bounded(2.0, ge=0)
     #: KL penalty to the initial (reference) policy; 0 disables and loads no reference model.
-    kl_coef: float = 0.0
+    kl_coef: float = bounded(0.0, ge=0)
     #: token_mean: mean over all response tokens of the batch; seq_mean: mean of per-sequence means.
     loss_agg: LossAgg = "token_mean"
     #: Recompute activations in the backward pass (less memory, more compute).
     gradient_checkpointing: bool = False
     #: Drop from the loss tokens sampled by weights more than this many versions older than the
     #: trainer's current ones (per-token versions; -1 disables). Masked share: train/token_lag/masked_fraction.
-    max_token_lag: int = -1
+    max_token_lag: int = bounded(-1, ge=-1, note="(-1: off; else a lag in versions)")
     #: > 0: no model is trained; each step takes this many seconds without CPU and the version advances
     #: (roll_async.trainer.simulated, SkyRL-style), for measuring the rollout side and async overlap.
-    simulate_step_s: float = 0.0
+    simulate_step_s: float = bounded(0.0, ge=0)
     #: With simulate_step_s: seconds each weight sync takes (engines paused as for a real sync; no weights move).
-    simulate_sync_s: float = 0.0
+    simulate_sync_s: float = bounded(0.0, ge=0)
     #: Where the trainer runs: ``driver`` (in the pipeline's process, on ``device``) or ``ray_actor`` (a Ray actor
     #: holding ``num_gpus`` GPUs that Ray assigns; weights go from it to the engines through the object store).
     placement: TrainerPlacement = "driver"
     #: ray_actor only: GPUs the trainer actor reserves (fractions allowed); 0 trains on the actor's CPU.
-    num_gpus: float = 0.0
+    num_gpus: float = bounded(0.0, ge=0)
     #: single: one process holds the whole model (placement says where). fsdp2: ``num_ranks`` SPMD ranks, each a
     #: Ray actor in one placement group, shard parameters, gradients and AdamW state with torch FSDP2
     #: (roll_async.trainer.ranks); placement and num_gpus are for single only.
     strategy: TrainerStrategy = "single"
     #: fsdp2: the number of ranks (world size). Ray packs them onto as few nodes as hold them.
-    num_ranks: int = 1
+    num_ranks: int = bounded(1, ge=1)
     #: fsdp2: GPUs per rank (1 on GPU nodes; 0 trains on CPU with gloo, as the CPU tests do).
-    gpus_per_rank: float = 0.0
+    gpus_per_rank: float = bounded(0.0, ge=0)
     #: fsdp2: dtype of the gradient reduce-scatter between ranks (FSDP2's MixedPrecisionPolicy.reduce_dtype).
     reduce_dtype: TrainerParamDtype = "float32"
     #: fsdp2: seconds one call on the ranks (join, train step, weight gather, checkpoint) may wait for every
@@ -362,7 +365,11 @@ class TrainerConfig:
     #: torch.distributed's timeout covers only collectives, so nothing else bounds a rank hung elsewhere (a
     #: deadlock, a stuck filesystem). 3600 is far above a slow but healthy step or checkpoint of a large model
     #: (minutes); lower it to catch hangs sooner.
-    rank_call_timeout_s: float = 3600.0
+    rank_call_timeout_s: float = bounded(
+        3600.0,
+        ge=0,
+        note="seconds; set it above the slowest healthy train step or checkpoint, or 0 to wait on the ranks without a deadline",
+    )
     #: LoRA adapters instead of full fine-tuning (rank > 0); with kl_coef > 0 the reference is the base model
     #: with the adapters off (no second copy of the weights).
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -374,7 +381,7 @@ class WeightSyncConfig:
 
     #: Push trainer weights to the engine every this many steps. Sync mode needs 1 (on-policy); async mode
     #: counts staleness in the versions the engines served, so it needs max_staleness >= interval - 1.
-    interval: int = 1
+    interval: int = bounded(1, ge=1)
     #: Async mode, what happens to turns in flight during an update: abort (and regenerate), wait, keep.
     in_flight: InFlightPolicy = "abort"
 
@@ -388,7 +395,7 @@ class SFTWarmupConfig:
     #: Demonstrations (solver episodes on seeds disjoint from the rollout's) to train on.
     num_demos: int = 64
     #: Fraction of each demo's turns that are kept (partial demos keep initial success low).
-    demo_fraction: float = 0.5
+    demo_fraction: float = bounded(0.5, ge=0, le=1)
     #: Optimizer steps of the warm start.
     steps: int = 50
     #: Learning rate of the warm start.
@@ -409,7 +416,7 @@ class CheckpointConfig:
     resume_from: str | None = None
     #: Also write a Hugging Face model directory (RUN_DIR/hf/step_N, what ``roll-async export`` writes) every
     #: this many steps and at the end (0: never during the run).
-    export_hf_interval: int = 0
+    export_hf_interval: int = bounded(0, ge=0, note="(0: no export during the run)")
 
 
 @dataclass
@@ -457,11 +464,11 @@ class PipelineConfig:
     #: Trajectories per training step (a multiple of train_env_manager.group_size).
     rollout_batch_size: int = 16
     #: Most tokens of one trajectory (prompt and every turn); an episode that reaches it ends.
-    sequence_length: int = 1024
+    sequence_length: int = bounded(1024, ge=2, note="tokens")
     #: Training steps of the run.
     max_steps: int = 10
     #: Rollout pipeline: how many batches to collect.
-    num_batches: int = 2
+    num_batches: int = bounded(2, ge=1)
     #: Run validation every this many steps (0: never).
     eval_steps: int = 0
     #: Run seed: every env group's seed derives from it (and the SFT warm start's demo seeds).
@@ -501,7 +508,16 @@ class PipelineConfig:
 
     @property
     def staleness_bound(self) -> int:
-        """Steps a group may lag; 0 in sync mode (every group is for the step it serves)."""
-        if self.mode == "sync":
-            return 0
-        return 1 if self.max_staleness is None else self.max_staleness
+        """Steps a training group may lag: 0 in sync mode, else max_staleness (None: 1); resolved in one place."""
+        return staleness_bound(self.mode, self.max_staleness)
+
+
+def staleness_bound(mode: Mode, max_staleness: int | None) -> int:
+    """Steps a group may lag the step that trains on it: the one place that resolves it.
+
+    0 in sync mode (every group is for the step it serves), else ``max_staleness`` (None means 1). The
+    rollout spec carries the result; the queue, its lookahead and the engines' adapter count read it.
+    """
+    if mode == "sync":
+        return 0
+    return 1 if max_staleness is None else max_staleness

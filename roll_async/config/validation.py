@@ -1,21 +1,17 @@
-"""The rules a loaded config must meet beyond its types: fixed word sets, ranges, and rules between fields.
+"""The rules a loaded config must meet that span fields or sections.
 
 Every rule runs in :func:`validate_config` before any actor starts, so a mistake fails at load with the key
-and the fix rather than inside a worker. Keys typed with a ``Literal`` are checked by one generic pass
-(:func:`check_choices`) that reads the choices from the dataclasses' type hints.
+and the fix rather than inside a worker. A single key's rules (the words of a ``Literal`` key, a number's
+limits declared with ``bounded`` beside the field) are checked first, all at once, by one generic pass
+(roll_async.config.field_checks.check_fields); this module keeps only the rules between keys.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
-import typing
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
 
 from roll_async.config.dotted_paths import check_not_moved
+from roll_async.config.field_checks import check_fields, did_you_mean
 from roll_async.config.sections import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -26,95 +22,15 @@ from roll_async.errors import ConfigError
 from roll_async.sampling import SamplingSettings
 
 
-def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest of ``choices``, or an empty string."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
-def _spoken_list(words: typing.Sequence[str]) -> str:
-    """``a``, ``a or b``, ``a, b or c``."""
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-@functools.cache
-def _resolved_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-_ABSENT = object()
-
-
-def _value_of(values: Any, name: str) -> Any:
-    if dataclasses.is_dataclass(values):
-        return getattr(values, name, _ABSENT)
-    if isinstance(values, Mapping):
-        return values.get(name, _ABSENT)
-    return _ABSENT  # a wrong type for a section: the loader reports it
-
-
-def check_choices(cls: type, values: Any, prefix: str = "") -> None:
-    """Every ``Literal``-typed key of dataclass ``cls`` found in ``values`` holds one of its choices.
-
-    ``values`` is an instance of ``cls`` or a mapping of raw keys (a YAML file or the overrides, before
-    OmegaConf sees them); nested sections and ``custom_envs.<Tag>`` entries are checked too. Interpolations
-    (``${...}``) are left to the check of the loaded config.
-    """
-    hints = _resolved_hints(cls)
-    for f in dataclasses.fields(cls):
-        value = _value_of(values, f.name)
-        if value is _ABSENT:
-            continue
-        hint, key = hints[f.name], prefix + f.name
-        if typing.get_origin(hint) is Literal:
-            choices = typing.get_args(hint)
-            interpolation = isinstance(value, str) and value.startswith("${")
-            if value not in choices and not interpolation:
-                raise ConfigError(
-                    f"{key}={value!r} is unknown; use {_spoken_list(choices)}."
-                    f"{did_you_mean(str(value), choices)}"
-                )
-        elif dataclasses.is_dataclass(hint):
-            check_choices(hint, value, key + ".")
-        elif typing.get_origin(hint) is dict and isinstance(value, Mapping):
-            entry_type = typing.get_args(hint)[1]
-            if dataclasses.is_dataclass(entry_type):
-                for name, entry in value.items():
-                    check_choices(entry_type, entry, f"{key}.{name}.")
-
-
 def _validate_env_manager(
     name: str, em: EnvManagerConfig, config: PipelineConfig, *, train: bool
 ) -> None:
     if em.num_env_groups == 0 and not train:
         return
     if em.num_env_groups < 1:
+        # 0 switches validation off; the training side needs groups to roll out
         raise ConfigError(
             f"{name}.num_env_groups={em.num_env_groups}: needs at least 1 group"
-        )
-    if em.group_size < 1:
-        raise ConfigError(
-            f"{name}.group_size={em.group_size}: needs at least 1 env per group"
-        )
-    if em.group_size_redundancy < 0:
-        raise ConfigError(
-            f"{name}.group_size_redundancy={em.group_size_redundancy}: must be >= 0"
-        )
-    if em.max_env_num_per_worker < 1:
-        raise ConfigError(
-            f"{name}.max_env_num_per_worker={em.max_env_num_per_worker}: must be >= 1"
-        )
-    if em.max_worker_restarts < 0:
-        raise ConfigError(
-            f"{name}.max_worker_restarts={em.max_worker_restarts}: must be >= 0"
-        )
-    if em.worker_gc_threshold < 0:
-        raise ConfigError(
-            f"{name}.worker_gc_threshold={em.worker_gc_threshold}: must be >= 0 (0 keeps Python's default)"
-        )
-    if em.env_step_timeout_s <= 0:
-        raise ConfigError(
-            f"{name}.env_step_timeout_s={em.env_step_timeout_s}: must be > 0 seconds"
         )
     if not em.tags:
         raise ConfigError(
@@ -150,8 +66,8 @@ def _validate_env_manager(
 
 
 def validate_config(config: PipelineConfig) -> None:
-    """Check every key with a fixed set of words, then every rule between fields; ConfigError names the key and the fix."""
-    check_choices(PipelineConfig, config)
+    """Check every single key at once (words, limits), then every rule between keys; ConfigError names the key and the fix."""
+    check_fields(PipelineConfig, config)
     if config.mode == "sync" and config.max_staleness is not None:
         raise ConfigError(
             f"max_staleness={config.max_staleness} only applies to mode=async; remove it or set mode=async"
@@ -165,34 +81,14 @@ def validate_config(config: PipelineConfig) -> None:
             f"max_staleness={config.max_staleness} with mode=async allows no overlap between rollout and training; "
             "use mode=sync for on-policy training, or max_staleness>=1"
         )
-    if config.sequence_length < 2:
-        raise ConfigError(
-            f"sequence_length={config.sequence_length}: must be at least 2 tokens"
-        )
     if config.sequence_length > config.engine.max_model_len:
         raise ConfigError(
             f"sequence_length={config.sequence_length} exceeds engine.max_model_len={config.engine.max_model_len}; "
             "lower sequence_length or raise engine.max_model_len"
         )
-    if config.engine.num_replicas < 1:
-        raise ConfigError(
-            f"engine.num_replicas={config.engine.num_replicas}: must be >= 1"
-        )
-    if config.generation.max_retries < 0:
-        raise ConfigError(
-            f"generation.max_retries={config.generation.max_retries}: must be >= 0"
-        )
     _validate_sampling(config)
     for tag, env in config.custom_envs.items():
         _validate_env_placement(tag, env)
-        if env.max_steps < 1:
-            raise ConfigError(
-                f"custom_envs.{tag}.max_steps={env.max_steps}: must be >= 1"
-            )
-        if env.max_tokens_per_step < 1:
-            raise ConfigError(
-                f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step}: must be >= 1"
-            )
         if env.max_tokens_per_step >= config.sequence_length:
             raise ConfigError(
                 f"custom_envs.{tag}.max_tokens_per_step={env.max_tokens_per_step} must be below "
@@ -228,8 +124,6 @@ def validate_config(config: PipelineConfig) -> None:
     if config.trainer.trainer_cls:
         check_not_moved(config.trainer.trainer_cls, "trainer.trainer_cls")
     _validate_training(config)
-    if config.num_batches < 1:
-        raise ConfigError(f"num_batches={config.num_batches}: must be >= 1")
     if (
         config.replay.from_dir is not None
         and not (Path(config.replay.from_dir) / "batches").is_dir()
@@ -273,23 +167,10 @@ def _validate_env_placement(tag: str, env: CustomEnvConfig) -> None:
             f"custom_envs.{tag}: isolation='{env.isolation}' and service_url both set; the env server already runs "
             "each env in its own process (its --isolation flag): remove isolation"
         )
-    if env.service_max_retries < 0:
-        raise ConfigError(
-            f"custom_envs.{tag}.service_max_retries={env.service_max_retries}: must be >= 0"
-        )
 
 
 def _validate_training(config: PipelineConfig) -> None:
     trainer = config.trainer
-    if trainer.micro_batch_size < 1:
-        raise ConfigError(
-            f"trainer.micro_batch_size={trainer.micro_batch_size}: must be >= 1"
-        )
-    if trainer.max_tokens_per_micro_batch < 0:
-        raise ConfigError(
-            f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch}: must be >= 0 "
-            "(0: trainer.micro_batch_size rows per pass)"
-        )
     if 0 < trainer.max_tokens_per_micro_batch < config.sequence_length:
         raise ConfigError(
             f"trainer.max_tokens_per_micro_batch={trainer.max_tokens_per_micro_batch} is below "
@@ -297,21 +178,9 @@ def _validate_training(config: PipelineConfig) -> None:
             "then fit in no micro-batch; raise it to at least sequence_length, or set it to 0 to micro-batch by "
             "trainer.micro_batch_size"
         )
-    if trainer.lr <= 0:
-        raise ConfigError(f"trainer.lr={trainer.lr}: must be > 0")
     if len(trainer.adam_betas) != 2:
         raise ConfigError(
             f"trainer.adam_betas={list(trainer.adam_betas)}: give two values, e.g. [0.9, 0.999]"
-        )
-    if trainer.max_token_lag < -1:
-        raise ConfigError(
-            f"trainer.max_token_lag={trainer.max_token_lag}: use -1 (off) or a lag >= 0 in versions"
-        )
-    if trainer.tis_cap < 0 or trainer.kl_coef < 0:
-        raise ConfigError("trainer.tis_cap and trainer.kl_coef must be >= 0")
-    if trainer.simulate_step_s < 0 or trainer.simulate_sync_s < 0:
-        raise ConfigError(
-            f"trainer.simulate_step_s={trainer.simulate_step_s} / simulate_sync_s={trainer.simulate_sync_s}: must be >= 0"
         )
     if trainer.simulate_step_s > 0 and (
         config.sft_warmup.enabled or trainer.trainer_cls
@@ -324,20 +193,7 @@ def _validate_training(config: PipelineConfig) -> None:
     _validate_trainer_strategy(trainer)
     _validate_trainer_dtype(trainer)
     _validate_lora(trainer)
-    if config.checkpoint.export_hf_interval < 0:
-        raise ConfigError(
-            f"checkpoint.export_hf_interval={config.checkpoint.export_hf_interval}: must be >= 0 (0: no export "
-            "during the run)"
-        )
-    if config.weight_sync.interval < 1:
-        raise ConfigError(
-            f"weight_sync.interval={config.weight_sync.interval}: must be >= 1"
-        )
     _validate_weight_sync_interval(config)
-    if not 0.0 <= config.sft_warmup.demo_fraction <= 1.0:
-        raise ConfigError(
-            f"sft_warmup.demo_fraction={config.sft_warmup.demo_fraction}: must be within [0, 1]"
-        )
 
 
 #: Largest adapter rank vLLM serves (vllm.config.lora.MaxLoRARanks).
@@ -347,10 +203,6 @@ MAX_SERVED_LORA_RANK = 512
 def _validate_lora(trainer: TrainerConfig) -> None:
     """trainer.lora: a positive alpha, no dropout, a rank vLLM can serve, the built-in trainer only."""
     lora = trainer.lora
-    if lora.rank < 0:
-        raise ConfigError(
-            f"trainer.lora.rank={lora.rank}: must be >= 0 (0 turns LoRA off)"
-        )
     if lora.rank == 0:
         return
     if lora.alpha <= 0:
@@ -416,17 +268,6 @@ def pure_low_precision_message(dtype: str) -> str:
 
 def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
     """trainer.strategy / num_ranks / gpus_per_rank: ranks are for fsdp2, one process for single."""
-    if trainer.num_ranks < 1:
-        raise ConfigError(f"trainer.num_ranks={trainer.num_ranks}: must be >= 1")
-    if trainer.gpus_per_rank < 0:
-        raise ConfigError(
-            f"trainer.gpus_per_rank={trainer.gpus_per_rank}: must be >= 0"
-        )
-    if trainer.rank_call_timeout_s < 0:
-        raise ConfigError(
-            f"trainer.rank_call_timeout_s={trainer.rank_call_timeout_s}: must be >= 0 seconds; set it above the "
-            "slowest healthy train step or checkpoint, or 0 to wait on the ranks without a deadline"
-        )
     if trainer.strategy == "single":
         if trainer.num_ranks > 1 or trainer.gpus_per_rank > 0:
             raise ConfigError(
@@ -464,8 +305,6 @@ def _validate_trainer_strategy(trainer: TrainerConfig) -> None:
 
 def _validate_trainer_placement(trainer: TrainerConfig) -> None:
     """trainer.placement / num_gpus: only an actor gets GPUs from Ray, and a GPU device needs one."""
-    if trainer.num_gpus < 0:
-        raise ConfigError(f"trainer.num_gpus={trainer.num_gpus}: must be >= 0")
     if trainer.placement == "driver" and trainer.num_gpus > 0:
         raise ConfigError(
             f"trainer.num_gpus={trainer.num_gpus} needs trainer.placement=ray_actor (the driver process gets no GPU "

@@ -45,9 +45,13 @@ class LoraServing:
         }
 
 
-def serving_max_loras(mode: str, staleness_bound: int) -> int:
-    """Adapter versions a replica keeps loaded: every version a request in flight may have started on, + 1."""
-    return max(2, staleness_bound + 1) if mode == "async" else 2
+def serving_max_loras(staleness_bound: int) -> int:
+    """Adapter versions a replica keeps loaded: every version a request in flight may have started on, + 1.
+
+    ``staleness_bound`` is the resolved one (PipelineConfig.staleness_bound: 0 in sync mode); at least 2, so
+    the version being pushed and the one it replaces are both loaded.
+    """
+    return max(2, staleness_bound + 1)
 
 
 class AdapterVersions:

@@ -225,7 +225,7 @@ class GroupQueueManager:
     costs O(1) wake-ups however many envs wait. The trainer side is woken only by events that can make a
     batch ready (a group completes or is dropped, failure, shutdown). ``wakeups`` counts them.
 
-    Steps and staleness. Each group records ``created_step``. ``get_batch(batch_size, step)`` first moves the
+    Steps and staleness. Each group records ``created_step``. ``get_batch(step)`` first moves the
     policy step to ``step`` and drops (``dropped_stale_groups``) every pending group whose weights lag the
     trainer's by more than ``staleness_bound`` versions (0 in sync mode, ``max_staleness`` in async mode):
     ``step - served_version(created_step)``, which is ``step - created_step`` when weights are pushed every
@@ -267,7 +267,7 @@ class GroupQueueManager:
         self._filter = resolve_group_filter(rules.group_filter)
         self._on_cancel = on_cancel
         self._clock = clock
-        self._quota = self._make_quota(rules.groups_per_batch)
+        self._quota = self._make_quota()
         self._policy_step = start_step
         self._pending = _PendingGroups(self.tags)
         self.wakeups = WakeupCounters()
@@ -325,8 +325,9 @@ class GroupQueueManager:
 
     # -- configuration -----------------------------------------------------------------
 
-    def _make_quota(self, groups_per_batch: int) -> _BatchQuota:
-        shares = self.rules.shares(groups_per_batch)
+    def _make_quota(self) -> _BatchQuota:
+        groups_per_batch = self.rules.groups_per_batch
+        shares = self.rules.shares
         starved = [
             t for t, s in shares.items() if s == 0 and t in self._env_tags.values()
         ]
@@ -337,9 +338,7 @@ class GroupQueueManager:
                 starved,
                 groups_per_batch,
             )
-        return _BatchQuota(
-            groups_per_batch, shares, self.rules.filter_drops_limit(groups_per_batch)
-        )
+        return _BatchQuota(groups_per_batch, shares, self.rules.filter_drops_limit)
 
     @property
     def groups_per_batch(self) -> int:
@@ -360,8 +359,8 @@ class GroupQueueManager:
 
     @property
     def staleness_bound(self) -> int:
-        """Steps a pending group may lag the policy step (0 in sync mode)."""
-        return self.rules.pending_staleness_bound
+        """Steps a pending group may lag the policy step (the spec's, via the rules; 0 in sync mode)."""
+        return self.rules.staleness_bound
 
     @property
     def policy_step(self) -> int:
@@ -591,21 +590,17 @@ class GroupQueueManager:
 
     # -- trainer side ------------------------------------------------------------------
 
-    async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
-        """Wait until ``batch_size`` trajectories in whole groups (oldest first, per tag share) are ready."""
-        group_size = self.rules.group_size
-        if batch_size < 1 or batch_size % group_size != 0:
-            raise ValueError(
-                f"batch_size={batch_size} must be a positive multiple of group_size={group_size}"
-            )
+    async def get_batch(self, step: int) -> ServedBatch:
+        """Wait until a batch of ``groups_per_batch`` whole groups (oldest first, per tag share) is ready.
+
+        Its size is the rules' quota (the spec's groups_per_batch x group_size trajectories), fixed when
+        the queue was made: the caller gives only the step.
+        """
         if not self.rules.auto_create:
             raise RuntimeError(
                 "this scheduler plays fixed rounds; call run_fixed_round() instead of get_batch()"
             )
         started = self._clock()
-        if batch_size // group_size != self.groups_per_batch:
-            self._quota = self._make_quota(batch_size // group_size)
-            self._seat_event()  # a larger quota lets waiting envs create groups
         self._enter_step(step)
         while True:
             self._raise_if_unusable()

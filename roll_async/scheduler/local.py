@@ -92,16 +92,17 @@ class LocalRolloutScheduler:
                 self.host.run(), name="local-rollout-host"
             )
 
-    async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
-        trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
+    async def get_batch(self, step: int) -> list[Trajectory]:
+        """Block until the spec's batch (groups_per_batch whole groups) is ready; metrics go to ``last_metrics``."""
+        trajectories, _ = await self.get_batch_with_metrics(step)
         return trajectories
 
     async def get_batch_with_metrics(
-        self, batch_size: int, step: int
+        self, step: int
     ) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(
-            self.group_queue.get_batch(batch_size, step)
+            self.group_queue.get_batch(step)
         )
         self.last_metrics = served.rollout_metrics(
             await self._engine_stats(), self.version_base

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from roll_async.config.field_checks import bounded, check_fields
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.config.schema import Mode, RedundancyKeep, ServeOrder
 from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
@@ -28,15 +29,17 @@ class QueueRules:
     """What a GroupQueueManager enforces (see its docstring for the rules themselves)."""
 
     tags: Sequence[str]
-    group_size: int
-    groups_per_batch: int
+    group_size: int = bounded(ge=1)
+    #: The batch quota: groups in each batch ``get_batch`` returns (the spec's groups_per_batch).
+    groups_per_batch: int = bounded(ge=1)
     #: Groups per tag, same length as ``tags``; empty means one each (the batch splits evenly).
     num_groups_partition: Sequence[int] = ()
-    group_size_redundancy: int = 0
+    group_size_redundancy: int = bounded(0, ge=0)
     #: Which trajectories a group with redundant seats keeps: seat_order (unbiased) or first_finished.
     redundancy_keep: RedundancyKeep = "seat_order"
     mode: Mode = "sync"
-    staleness_bound: int = 0
+    #: Steps a pending group may lag the policy step; resolved once by the rollout spec (0 in sync mode).
+    staleness_bound: int = bounded(0, ge=0)
     seed: int = 0
     group_filter: str | GroupFilter = "none"
     #: False: the queue creates no groups and plays given episodes only (``run_fixed_round``: validation).
@@ -51,7 +54,7 @@ class QueueRules:
     env_groups_per_tag: Mapping[str, int] = field(default_factory=dict)
     #: Steps between weight pushes (weight_sync.interval): the engines serve version ``s - s % interval``
     #: at policy step ``s``, so staleness is counted from that version (see ``served_version``).
-    weight_sync_interval: int = 1
+    weight_sync_interval: int = bounded(1, ge=1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", tuple(self.tags))
@@ -59,21 +62,14 @@ class QueueRules:
             self, "num_groups_partition", tuple(self.num_groups_partition)
         )
         object.__setattr__(self, "env_groups_per_tag", dict(self.env_groups_per_tag))
-        if self.mode not in ("sync", "async"):
-            raise ValueError(f"mode={self.mode!r}: use 'sync' or 'async'")
         check_serve_order(self.serve_order)
-        if self.weight_sync_interval < 1:
+        check_fields(
+            QueueRules, self
+        )  # every limit and word at once (redundancy_keep, counts >= 1)
+        if self.mode == "sync" and self.staleness_bound != 0:
             raise ValueError(
-                f"weight_sync_interval={self.weight_sync_interval}: must be >= 1"
-            )
-        if self.redundancy_keep not in ("seat_order", "first_finished"):
-            raise ValueError(
-                f"redundancy_keep={self.redundancy_keep!r}: use 'seat_order' or 'first_finished'"
-            )
-        if self.group_size < 1 or self.group_size_redundancy < 0:
-            raise ValueError(
-                f"group_size={self.group_size} must be >= 1 and "
-                f"group_size_redundancy={self.group_size_redundancy} >= 0"
+                f"staleness_bound={self.staleness_bound} with mode='sync': sync mode serves every group at "
+                "the step it was made for; pass the rollout spec's bound (0 in sync mode)"
             )
         if len(self.partition) != len(self.tags):
             raise ValueError(
@@ -114,11 +110,6 @@ class QueueRules:
         """Seats per group: group_size plus the redundant ones."""
         return self.group_size + self.group_size_redundancy
 
-    @property
-    def pending_staleness_bound(self) -> int:
-        """Steps a pending group may lag the policy step: 0 in sync mode."""
-        return 0 if self.mode == "sync" else max(0, self.staleness_bound)
-
     def served_version(self, step: int) -> int:
         """The weight version (relative to the run's base) the engines serve at policy step ``step``.
 
@@ -134,8 +125,8 @@ class QueueRules:
 
     @property
     def lookahead(self) -> int:
-        """Batches of groups a tag may have pending: 1 in sync mode, the staleness bound in async mode."""
-        return max(1, self.pending_staleness_bound)
+        """Batches of groups a tag may have pending: the staleness bound, at least 1 (sync mode's bound is 0)."""
+        return max(1, self.staleness_bound)
 
     @property
     def partition(self) -> list[int]:
@@ -150,15 +141,17 @@ class QueueRules:
             else 3 * self.num_seats
         )
 
-    def filter_drops_limit(self, groups_per_batch: int) -> int:
+    @property
+    def filter_drops_limit(self) -> int:
         return (
             self.max_filter_drops_per_batch
             if self.max_filter_drops_per_batch is not None
-            else 10 * groups_per_batch
+            else 10 * self.groups_per_batch
         )
 
-    def shares(self, groups_per_batch: int) -> dict[str, int]:
-        """Groups per tag in a batch of ``groups_per_batch`` groups (largest remainder)."""
-        if groups_per_batch < 1:
-            raise ValueError(f"groups_per_batch={groups_per_batch} must be >= 1")
-        return dict(zip(self.tags, split_by_weights(groups_per_batch, self.partition)))
+    @property
+    def shares(self) -> dict[str, int]:
+        """Groups per tag in each batch of ``groups_per_batch`` groups (largest remainder)."""
+        return dict(
+            zip(self.tags, split_by_weights(self.groups_per_batch, self.partition))
+        )

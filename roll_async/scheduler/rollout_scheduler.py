@@ -154,8 +154,8 @@ class GroupQueueActor(ServesCallsOverZmq):
 
         return await self._handovers.run(trajectory.env_id, handover_id, both)
 
-    async def get_batch(self, batch_size: int, step: int) -> ServedBatch:
-        return await self.queue.get_batch(batch_size, step)
+    async def get_batch(self, step: int) -> ServedBatch:
+        return await self.queue.get_batch(step)
 
     async def run_fixed_round(
         self, episodes: list[EpisodeSpec], step: int
@@ -218,7 +218,7 @@ class RolloutScheduler:
 
         scheduler = RolloutScheduler(rollout_spec(config, "train"), engine_handles=engines, tokenizer_path=path)
         for step in range(num_steps):
-            batch = await scheduler.get_batch(config.rollout_batch_size, step)   # blocks
+            batch = await scheduler.get_batch(step)   # blocks: the spec's rollout_batch_size
             metrics = scheduler.last_metrics
             ...train, update weights to version step + 1...
             await scheduler.resume()        # sync mode: loops were suspended when get_batch returned
@@ -389,17 +389,17 @@ class RolloutScheduler:
         )
         self._run_futures[index] = asyncio.wrap_future(worker.run.remote().future())
 
-    async def get_batch(self, batch_size: int, step: int) -> list[Trajectory]:
-        """Block until ``batch_size`` trajectories in whole groups are ready; metrics go to ``last_metrics``."""
-        trajectories, _ = await self.get_batch_with_metrics(batch_size, step)
+    async def get_batch(self, step: int) -> list[Trajectory]:
+        """Block until the spec's batch (groups_per_batch whole groups) is ready; metrics go to ``last_metrics``."""
+        trajectories, _ = await self.get_batch_with_metrics(step)
         return trajectories
 
     async def get_batch_with_metrics(
-        self, batch_size: int, step: int
+        self, step: int
     ) -> tuple[list[Trajectory], dict[str, float]]:
         await self.start()
         served: ServedBatch = await self._unless_loops_die(
-            self._queue.get_batch.remote(batch_size, step)
+            self._queue.get_batch.remote(step)
         )
         engine_stats = await self._engine_stats()
         self.last_metrics = served.rollout_metrics(engine_stats, self.version_base)

@@ -89,9 +89,14 @@ def load_trainer_class(dotted_path: str) -> type:
 
 
 def build_trainer(config: TrainerConfig, model_path: str) -> Trainer:
-    """The configured trainer: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
+    """The configured trainer: the simulated one, ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
     if config.simulate_step_s > 0:
         return SimulatedTrainer(config, model_path)
+    return build_model_trainer(config, model_path)
+
+
+def build_model_trainer(config: TrainerConfig, model_path: str) -> Trainer:
+    """A trainer holding a model: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
     if config.trainer_cls:
         cls = load_trainer_class(config.trainer_cls)
         return cls(config, model_path)

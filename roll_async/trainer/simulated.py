@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from roll_async.config.sections import TrainerConfig
+from roll_async.errors import ConfigError
+from roll_async.trainer.base import TrainerHandle
 from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
 
 
-class SimulatedTrainer:
-    """Implements the Trainer methods without training.
+class SimulatedTrainer(TrainerHandle):
+    """Implements the TrainerHandle methods without training.
 
     ``trainer.simulate_step_s > 0`` selects it. ``train_step`` takes that many
     seconds without using CPU (it sleeps; the pipeline runs it in a thread), and the
@@ -71,3 +73,17 @@ class SimulatedTrainer:
         )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         return dict(state.get("extra_state", {}))
+
+    def engine_weight_refs(self) -> list[Any]:
+        """No weights move: the pipeline advances the engines' version instead (``simulated``)."""
+        return []
+
+    def run_sft(self, examples: list[Any], **kwargs: Any) -> dict[str, float]:
+        """There is no model to warm start (config validation rejects the combination first)."""
+        raise ConfigError(
+            "sft_warmup.enabled=true: trainer.simulate_step_s > 0 simulates the trainer and has no model to "
+            "warm start; set simulate_step_s=0 or sft_warmup.enabled=false"
+        )
+
+    def shutdown(self) -> None:
+        """Nothing runs outside the driver."""

@@ -1,9 +1,9 @@
 """Where the trainer runs: in the driver process, or in a Ray actor holding the GPUs Ray gives it.
 
 On a cluster the trainer belongs on a node with a free GPU, not necessarily the
-driver's; the pipeline holds a :class:`TrainerActorClient` with the Trainer
-methods, so its code is the same for both placements, and the few operations
-that differ go through the functions at the end of this module.
+driver's; the pipeline holds a :class:`~roll_async.trainer.base.TrainerHandle`
+whatever the placement (:class:`InProcessTrainer` in the driver,
+:class:`TrainerActorClient` for an actor), so its code is the same for every placement.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
 from roll_async.errors import ConfigError
 from roll_async.runtime.ray_utils import unwrap_ray_error
-from roll_async.trainer.base import Trainer
-from roll_async.trainer.factory import build_trainer
+from roll_async.trainer.base import Trainer, TrainerHandle
+from roll_async.trainer.factory import build_model_trainer
 from roll_async.trainer.grpo_trainer import resolve_device
 from roll_async.trainer.ranks.rank_group import TrainerRankGroup
 from roll_async.trainer.sft import run_sft
+from roll_async.trainer.simulated import SimulatedTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +38,61 @@ def pack_and_put_weights(trainer: Trainer) -> list[Any]:
     return put_buckets(pack_weight_buckets(trainer.state_dict_for_engine()))
 
 
+class InProcessTrainer(TrainerHandle):
+    """A :class:`Trainer` (the built-in GRPO one or a user's class) in this process, behind the whole TrainerHandle.
+
+    A ``Trainer`` promises four methods; the rest of the handle is the same for every trainer held in
+    the process that runs it: its weights are packed and put here, the SFT warm start trains its model
+    here, and nothing outside needs stopping.
+    """
+
+    #: A real trainer (the simulated one is a TrainerHandle of its own).
+    simulated = False
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    @property
+    def model(self) -> Any:
+        """The wrapped trainer's HF causal LM (optional in the Trainer contract; AttributeError without one)."""
+        return self.trainer.model  # type: ignore[attr-defined]
+
+    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+        return self.trainer.train_step(batch, step)
+
+    def state_dict_for_engine(self) -> dict[str, Any]:
+        return self.trainer.state_dict_for_engine()
+
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: dict[str, Any]
+    ) -> None:
+        self.trainer.save_checkpoint(directory, extra_state)
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(directory)
+
+    def engine_weight_refs(self) -> list[Any]:
+        """Packed and put by this process, which holds the weights."""
+        return pack_and_put_weights(self.trainer)
+
+    def run_sft(self, examples: list[Any], **kwargs: Any) -> dict[str, float]:
+        return run_sft(self.trainer, examples, **kwargs)
+
+    def shutdown(self) -> None:
+        """Nothing outside this process to stop; the trainer goes with it."""
+
+
 class TrainerActor:
     """Holds the trainer in its own Ray worker process; created by :meth:`TrainerActorClient.start`."""
 
     def __init__(self) -> None:
-        self.trainer: Any = None
+        self.trainer: InProcessTrainer | None = None
         self.device = ""
+
+    def _trainer(self) -> InProcessTrainer:
+        if self.trainer is None:
+            raise RuntimeError("TrainerActor: build() was not called")
+        return self.trainer
 
     def build(self, config: TrainerConfig, model_path: str) -> dict[str, Any]:
         """Build the trainer on the device the GPUs Ray assigned this actor call for; return where it runs."""
@@ -50,8 +100,11 @@ class TrainerActor:
 
         gpu_ids = ray.get_gpu_ids()
         self.device = str(resolve_device(config.device, gpu_ids))
-        self.trainer = build_trainer(
-            dataclasses.replace(config, device=self.device), model_path
+        # config validation keeps the simulated trainer in the driver
+        self.trainer = InProcessTrainer(
+            build_model_trainer(
+                dataclasses.replace(config, device=self.device), model_path
+            )
         )
         return self.placement()
 
@@ -68,27 +121,27 @@ class TrainerActor:
         }
 
     def train_step(self, batch: Any, step: int) -> dict[str, float]:
-        return self.trainer.train_step(batch, step)
+        return self._trainer().train_step(batch, step)
 
     def state_dict_for_engine(self) -> dict[str, Any]:
-        return self.trainer.state_dict_for_engine()
+        return self._trainer().state_dict_for_engine()
 
     def engine_weight_refs(self) -> list[Any]:
         # Owned by this actor, which lives for the run; the engines borrow them through the driver's refs.
-        return pack_and_put_weights(self.trainer)
+        return self._trainer().engine_weight_refs()
 
     def save_checkpoint(self, directory: str, extra_state: dict[str, Any]) -> None:
-        self.trainer.save_checkpoint(directory, extra_state)
+        self._trainer().save_checkpoint(directory, extra_state)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        return self.trainer.load_checkpoint(directory)
+        return self._trainer().load_checkpoint(directory)
 
     def run_sft(self, examples: list[Any], kwargs: dict[str, Any]) -> dict[str, float]:
-        return run_sft(self.trainer, examples, **kwargs)
+        return self._trainer().run_sft(examples, **kwargs)
 
 
-class TrainerActorClient:
-    """The pipeline's handle on a :class:`TrainerActor`: the Trainer methods, each a blocking Ray call.
+class TrainerActorClient(TrainerHandle):
+    """The pipeline's handle on a :class:`TrainerActor`: the TrainerHandle methods, each a blocking Ray call.
 
     Errors raised in the actor (NonFiniteLossError, ConfigError, ...) are re-raised here as
     themselves, so the pipeline handles them as with a trainer in its own process.
@@ -158,6 +211,7 @@ class TrainerActorClient:
         return _call(self.actor.run_sft, examples, kwargs)
 
     def shutdown(self) -> None:
+        """Kill the actor (idempotent)."""
         import ray
 
         if self.actor is not None:
@@ -183,7 +237,7 @@ def _call(method: Any, *args: Any) -> Any:
 
 def build_placed_trainer(
     config: TrainerConfig, model_path: str, ensure_ray: Callable[[], None]
-) -> Trainer:
+) -> TrainerHandle:
     """The configured trainer where ``trainer.placement`` says; ``ensure_ray`` starts or joins Ray when needed.
 
     ``trainer.strategy: fsdp2`` starts ``trainer.num_ranks`` rank actors in a placement
@@ -194,15 +248,12 @@ def build_placed_trainer(
     on a cluster Ray puts the trainer on a node with a free GPU and assigns it one;
     the device is then chosen by :func:`~roll_async.trainer.grpo_trainer.resolve_device`
     from the GPUs Ray assigned (``trainer.device`` still wins when set explicitly).
-    The pipeline holds a :class:`TrainerActorClient`, which has the Trainer methods,
-    so its code is the same for both placements; the few operations that differ go
-    through the functions below (one place for the placement decision):
-
-    * :func:`engine_weight_refs`: the weights packed in safetensors buckets and
-      ``ray.put`` by the process holding the trainer; with an actor they go trainer ->
-      object store -> engine replicas, never through the driver.
-    * :func:`sft_warm_start`: the SFT warm start runs where the model is.
-    * :func:`release_trainer`: the actor is killed at the end of the run.
+    Every kind returned is a :class:`~roll_async.trainer.base.TrainerHandle`, so the
+    pipeline's code is the same for every placement, and this is the one place the
+    placement is decided: ``engine_weight_refs`` packs and puts the weights in the
+    process holding the trainer (with an actor they go trainer -> object store ->
+    engine replicas, never through the driver), ``run_sft`` runs where the model is,
+    and ``shutdown`` stops the actor or ranks at the end of the run.
     """
     if trainer_needs_ray(config):
         ensure_ray()
@@ -210,35 +261,11 @@ def build_placed_trainer(
         return TrainerRankGroup.start(config, model_path)
     if config.placement == "ray_actor":
         return TrainerActorClient.start(config, model_path)
-    return build_trainer(config, model_path)
+    if config.simulate_step_s > 0:
+        return SimulatedTrainer(config, model_path)
+    return InProcessTrainer(build_model_trainer(config, model_path))
 
 
 def trainer_needs_ray(config: TrainerConfig) -> bool:
     """The trainer lives in Ray actors (fsdp2 ranks, or ``placement: ray_actor``), so Ray must be up first."""
     return config.strategy == "fsdp2" or config.placement == "ray_actor"
-
-
-#: Trainers living in Ray actors: they pack their own weights, run SFT where the model is, and must be stopped.
-REMOTE_TRAINERS = (TrainerActorClient, TrainerRankGroup)
-
-
-def engine_weight_refs(trainer: Trainer) -> list[Any]:
-    """Object refs to the trainer's weight buckets, put by the process that holds the trainer."""
-    if isinstance(trainer, REMOTE_TRAINERS):
-        return trainer.engine_weight_refs()
-    return pack_and_put_weights(trainer)
-
-
-def sft_warm_start(
-    trainer: Trainer, examples: list[Any], **kwargs: Any
-) -> dict[str, float]:
-    """:func:`~roll_async.trainer.sft.run_sft` where the trainer's model is."""
-    if isinstance(trainer, REMOTE_TRAINERS):
-        return trainer.run_sft(examples, **kwargs)
-    return run_sft(trainer, examples, **kwargs)
-
-
-def release_trainer(trainer: Any) -> None:
-    """End the trainer actor or ranks (a no-op for a trainer in the driver)."""
-    if isinstance(trainer, REMOTE_TRAINERS):
-        trainer.shutdown()

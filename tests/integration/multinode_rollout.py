@@ -80,7 +80,7 @@ async def main(tokenizer_dir: str) -> None:
         try:
             sizes = []
             for step in range(3):
-                batch = await asyncio.wait_for(scheduler.get_batch(4, step), 300)
+                batch = await asyncio.wait_for(scheduler.get_batch(step), 300)
                 sizes.append(len(batch))
             described = await scheduler.describe()
         finally:

@@ -69,9 +69,7 @@ async def collect(config: PipelineConfig, engine, tokenizer):
         rollout_spec(config, "train"), engines=recording, tokenizer=tokenizer
     )
     try:
-        batch, metrics = await scheduler.get_batch_with_metrics(
-            config.rollout_batch_size, 0
-        )
+        batch, metrics = await scheduler.get_batch_with_metrics(0)
     finally:
         await scheduler.shutdown()
     return batch, metrics, recording.calls, scheduler.managers[0].prompts

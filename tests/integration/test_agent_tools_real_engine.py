@@ -124,7 +124,7 @@ async def _episode(family, agent: str):
         rollout_spec(_config(agent), "train"), engines=client, tokenizer=tokenizer
     )
     try:
-        batch, metrics = await scheduler.get_batch_with_metrics(1, 0)
+        batch, metrics = await scheduler.get_batch_with_metrics(0)
     finally:
         await scheduler.shutdown()
     (trajectory,) = batch

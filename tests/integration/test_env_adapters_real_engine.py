@@ -71,9 +71,7 @@ async def test_each_adapter_plays_a_real_library_env_through_the_rollout(
         tokenizer_path=str(tiny_model_path),
     )
     try:
-        batch, metrics = await scheduler.get_batch_with_metrics(
-            config.rollout_batch_size, 0
-        )
+        batch, metrics = await scheduler.get_batch_with_metrics(0)
     finally:
         await scheduler.shutdown()
 

@@ -79,7 +79,7 @@ async def collect(
     try:
         for step in range(steps):
             batch, step_metrics = await asyncio.wait_for(
-                scheduler.get_batch_with_metrics(config.rollout_batch_size, step), 600
+                scheduler.get_batch_with_metrics(step), 600
             )
             batches.append(batch)
             metrics.append(step_metrics)

@@ -124,7 +124,7 @@ async def _rollout(family, generation: GenerationConfig):
         rollout_spec(_config(generation), "train"), engines=client, tokenizer=tokenizer
     )
     try:
-        batch, metrics = await scheduler.get_batch_with_metrics(2, 0)
+        batch, metrics = await scheduler.get_batch_with_metrics(0)
     finally:
         await scheduler.shutdown()
     return batch, metrics, client.calls

@@ -112,9 +112,7 @@ async def rollout_with_judge(
         reward_services={"Math": service},
     )
     try:
-        batch, batch_metrics = await scheduler.get_batch_with_metrics(
-            config.rollout_batch_size, 0
-        )
+        batch, batch_metrics = await scheduler.get_batch_with_metrics(0)
         described = await scheduler.describe()
     finally:
         await scheduler.shutdown()

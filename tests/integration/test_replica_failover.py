@@ -111,7 +111,7 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(
     )
     try:
         first, metrics0 = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(8, 0), 600
+            scheduler.get_batch_with_metrics(0), 600
         )
         assert len(first) == 8
         # the victim was serving episodes
@@ -131,7 +131,7 @@ async def test_a_two_replica_run_survives_the_death_of_one_replica(
         later = []
         for step in (1, 2):
             batch, metrics = await asyncio.wait_for(
-                scheduler.get_batch_with_metrics(8, step), 600
+                scheduler.get_batch_with_metrics(step), 600
             )
             assert len(batch) == 8 and all(t.stop_reason != "env_error" for t in batch)
             later.append(metrics)

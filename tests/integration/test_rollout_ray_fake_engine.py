@@ -111,7 +111,7 @@ async def test_sync_rollout_on_two_workers_serves_whole_on_policy_groups(
     try:
         for step in range(3):
             batch, metrics = await asyncio.wait_for(
-                scheduler.get_batch_with_metrics(4, step), TIMEOUT_S
+                scheduler.get_batch_with_metrics(step), TIMEOUT_S
             )
             groups: dict[int, list] = {}
             for trajectory in batch:
@@ -163,7 +163,7 @@ async def test_async_rollout_keeps_staleness_within_the_bound(
     )
     try:
         for step in range(4):
-            batch = await asyncio.wait_for(scheduler.get_batch(4, step), TIMEOUT_S)
+            batch = await asyncio.wait_for(scheduler.get_batch(step), TIMEOUT_S)
             assert all(step - t.created_step <= 1 for t in batch)
             assert all(step - t.oldest_weight_version <= 1 for t in batch)
             await asyncio.sleep(0.05)  # "training": the env loops keep generating
@@ -198,7 +198,7 @@ async def test_env_errors_redundancy_and_filter_on_ray(ray_session, tokenizer_se
             if step >= 3 and errors > 0 and filtered > 0:
                 break
             batch, metrics = await asyncio.wait_for(
-                scheduler.get_batch_with_metrics(4, step), TIMEOUT_S
+                scheduler.get_batch_with_metrics(step), TIMEOUT_S
             )
             errors += metrics["rollout/env_errors"]
             filtered += (
@@ -240,7 +240,7 @@ async def test_an_engine_that_keeps_failing_surfaces_in_get_batch(
             RolloutFatalError,
             match=r"engine request .* failed for env \d+ \(tag count\), turn 0",
         ):
-            await asyncio.wait_for(scheduler.get_batch(4, 0), TIMEOUT_S)
+            await asyncio.wait_for(scheduler.get_batch(0), TIMEOUT_S)
     finally:
         await scheduler.shutdown()
         ray.kill(engine)
@@ -268,7 +268,7 @@ async def test_a_dead_worker_past_the_restart_budget_makes_get_batch_raise_inste
         with pytest.raises(
             RolloutFatalError, match="EnvManagerWorker 0 died after 0 worker restarts"
         ):
-            await asyncio.wait_for(scheduler.get_batch(4, 0), TIMEOUT_S)
+            await asyncio.wait_for(scheduler.get_batch(0), TIMEOUT_S)
     finally:
         await scheduler.shutdown()
         ray.kill(engine)
@@ -333,9 +333,7 @@ async def test_a_dead_worker_hosting_many_busy_envs_is_restarted_and_the_run_goe
             await asyncio.sleep(0.05)
         assert in_flight == 104
         ray.kill(scheduler._workers[0])
-        batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(104, 0), 90
-        )
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(0), 90)
         assert len(batch) == 104
         assert metrics["rollout/worker_restarts"] == 1
         assert metrics["rollout/episodes_lost_to_restart"] > 100

@@ -81,9 +81,7 @@ async def run_batches(
     batches, metrics = [], []
     try:
         for step in range(steps):
-            batch, step_metrics = await scheduler.get_batch_with_metrics(
-                config.rollout_batch_size, step
-            )
+            batch, step_metrics = await scheduler.get_batch_with_metrics(step)
             batches.append(batch)
             metrics.append(step_metrics)
             if between is not None:
@@ -308,7 +306,7 @@ async def test_token_in_token_out_is_exact_with_the_real_engine(engine, tokenize
         rollout_spec(config, "train"), engines=recording, tokenizer=tokenizer
     )
     try:
-        batch = await scheduler.get_batch(4, 0)
+        batch = await scheduler.get_batch(0)
     finally:
         await scheduler.shutdown()
     for trajectory in batch:

@@ -18,7 +18,7 @@ def main(model_path: str) -> None:
 
     from roll_async.config.schema import TrainerConfig
     from roll_async.errors import ConfigError
-    from roll_async.trainer.trainer_actor import TrainerActorClient, release_trainer
+    from roll_async.trainer.trainer_actor import TrainerActorClient
 
     ray.init(num_cpus=2, num_gpus=1, include_dashboard=False)
     try:
@@ -35,7 +35,7 @@ def main(model_path: str) -> None:
         names: list[str] = []
         for ref in client.engine_weight_refs():
             names.extend(load(ray.get(ref)).keys())
-        release_trainer(client)
+        client.shutdown()
         print(
             json.dumps(
                 {

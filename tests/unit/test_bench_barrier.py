@@ -85,7 +85,7 @@ async def test_barrier_trajectories_match_the_per_env_path_token_for_token(token
         env_factory=scripted_env_factory,
     )
     try:
-        per_env = await asyncio.wait_for(scheduler.get_batch(8, step=0), 10)
+        per_env = await asyncio.wait_for(scheduler.get_batch(step=0), 10)
     finally:
         await scheduler.shutdown()
 

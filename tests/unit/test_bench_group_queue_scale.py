@@ -57,7 +57,7 @@ async def test_a_finished_trajectory_does_not_wake_envs_waiting_for_a_seat():
     await q.put_trajectory(done(specs[1], 1))
     assert q.wakeups.seat == 0 and not any(w.done() for w in waiters)
     served = await asyncio.wait_for(
-        q.get_batch(2, step=0), 1
+        q.get_batch(step=0), 1
     )  # serving frees quota: now they wake
     assert len(served.trajectories) == 2
     await asyncio.sleep(0.01)

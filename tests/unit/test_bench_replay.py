@@ -83,7 +83,7 @@ async def test_replay_of_a_per_env_run_sends_the_same_requests_and_rebuilds_the_
         env_factory=scripted_env_factory,
     )
     try:
-        per_env = await asyncio.wait_for(scheduler.get_batch(4, step=0), 10)
+        per_env = await asyncio.wait_for(scheduler.get_batch(step=0), 10)
     finally:
         await scheduler.shutdown()
 

@@ -16,7 +16,7 @@ from roll_async.config.schema import (
     load_config,
     validate_config,
 )
-from roll_async.config.validation import check_choices
+from roll_async.config.validation import check_fields
 from roll_async.errors import ConfigError
 
 FROZEN_LAKE = "configs/frozen_lake.yaml"
@@ -90,9 +90,9 @@ def test_a_config_built_in_code_is_checked_by_validate_config():
 
 
 def test_raw_mappings_are_checked_without_the_keys_they_do_not_set():
-    check_choices(PipelineConfig, {"engine": {"dtype": "bfloat16"}, "unknown": 1})
+    check_fields(PipelineConfig, {"engine": {"dtype": "bfloat16"}, "unknown": 1})
     with pytest.raises(ConfigError, match=r"custom_envs\.A\.isolation='thread'"):
-        check_choices(PipelineConfig, {"custom_envs": {"A": {"isolation": "thread"}}})
+        check_fields(PipelineConfig, {"custom_envs": {"A": {"isolation": "thread"}}})
 
 
 def test_the_config_word_sets_match_what_the_runtime_implements():

@@ -71,3 +71,19 @@ def test_unknown_request_transport_names_the_key_and_the_choices():
         == "ray"
     )
     assert load_config("configs/frozen_lake.yaml").engine.request_transport == "zmq"
+
+
+def test_every_bad_single_key_is_reported_in_one_error():
+    """Limits declared beside the fields are checked in one pass: two bad keys, one error naming both."""
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            "configs/frozen_lake.yaml",
+            ["train_env_manager.group_size=0", "trainer.lr=0", "engine.dtype=bf16"],
+        )
+    lines = str(info.value).splitlines()
+    assert sorted(lines) == [
+        "engine.dtype='bf16' is unknown; use auto, half, float16, bfloat16, float or float32. "
+        "Did you mean 'bfloat16'?",
+        "train_env_manager.group_size=0: must be >= 1",
+        "trainer.lr=0.0: must be > 0",
+    ]

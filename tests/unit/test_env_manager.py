@@ -148,7 +148,7 @@ async def test_token_in_token_out_is_exact(tokenizer):
     config = make_config(env_config={"episode_length": 3}, max_tokens_per_step=32)
     scheduler = local(config, engine, tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     builder = ChatPromptBuilder(tokenizer, config.custom_envs["count"].system_prompt)
@@ -183,7 +183,7 @@ async def test_reply_without_eos_gets_the_whole_turn_closure(tokenizer):
     engine = FakeEngine(lambda r: reply)
     scheduler = local(make_config(env_config={"episode_length": 2}), engine, tokenizer)
     try:
-        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     first, second = (r.prompt_token_ids for r in engine.requests)
@@ -209,7 +209,7 @@ async def test_requests_respect_the_sequence_length_and_the_episode_ends_at_max_
     )
     scheduler = local(config, engine, tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     lengths = [len(r.prompt_token_ids) for r in engine.requests]
@@ -232,7 +232,7 @@ async def test_env_reset_and_step_exceptions_are_contained_and_the_group_refille
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
         batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(4, step=0), 5
+            scheduler.get_batch_with_metrics(step=0), 5
         )
     finally:
         await scheduler.shutdown()
@@ -266,7 +266,7 @@ async def test_a_hung_env_step_times_out_and_the_run_continues(
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
         batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(2, step=0), 5
+            scheduler.get_batch_with_metrics(step=0), 5
         )
     finally:
         await scheduler.shutdown()
@@ -313,7 +313,7 @@ async def test_inline_isolation_calls_the_env_on_the_event_loop_and_still_counts
     )
     try:
         batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(2, step=0), 10
+            scheduler.get_batch_with_metrics(step=0), 10
         )
     finally:
         await scheduler.shutdown()
@@ -331,7 +331,7 @@ async def test_async_env_methods_are_awaited(tokenizer, answer_ids):
     )
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     assert trajectory.stop_reason == "terminated" and trajectory.episode_reward == 2.0
@@ -345,7 +345,7 @@ async def test_a_failed_engine_request_is_retried(tokenizer, answer_ids):
     )
     scheduler = local(config, engine, tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     assert trajectory.stop_reason == "terminated"
@@ -370,7 +370,7 @@ async def test_an_engine_that_keeps_failing_makes_get_batch_raise_naming_env_tur
     scheduler = local(config, engine, tokenizer)
     try:
         with pytest.raises(RolloutFatalError) as caught:
-            await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+            await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     message = str(caught.value)
@@ -395,7 +395,7 @@ async def update_mid_turn(tokenizer, pause_mode: str):
         await asyncio.sleep(0.03)
         await engine.update_weights(None, version=1)
         await engine.resume()
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     return engine, trajectory
@@ -455,7 +455,7 @@ async def test_redundant_episode_is_cancelled_and_its_request_aborted(
     scheduler = local(config, engine, tokenizer)
     try:
         batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(1, step=0), 5
+            scheduler.get_batch_with_metrics(step=0), 5
         )
         for _ in range(100):
             if scheduler.managers[1].stats.cancelled_episodes:
@@ -477,7 +477,7 @@ async def test_sync_mode_stops_generation_until_resumed(tokenizer, answer_ids):
     )
     scheduler = local(config, engine, tokenizer)
     try:
-        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        await asyncio.wait_for(scheduler.get_batch(step=0), 5)
         seen = len(engine.requests)
         await asyncio.sleep(0.15)
         assert len(engine.requests) == seen, "env loops generated while suspended"
@@ -487,7 +487,7 @@ async def test_sync_mode_stops_generation_until_resumed(tokenizer, answer_ids):
         scheduler.resume()
         await asyncio.sleep(0.05)
         assert len(engine.requests) > seen
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=1), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=1), 5)
         assert trajectory.created_step == 1
     finally:
         await scheduler.shutdown()
@@ -508,7 +508,7 @@ async def test_async_mode_keeps_generating_and_never_exceeds_max_staleness(
     scheduler = local(config, engine, tokenizer)
     try:
         for step in range(5):
-            batch = await asyncio.wait_for(scheduler.get_batch(2, step=step), 5)
+            batch = await asyncio.wait_for(scheduler.get_batch(step=step), 5)
             for trajectory in batch:
                 assert step - trajectory.created_step <= 2
                 assert step - trajectory.oldest_weight_version <= 2
@@ -528,7 +528,7 @@ async def test_episode_ends_at_max_steps_when_the_env_does_not_terminate(
     config = make_config(env_config={"episode_length": 100}, max_steps=3)
     scheduler = local(config, FakeEngine(lambda r: answer_ids), tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     assert trajectory.stop_reason == "max_steps" and trajectory.num_turns == 3
@@ -547,7 +547,7 @@ async def test_watchdog_reports_an_env_stuck_in_generation(tokenizer, answer_ids
         await asyncio.sleep(0.3)
         stalled = scheduler.group_queue.stalled_envs()
         assert list(stalled) == [0] and "generate" in stalled[0]
-        await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
 
@@ -667,7 +667,7 @@ async def test_a_template_with_an_unknown_field_fails_with_the_key_named(
         with pytest.raises(
             RolloutFatalError, match=r"custom_envs.count.observation_template"
         ):
-            await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+            await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
 
@@ -710,7 +710,7 @@ async def test_an_error_finish_is_retried_and_its_partial_output_never_trained_o
     )
     scheduler = local(config, engine, tokenizer)
     try:
-        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(1, step=0), 5)
+        (trajectory,) = await asyncio.wait_for(scheduler.get_batch(step=0), 5)
     finally:
         await scheduler.shutdown()
     errored, retried = engine.requests[:2]
@@ -775,7 +775,7 @@ async def test_a_finished_episode_and_the_next_seat_take_one_scheduler_call(
     host = EnvManagerHost(managers)
     running = asyncio.create_task(host.run())
     try:
-        served = [await actor.get_batch(4, step) for step in range(3)]
+        served = [await actor.get_batch(step) for step in range(3)]
         assert [len(batch.trajectories) for batch in served] == [4, 4, 4]
         assert all(
             t.stop_reason == "terminated"

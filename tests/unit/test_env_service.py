@@ -326,7 +326,7 @@ async def test_isolated_hung_envs_are_killed_counted_and_replaced_while_the_run_
     errors, most_processes = 0, 0
     try:
         for step in range(5):
-            batch, metrics = await scheduler.get_batch_with_metrics(4, step)
+            batch, metrics = await scheduler.get_batch_with_metrics(step)
             assert len(batch) == 4 and all(t.stop_reason != "env_error" for t in batch)
             errors += metrics["rollout/env_errors"]
             most_processes = max(most_processes, len(env_processes()))
@@ -358,7 +358,7 @@ async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(
         )
         scheduler = local_scheduler(config, chatml_tokenizer)
         try:
-            batch = await scheduler.get_batch(4, 0)
+            batch = await scheduler.get_batch(0)
             assert len(batch) == 4
             process.kill()
             process.wait()
@@ -367,7 +367,7 @@ async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(
                 RolloutFatalError,
                 match=rf"EnvServiceUnavailable: env server {url} unreachable",
             ):
-                await asyncio.wait_for(scheduler.get_batch(4, 1), 120)
+                await asyncio.wait_for(scheduler.get_batch(1), 120)
         finally:
             await scheduler.shutdown()
     finally:

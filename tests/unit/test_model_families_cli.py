@@ -179,9 +179,7 @@ async def test_prefix_mismatch_rate_is_zero_for_append_only_and_one_for_think_st
         env_factory=scripted_env_factory,
     )
     try:
-        batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(2, 0), 30
-        )
+        batch, metrics = await asyncio.wait_for(scheduler.get_batch_with_metrics(0), 30)
     finally:
         await scheduler.shutdown()
     assert all(t.num_turns == 3 for t in batch)

@@ -90,7 +90,7 @@ async def collect(config: PipelineConfig, tokenizer, client: FakeRewardClient):
         reward_scorers={"Count": EpisodeRewardScorer(reward, client)},
     )
     try:
-        batch = await asyncio.wait_for(scheduler.get_batch(4, step=0), 10)
+        batch = await asyncio.wait_for(scheduler.get_batch(step=0), 10)
         return batch, scheduler.last_metrics
     finally:
         await scheduler.shutdown()

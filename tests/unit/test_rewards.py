@@ -417,7 +417,7 @@ def test_config_is_omegaconf_compatible():
             "unknown field",
         ),
         ({"prompt_template": "{response"}, "prompt_template", "braces"),
-        ({"max_concurrency": 0}, "max_concurrency", "at least 1"),
+        ({"max_concurrency": 0}, "max_concurrency", "must be >= 1"),
         ({"timeout_s": 0}, "timeout_s", "> 0"),
         ({"score_pattern": "Score: \\d+"}, "score_pattern", "capture group"),
         ({"score_pattern": "Score: ("}, "score_pattern", "not a regex"),

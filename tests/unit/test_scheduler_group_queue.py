@@ -77,7 +77,7 @@ async def test_seeds_are_derived_from_the_run_seed():
 async def test_get_batch_returns_exactly_when_the_group_is_whole():
     queue = make_queue()
     a, b = await take(queue, 0), await take(queue, 1)
-    batch_task = asyncio.create_task(queue.get_batch(2, step=0))
+    batch_task = asyncio.create_task(queue.get_batch(step=0))
     await queue.put_trajectory(finished(a, 0))
     await asyncio.sleep(0.05)
     assert not batch_task.done(), "half a group must not be served"
@@ -104,7 +104,7 @@ async def test_redundant_seat_is_cancelled_and_its_late_trajectory_discarded():
     await queue.put_trajectory(
         finished(seats[1], 1)
     )  # arrives after the group completed
-    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert sorted(t.env_id for t in served.trajectories) == [0, 2]
     assert served.counters["cancelled_episodes"] == 1
     assert queue.counters.late_trajectories == 1
@@ -123,7 +123,7 @@ async def test_by_default_a_group_keeps_its_first_seats_whatever_finishes_first(
     await queue.put_trajectory(finished(seats[2], 2, reward=1.0))  # short episode
     await queue.put_trajectory(finished(seats[0], 0, reward=0.0))
     assert not cancelled, "seat 1 is still playing: the group is not whole yet"
-    batch = asyncio.create_task(queue.get_batch(2, step=0))
+    batch = asyncio.create_task(queue.get_batch(step=0))
     await asyncio.sleep(0.05)
     assert not batch.done()
     await queue.put_trajectory(finished(seats[1], 1, reward=0.0))  # long episode
@@ -146,7 +146,7 @@ async def test_by_default_a_redundant_seat_replaces_a_seat_whose_episode_failed(
     await queue.put_trajectory(finished(seats[2], 2))
     assert not cancelled
     await queue.put_trajectory(finished(seats[0], 0))
-    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert [t.episode_id for t in served.trajectories] == [0, 2]
     assert served.counters["env_errors"] == 1
 
@@ -158,7 +158,7 @@ async def test_by_default_the_group_completes_when_a_failed_seat_leaves_the_fini
     await queue.put_trajectory(finished(seats[2], 2))
     await queue.put_trajectory(finished(seats[0], 0))
     await queue.put_trajectory(finished(seats[1], 1, stop_reason="aborted"))
-    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert [t.episode_id for t in served.trajectories] == [0, 2]
 
 
@@ -181,7 +181,7 @@ async def test_seat_order_keeps_the_reward_of_groups_independent_of_episode_leng
             long = [(i + step) % 2 == 0 for i in range(4)]
             for i in sorted(range(4), key=lambda i: long[i]):  # short ones finish first
                 await queue.put_trajectory(finished(seats[i], i, reward=float(long[i])))
-            served = await asyncio.wait_for(queue.get_batch(2, step=step), 0.5)
+            served = await asyncio.wait_for(queue.get_batch(step=step), 0.5)
             rewards += [t.episode_reward for t in served.trajectories]
             queue.resume()
         return sum(rewards) / len(rewards)
@@ -199,7 +199,7 @@ async def test_zero_variance_filter_drops_the_group_and_a_new_one_refills_it():
     assert c.group_id == d.group_id == 1 and c.seed != a.seed
     await queue.put_trajectory(finished(c, 2, reward=0.0))
     await queue.put_trajectory(finished(d, 3, reward=1.0))
-    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert {t.group_id for t in served.trajectories} == {1}
     assert served.counters["filtered_groups"] == 1
 
@@ -211,7 +211,7 @@ async def test_filter_is_bypassed_after_too_many_drops_so_training_cannot_stall(
         assert a.group_id == expected_group
         await queue.put_trajectory(finished(a, 0, reward=0.0))
         await queue.put_trajectory(finished(b, 1, reward=0.0))
-    served = await asyncio.wait_for(queue.get_batch(2, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert {t.group_id for t in served.trajectories} == {1}
     assert (
         served.counters["filtered_groups"] == 1
@@ -229,7 +229,7 @@ async def test_sync_mode_suspends_when_the_batch_is_served_and_resumes_for_the_n
     first, spare = await take(queue, 0), await take(queue, 1)
     assert first.group_id == spare.group_id == 0 and first.created_step == 0
     await queue.put_trajectory(finished(first, 0))
-    served = await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert len(served.trajectories) == 1
     assert cancelled == [(1, 0, spare.episode_id)]
     assert queue.suspended
@@ -242,9 +242,9 @@ async def test_sync_mode_suspends_when_the_batch_is_served_and_resumes_for_the_n
 async def test_next_get_batch_resumes_a_suspended_sync_scheduler_by_itself():
     queue = make_queue(group_size=1)
     await queue.put_trajectory(finished(await take(queue, 0), 0))
-    await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
+    await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     waiting = asyncio.create_task(queue.next_episode(0))
-    batch = asyncio.create_task(queue.get_batch(1, step=1))
+    batch = asyncio.create_task(queue.get_batch(step=1))
     spec = await asyncio.wait_for(waiting, 0.5)
     await queue.put_trajectory(finished(spec, 0))
     served = await asyncio.wait_for(batch, 0.5)
@@ -254,13 +254,13 @@ async def test_next_get_batch_resumes_a_suspended_sync_scheduler_by_itself():
 async def test_async_mode_keeps_handing_out_episodes_after_get_batch():
     queue = make_queue(group_size=1, mode="async", staleness_bound=1)
     await queue.put_trajectory(finished(await take(queue, 0), 0))
-    await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
+    await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert not queue.suspended
     spec = await take(queue, 1)
     # made with step-0 weights while step 0 trains
     assert spec is not None and spec.created_step == 0
     await queue.put_trajectory(finished(spec, 1))
-    served = await asyncio.wait_for(queue.get_batch(1, step=1), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=1), 0.5)
     assert [1 - t.created_step for t in served.trajectories] == [1]
 
 
@@ -269,7 +269,7 @@ async def test_stale_groups_are_dropped_counted_and_replaced():
     old = await take(queue, 0)
     assert old.created_step == 0
     batch = asyncio.create_task(
-        queue.get_batch(1, step=2)
+        queue.get_batch(step=2)
     )  # step 2 - created 0 > 1: stale
     fresh = await take(queue, 1)
     assert fresh.group_id != old.group_id and fresh.created_step == 2
@@ -287,7 +287,7 @@ async def test_oldest_group_is_served_first_even_if_younger_ones_finish_earlier(
     slow, fast = await take(queue, 0), await take(queue, 1)
     assert slow.group_id < fast.group_id
     await queue.put_trajectory(finished(fast, 1))
-    batch = asyncio.create_task(queue.get_batch(1, step=0))
+    batch = asyncio.create_task(queue.get_batch(step=0))
     await asyncio.sleep(0.05)
     assert not batch.done(), (
         "the younger group must wait for the older one (no starvation)"
@@ -296,7 +296,7 @@ async def test_oldest_group_is_served_first_even_if_younger_ones_finish_earlier(
     assert [t.group_id for t in (await asyncio.wait_for(batch, 0.5)).trajectories] == [
         slow.group_id
     ]
-    served = await asyncio.wait_for(queue.get_batch(1, step=1), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=1), 0.5)
     assert [t.group_id for t in served.trajectories] == [fast.group_id]
 
 
@@ -310,7 +310,7 @@ async def test_env_error_reopens_the_seat_for_the_same_group():
         spec.seed,
     ) and retry.episode_id != spec.episode_id
     await queue.put_trajectory(finished(retry, 1))
-    served = await asyncio.wait_for(queue.get_batch(1, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert [t.stop_reason for t in served.trajectories] == ["terminated"]
     assert served.counters["env_errors"] == 1
 
@@ -329,7 +329,7 @@ async def test_a_group_that_keeps_failing_is_dropped_and_replaced():
 
 async def test_endless_env_errors_fail_get_batch_with_the_last_error():
     queue = make_queue(group_size=1, max_consecutive_env_errors=3)
-    batch = asyncio.create_task(queue.get_batch(1, step=0))
+    batch = asyncio.create_task(queue.get_batch(step=0))
     for _ in range(3):
         spec = await take(queue, 0)
         await queue.put_trajectory(finished(spec, 0, stop_reason="env_error"))
@@ -340,7 +340,7 @@ async def test_endless_env_errors_fail_get_batch_with_the_last_error():
 
 async def test_report_fatal_wakes_a_waiting_get_batch():
     queue = make_queue()
-    batch = asyncio.create_task(queue.get_batch(2, step=0))
+    batch = asyncio.create_task(queue.get_batch(step=0))
     await asyncio.sleep(0.01)
     queue.report_fatal("worker 3: rollout loop of env 9 died: engine exploded")
     with pytest.raises(RolloutFatalError, match="engine exploded"):
@@ -361,7 +361,7 @@ async def test_tags_share_each_batch_by_partition():
     assert [specs[e].tag for e in env_tags] == ["a", "a", "a", "b"]
     for env, spec in specs.items():
         await queue.put_trajectory(finished(spec, env))
-    served = await asyncio.wait_for(queue.get_batch(4, step=0), 0.5)
+    served = await asyncio.wait_for(queue.get_batch(step=0), 0.5)
     assert sorted(t.tag for t in served.trajectories) == ["a", "a", "a", "b"]
 
 
@@ -391,10 +391,11 @@ async def test_fixed_round_plays_each_episode_once_and_keeps_their_order():
     assert await take(queue, 0, timeout=0.05) is None, "suspended between rounds"
 
 
-async def test_bad_batch_size_is_rejected():
-    queue = make_queue()
-    with pytest.raises(ValueError, match="multiple of group_size"):
-        await queue.get_batch(3, step=0)
+def test_bad_batch_quota_is_rejected():
+    # get_batch takes no size: the quota is the rules' (the spec's groups_per_batch), checked when made;
+    # a rollout_batch_size that is no multiple of group_size fails at config load (test_config).
+    with pytest.raises(ValueError, match=r"groups_per_batch=0: must be >= 1"):
+        make_queue(groups_per_batch=0)
 
 
 def test_split_and_layout_helpers():
@@ -420,7 +421,7 @@ async def test_seed_state_lets_a_resumed_run_continue_the_seed_sequence():
         seen.append(specs[0].seed)
         for env, spec in enumerate(specs):
             await first.put_trajectory(finished(spec, env))
-        await first.get_batch(2, step)
+        await first.get_batch(step)
         first.resume()
     state = first.seed_state()
     assert state == {"next_group_id": 3, "tag_group_count": {"a": 3}}

@@ -94,7 +94,7 @@ async def collect(
     loops.start()
     try:
         for step in range(steps):
-            batch = await asyncio.wait_for(loops.queue.get_batch(batch_size, step), 30)
+            batch = await asyncio.wait_for(loops.queue.get_batch(step), 30)
             served.append(batch)
             if train_s:
                 await asyncio.sleep(train_s)

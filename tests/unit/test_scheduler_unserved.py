@@ -15,7 +15,7 @@ async def test_env_errors_and_stale_groups_are_handed_over_with_their_fate():
     retry = await take(queue, 0)
     await queue.put_trajectory(finished(retry, 0))
     await queue.put_trajectory(finished(first[1], 1))
-    batch = await queue.get_batch(2, step=0)
+    batch = await queue.get_batch(step=0)
     assert {fate for fate, _ in batch.unserved} == {"env_error", "late"}
     assert [t.error for fate, t in batch.unserved if fate == "env_error"] == ["boom"]
 
@@ -27,7 +27,7 @@ async def test_env_errors_and_stale_groups_are_handed_over_with_their_fate():
     # get_batch(step=3) drops the stale group, then raises instead of waiting
     queue.report_fatal("stop here")
     try:
-        await queue.get_batch(2, step=3)
+        await queue.get_batch(step=3)
     except Exception:
         pass
     assert [(fate, t.group_id) for fate, t in queue._take_unserved()] == [

@@ -37,7 +37,7 @@ async def test_in_flight_episodes_of_a_dead_worker_are_lost_and_their_seats_are_
     assert {s.group_id for s in refills} == {specs[1].group_id}
     for env_id, spec in [(1, refills[0]), (2, refills[1]), (3, specs[3])]:
         await queue.put_trajectory(finished(spec, env_id))
-    served = await queue.get_batch(4, 0)
+    served = await queue.get_batch(0)
     assert len(served.trajectories) == 4
     metrics = served.rollout_metrics()
     assert metrics[WORKER_RESTARTS] == 1.0 and metrics["rollout/env_errors"] == 0.0
@@ -76,7 +76,7 @@ async def test_a_dead_worker_hosting_many_busy_envs_is_one_restart_not_a_run_of_
     refills = {env_id: await queue.next_episode(env_id) for env_id in range(num_envs)}
     for env_id, spec in refills.items():
         await queue.put_trajectory(finished(spec, env_id))
-    served = await queue.get_batch(num_envs, 0)
+    served = await queue.get_batch(0)
     assert len(served.trajectories) == num_envs
     metrics = served.rollout_metrics()
     assert metrics[WORKER_RESTARTS] == 1.0

@@ -285,9 +285,9 @@ def test_lora_is_off_by_default_and_loads_when_on():
 
 
 def test_engines_keep_max_staleness_plus_one_versions():
-    assert serving_max_loras("async", 3) == 4
-    assert serving_max_loras("async", 1) == 2
-    assert serving_max_loras("sync", 0) == 2
+    assert serving_max_loras(3) == 4
+    assert serving_max_loras(1) == 2
+    assert serving_max_loras(0) == 2  # sync mode's bound
     assert LoraServing(rank=8, max_loras=4).engine_kwargs() == {
         "enable_lora": True,
         "max_loras": 4,

@@ -142,9 +142,7 @@ async def collect(config: PipelineConfig, tokenizer, client: BoundedFakeJudge):
         reward_scorers={"Count": EpisodeRewardScorer(reward, client)},
     )
     try:
-        batch = await asyncio.wait_for(
-            scheduler.get_batch(config.rollout_batch_size, step=0), 20
-        )
+        batch = await asyncio.wait_for(scheduler.get_batch(step=0), 20)
         return batch, scheduler.last_metrics
     finally:
         await scheduler.shutdown()

@@ -63,7 +63,7 @@ async def test_observed_version_lag_never_exceeds_max_staleness(
             env = (env + 1) % 4
 
     for step in range(12):
-        batch = asyncio.create_task(queue.get_batch(1, step=step))
+        batch = asyncio.create_task(queue.get_batch(step=step))
         while not batch.done():
             await fill()
             await asyncio.sleep(0)

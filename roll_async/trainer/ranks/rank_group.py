@@ -21,6 +21,7 @@ from typing import Any
 from roll_async.config.sections import TrainerConfig
 from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.runtime.ray_utils import unwrap_ray_error
+from roll_async.trainer.base import TrainerHandle
 from roll_async.trainer.ranks.rank_actor import TrainerRank
 
 logger = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ def check_cluster_fits(config: TrainerConfig, resources: dict[str, float]) -> No
         )
 
 
-class TrainerRankGroup:
-    """The pipeline's handle on the fsdp2 ranks: the Trainer methods, each run on every rank."""
+class TrainerRankGroup(TrainerHandle):
+    """The pipeline's handle on the fsdp2 ranks: the TrainerHandle methods, each run on every rank."""
 
     #: A real trainer (validation keeps the simulated one out of fsdp2).
     simulated = False
@@ -205,7 +206,7 @@ class TrainerRankGroup:
             method, [getattr(actor, method).remote(*args) for actor in self.actors]
         )
 
-    # -- the Trainer methods -------------------------------------------------------------
+    # -- the TrainerHandle methods -------------------------------------------------------------
 
     def train_step(self, batch: Any, step: int) -> dict[str, float]:
         import ray

@@ -216,7 +216,7 @@ async def test_a_verifier_death_ends_the_episode_as_an_env_error_and_the_seat_is
     )
     try:
         batch, metrics = await asyncio.wait_for(
-            scheduler.get_batch_with_metrics(1, step=0), 60
+            scheduler.get_batch_with_metrics(step=0), 60
         )
     finally:
         await scheduler.shutdown()
