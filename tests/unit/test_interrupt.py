@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import ray
 
 from roll_async.config.schema import load_config
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
@@ -172,6 +173,10 @@ async def test_a_trainer_in_ray_actors_starts_ray_on_the_loop_thread_and_keeps_s
     )
     pipeline = AgenticPipeline(config)
     monkeypatch.setattr("roll_async.pipelines.agentic_pipeline.init_ray", fake_init_ray)
+    # As in a fresh process: another test in this worker may have started Ray, and this run must
+    # neither join nor stop that instance.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda *args, **kwargs: None)
     monkeypatch.setattr(pipeline, "_prepare_trainer", prepare_trainer)
     previous = signal.getsignal(signal.SIGTERM)
     try:
