@@ -15,7 +15,7 @@ seeds (``env_layout`` and ``derive_seed``: group ``i`` of a tag plays the same
 seed as the per-env scheduler's group ``i``), the same ``ChatPromptBuilder``
 token-in/token-out prompts, templates, stop strings, ``max_tokens`` budget and
 stop reasons (the turn logic mirrors ``EnvManager._run_episode`` and reuses its
-helpers; a unit test checks both produce identical token ids), and the same
+helpers, ``env_managers.trajectory_bookkeeping``; a unit test checks both produce identical token ids), and the same
 engine object or Ray handle. It produces the project's ``Trajectory`` type.
 """
 
@@ -32,10 +32,11 @@ from typing import Any
 
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.engine.router import EngineClient
-from roll_async.env_managers.env_manager import (
-    EnvManager,
-    _episode_metrics,
-    _numeric_metrics,
+from roll_async.env_managers.trajectory_bookkeeping import (
+    append_tokens,
+    episode_metrics,
+    note_versions,
+    numeric_metrics,
 )
 from roll_async.env_managers.turn_generator import append_generation
 from roll_async.env_managers.worker import EnvFactory, RegisteredEnvFactory
@@ -43,9 +44,6 @@ from roll_async.prompts.images import observation_text
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.scheduler.layout import derive_seed, env_layout
 from roll_async.trajectory import GenerationRequest, Trajectory, TurnRecord
-
-_append = EnvManager._append
-_note_versions = EnvManager._note_versions
 
 
 @dataclass
@@ -87,7 +85,7 @@ class _Episode:
         prompt = self.prompts.first_turn_ids(self.render("instruction_template"))[
             : self.sequence_length
         ]
-        _append(self.trajectory, prompt, generated=False)
+        append_tokens(self.trajectory, prompt, generated=False)
         self.trajectory.prompt_length = len(prompt)
         if self.cfg.max_steps < 1:
             self.finish("max_steps")
@@ -110,7 +108,7 @@ class _Episode:
     ) -> bool:
         """Record the turn's reply; True if the env must step next."""
         t = self.trajectory
-        _append(t, token_ids, generated=True, logprobs=logprobs)
+        append_tokens(t, token_ids, generated=True, logprobs=logprobs)
         record = TurnRecord(
             turn=self.turn,
             action_text=self.prompts.decode(token_ids),
@@ -123,7 +121,7 @@ class _Episode:
             finish_reason=finish,
         )
         t.turns.append(record)
-        _note_versions(t, versions)
+        note_versions(t, versions)
         self.last_ids = list(token_ids)
         if len(t.token_ids) >= self.sequence_length and finish != "stop":
             self.finish("max_length")
@@ -137,7 +135,7 @@ class _Episode:
         record.env_step_s = seconds
         record.observation = observation_text(observation)
         record.reward = float(reward)
-        record.metrics = _numeric_metrics(info)
+        record.metrics = numeric_metrics(info)
         t.episode_reward += record.reward
         sequence_full = len(t.token_ids) >= self.sequence_length
         if terminated:
@@ -157,9 +155,9 @@ class _Episode:
         ) + self.prompts.user_delta_ids(self.render("observation_template"))
         room = self.sequence_length - len(t.token_ids)
         if len(delta) >= room:
-            _append(t, delta[:room], generated=False)
+            append_tokens(t, delta[:room], generated=False)
             return self.finish("max_length")
-        _append(t, delta, generated=False)
+        append_tokens(t, delta, generated=False)
         self.turn += 1
 
     def fail(self, exc: BaseException, seconds: float = 0.0) -> None:
@@ -171,7 +169,7 @@ class _Episode:
     def finish(self, stop_reason: str) -> None:
         t = self.trajectory
         t.stop_reason = stop_reason
-        t.metrics = _episode_metrics(t.turns)
+        t.metrics = episode_metrics(t.turns)
         t.finished_at = time.time()
         self.done = True
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from roll_async.engine.router import EngineClient
-from roll_async.env_managers.env_manager import EnvManager
+from roll_async.env_managers.trajectory_bookkeeping import append_tokens
 from roll_async.trajectory import GenerationRequest, Trajectory, TurnRecord
 
 
@@ -118,7 +118,7 @@ class ReplayRollout:
             started_at=time.time(),
         )
         for turn, step in enumerate(script):
-            EnvManager._append(trajectory, list(step.prompt_delta), generated=False)
+            append_tokens(trajectory, list(step.prompt_delta), generated=False)
             if turn == 0:
                 trajectory.prompt_length = len(step.prompt_delta)
             started = time.perf_counter()
@@ -134,7 +134,7 @@ class ReplayRollout:
                 )
             )
             output = list(result.output_token_ids)
-            EnvManager._append(
+            append_tokens(
                 trajectory, output, generated=True, logprobs=list(result.logprobs)
             )
             trajectory.turns.append(

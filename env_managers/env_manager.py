@@ -27,6 +27,13 @@ from roll_async.env_managers.env_status import (
     PhaseReporter,
 )
 from roll_async.env_managers.env_tools import EnvTools, EnvToolsError
+from roll_async.env_managers.trajectory_bookkeeping import (
+    append_tokens,
+    env_reference,
+    episode_metrics,
+    note_versions,
+    numeric_metrics,
+)
 from roll_async.env_managers.turn_generator import TurnGenerator
 from roll_async.errors import ChatTemplateError, EnvCallError, VisionInputError
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
@@ -39,7 +46,7 @@ from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.rewards.episode_text import turn_text
 from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.rewards.turn_rewards import TurnRewards
-from roll_async.trajectory import EpisodeSpec, Trajectory, TurnRecord
+from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -74,39 +81,6 @@ class EnvManagerSettings:
     greedy: bool = False
     #: First pause when the engine answers 'abort' without any new token (it is paused); doubles up to 1 s.
     abort_backoff_s: float = 0.02
-
-
-def _numeric_metrics(info: Any) -> dict[str, float]:
-    metrics = info.get("metrics", {}) if isinstance(info, dict) else {}
-    out: dict[str, float] = {}
-    for key, value in (metrics or {}).items():
-        if isinstance(value, (bool, int, float)):
-            out[str(key)] = float(value)
-    return out
-
-
-def _reference(info: dict[str, Any]) -> str | None:
-    """The reference answer an env gives on reset (``info["reference"]`` or ``info["answer"]``), for a judge."""
-    for key in ("reference", "answer"):
-        if info.get(key) is not None:
-            return str(info[key])
-    return None
-
-
-def _episode_metrics(turns: list[TurnRecord]) -> dict[str, float]:
-    """Mean of each env metric over the turns that reported it; ``success`` is the last turn's value."""
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for turn in turns:
-        for key, value in turn.metrics.items():
-            sums[key] = sums.get(key, 0.0) + value
-            counts[key] = counts.get(key, 0) + 1
-    merged = {key: sums[key] / counts[key] for key in sums}
-    for turn in reversed(turns):
-        if "success" in turn.metrics:
-            merged["success"] = turn.metrics["success"]
-            break
-    return merged
 
 
 class EnvManager:
@@ -379,7 +353,7 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
-        reference = _reference(info)
+        reference = env_reference(info)
         env_tools: EnvTools | None = None
         if info.get("tools"):
             try:
@@ -406,7 +380,7 @@ class EnvManager:
             return self._fail(trajectory, exc)
         first = first.fit(seq_len)  # never cuts an image in half
         append_images(trajectory, 0, first)
-        self._append(trajectory, first.token_ids, generated=False)
+        append_tokens(trajectory, first.token_ids, generated=False)
         trajectory.prompt_length = len(first.token_ids)
 
         stop_reason = "max_steps"
@@ -418,7 +392,7 @@ class EnvManager:
             generation = await self.turns.generate(
                 trajectory, turn, min(cfg.max_tokens_per_step, budget)
             )
-            self._append(
+            append_tokens(
                 trajectory,
                 generation.token_ids,
                 generated=True,
@@ -434,7 +408,7 @@ class EnvManager:
             )
             record = generation.turn_record(turn, action_text)
             trajectory.turns.append(record)
-            self._note_versions(trajectory, generation.weight_versions)
+            note_versions(trajectory, generation.weight_versions)
             sequence_full = len(trajectory.token_ids) >= seq_len
             if sequence_full and generation.finish_reason != "stop":
                 stop_reason = "max_length"  # the reply was cut by sequence_length: do not act on half an action
@@ -466,7 +440,7 @@ class EnvManager:
             record.observation = self.observations.text(observation)
             record.num_images = len(observation_images(observation))
             record.reward = float(reward)
-            record.metrics = _numeric_metrics(info)
+            record.metrics = numeric_metrics(info)
             trajectory.episode_reward += record.reward
             if turn_rewards is not None:
                 turn_rewards.start(
@@ -513,14 +487,14 @@ class EnvManager:
             if len(delta.token_ids) >= room:
                 delta = delta.fit(room)  # an image that does not fit whole is left out
                 append_images(trajectory, len(trajectory.token_ids), delta)
-                self._append(trajectory, delta.token_ids, generated=False)
+                append_tokens(trajectory, delta.token_ids, generated=False)
                 stop_reason = "max_length"
                 break
             append_images(trajectory, len(trajectory.token_ids), delta)
-            self._append(trajectory, delta.token_ids, generated=False)
+            append_tokens(trajectory, delta.token_ids, generated=False)
 
         trajectory.stop_reason = stop_reason
-        trajectory.metrics = _episode_metrics(trajectory.turns)
+        trajectory.metrics = episode_metrics(trajectory.turns)
         if env_tools is not None:
             trajectory.metrics["agent_tool_calls"] = float(env_tools.calls)
             trajectory.metrics["agent_tool_parse_errors"] = float(
@@ -600,40 +574,6 @@ class EnvManager:
                 f"custom_envs.{self.settings.tag}.{template_name}={template!r} cannot be filled ({type(exc).__name__}: {exc}); "
                 f"it may use the fields {{{'}, {'.join(fields)}}} (write literal braces as {{{{ and }}}})"
             ) from None
-
-    @staticmethod
-    def _append(
-        trajectory: Trajectory,
-        ids: list[int],
-        *,
-        generated: bool,
-        logprobs: list[float] | None = None,
-        versions: list[int] | None = None,
-    ) -> None:
-        trajectory.token_ids.extend(ids)
-        trajectory.response_mask.extend([1 if generated else 0] * len(ids))
-        if generated and logprobs is not None:
-            trajectory.logprobs.extend(logprobs)
-        else:
-            trajectory.logprobs.extend([0.0] * len(ids))
-        if generated and versions is not None and len(versions) == len(ids):
-            trajectory.token_versions.extend(versions)
-        else:
-            trajectory.token_versions.extend([-1] * len(ids))
-
-    @staticmethod
-    def _note_versions(trajectory: Trajectory, versions: list[int]) -> None:
-        for version in versions:
-            if (
-                trajectory.oldest_weight_version is None
-                or version < trajectory.oldest_weight_version
-            ):
-                trajectory.oldest_weight_version = version
-            if (
-                trajectory.newest_weight_version is None
-                or version > trajectory.newest_weight_version
-            ):
-                trajectory.newest_weight_version = version
 
     def _fail(self, trajectory: Trajectory, exc: BaseException) -> Trajectory:
         trajectory.stop_reason = "env_error"

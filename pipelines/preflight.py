@@ -19,7 +19,7 @@ from roll_async.agent_gateway.task import load_agent_function
 from roll_async.agent_gateway.tool_calls import ToolCallParser
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
-from roll_async.engine.vllm_engine import engine_dtype
+from roll_async.engine.engine_args import engine_dtype
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
@@ -340,7 +340,7 @@ def check_rewards(config: PipelineConfig) -> None:
 
 def check_engine_dtypes(config: PipelineConfig) -> None:
     """An explicit bfloat16 engine (the policy's or a judge's) on a CPU that cannot run vLLM's bfloat16 kernels
-    fails here, before any actor (vllm_engine.engine_dtype); ``auto`` is resolved by each engine on its node."""
+    fails here, before any actor (engine_args.engine_dtype); ``auto`` is resolved by each engine on its node."""
     engines = [("engine.dtype", config.engine.dtype)]
     for tag in used_tags(config):
         reward = config.custom_envs[tag].reward

@@ -84,7 +84,7 @@ def sampling_logits(
 
     The engine samples each token from a *processed* distribution: logits divided
     by the temperature, then top-k and top-p masking, renormalised. The engine runs
-    with ``logprobs_mode="processed_logprobs"`` (see ``engine/vllm_engine.py``), so
+    with ``logprobs_mode="processed_logprobs"`` (see ``engine/engine_args.py``), so
     the behaviour logprob it reports for a token is that token's log-probability
     under this processed distribution. The trainer scores its tokens with
     :func:`sampling_logits`, the same transformation, so the importance ratio

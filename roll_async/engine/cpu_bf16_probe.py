@@ -6,7 +6,7 @@ with ``engine.dtype: auto`` (bfloat16 on CPU) failed at start-up with only
 "EngineCore encountered an issue", while float32 engines ran. The probe runs
 the same ops on small inputs in a throwaway process and checks them against
 float32; a death (SIGILL) or an error there means bfloat16 cannot be used.
-roll_async.engine.vllm_engine.engine_dtype decides what follows.
+roll_async.engine.engine_args.engine_dtype decides what follows.
 
 The child calls the kernels vLLM's CPU code dispatches to for bfloat16
 (vllm/model_executor/layers/utils.py ``dispatch_cpu_unquantized_gemm``,

@@ -21,14 +21,19 @@ from typing import Any
 
 from roll_async.config.schema import EngineConfig
 from roll_async.engine import process_deaths
-from roll_async.engine.cpu_bf16_probe import cpu_bf16_probe
+from roll_async.engine.engine_args import build_engine_args, is_cpu_platform
+from roll_async.engine.engine_outputs import (
+    engine_finish_reason,
+    sampled_logprobs,
+    versions_per_token,
+)
 from roll_async.engine.lora_adapters import AdapterVersions, LoraServing
 from roll_async.engine.weight_transport import resolve_bucket
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
 from roll_async.errors import ConfigError, EngineStartupError
 from roll_async.prompts.images import input_only_logit_bias, model_is_vision_language
 from roll_async.runtime import node_files
-from roll_async.trajectory import FinishReason, GenerationRequest, GenerationResult
+from roll_async.trajectory import GenerationRequest, GenerationResult
 
 # vLLM and safetensors are imported inside the functions that use them: importing vLLM is slow,
 # and this module is imported where no engine starts.
@@ -36,9 +41,6 @@ from roll_async.trajectory import FinishReason, GenerationRequest, GenerationRes
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "wait", "keep")
-#: vLLM ``logprobs_mode``: logprobs after temperature / top-k / top-p (see roll_async.sampling).
-BEHAVIOUR_LOGPROBS_MODE = "processed_logprobs"
-GiB = 1 << 30
 
 
 @dataclass
@@ -97,101 +99,6 @@ def supports_flat_logprobs() -> bool:
     from vllm import SamplingParams
 
     return "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
-
-
-def is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def engine_dtype(dtype: str, key: str = "engine.dtype") -> str:
-    """The dtype vLLM gets for the engine configured at ``key``: the one place that decides it.
-
-    On vLLM's CPU backend ``auto`` means bfloat16, whose kernels some CPUs list
-    but cannot run (an Intel Xeon VM with AMX: SIGILL in the engine's worker at
-    start-up). There :func:`cpu_bf16_probe` (a child process, once per process)
-    decides: ``auto`` becomes float32 with one warning, an explicit ``bfloat16``
-    is a ConfigError naming ``<key>=float32``. Any other dtype or device: unchanged.
-    """
-    if dtype not in ("auto", "bfloat16") or not is_cpu_platform():
-        return dtype
-    probe = cpu_bf16_probe()
-    if probe.usable:
-        return dtype
-    if dtype == "bfloat16":
-        raise ConfigError(
-            f"{key}=bfloat16: this CPU cannot run vLLM's bfloat16 kernels ({probe.detail}); "
-            f"set {key}=float32"
-        )
-    _warn_float32_once(key, probe.detail)
-    return "float32"
-
-
-@functools.cache
-def _warn_float32_once(key: str, detail: str) -> None:
-    logger.warning(
-        "%s=auto runs the engine in float32: this CPU cannot run vLLM's bfloat16 kernels (%s); "
-        "set %s=float32 to say so in the config",
-        key,
-        detail,
-        key,
-    )
-
-
-def build_engine_args(
-    model_path: str, config: EngineConfig, lora: LoraServing | None = None
-) -> Any:
-    """Translate EngineConfig into vLLM's AsyncEngineArgs, naming any option vLLM rejects.
-
-    ``lora``: serve the run's LoRA adapters (trainer.lora.sync=adapter; roll_async.engine.lora_adapters).
-    """
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    kwargs: dict[str, Any] = dict(
-        model=model_path,
-        dtype=engine_dtype(config.dtype),
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        enable_prefix_caching=config.enable_prefix_caching,
-        enforce_eager=config.enforce_eager,
-        tensor_parallel_size=config.tensor_parallel_size,
-        seed=config.seed,
-        disable_log_stats=False,  # our stat logger needs the scheduler stats
-        worker_extension_cls="roll_async.engine.worker_extension.WeightSyncExtension",
-        # Behaviour logprobs of the distribution that sampled (temperature, top-k, top-p applied and
-        # renormalised), the one the trainer scores under (roll_async.sampling); vLLM's default is raw.
-        logprobs_mode=BEHAVIOUR_LOGPROBS_MODE,
-    )
-    if config.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    if is_cpu_platform():
-        # On CPU gpu_memory_utilization is a fraction of host RAM that must be free at start;
-        # a fixed KV-cache size is predictable instead.
-        kwargs["kv_cache_memory_bytes"] = int(config.cpu_kv_cache_space_gib * GiB)
-        # vLLM rewinds a seeded request's generator when a chunked prefill discards its sample,
-        # which CPU generators cannot do ("CPU Generator does not use offset") and which kills
-        # the engine. Whole-prompt prefills avoid it; each step then must fit one full prompt.
-        kwargs["enable_chunked_prefill"] = False
-        kwargs["max_num_batched_tokens"] = max(
-            config.max_num_batched_tokens or 0, config.max_model_len
-        )
-        # vLLM's multiprocess executor (what the CPU backend uses) that records a worker's death by a
-        # signal, so a failed start names it (process_deaths) instead of "EngineCore encountered an issue".
-        kwargs["distributed_executor_backend"] = process_deaths.RECORDING_EXECUTOR
-    else:
-        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-    if lora is not None:
-        kwargs.update(lora.engine_kwargs())
-    for key, value in config.engine_kwargs.items():
-        kwargs[key] = value
-    try:
-        return AsyncEngineArgs(**kwargs)
-    except TypeError as exc:
-        raise EngineStartupError(
-            f"engine option rejected by vLLM: {exc}. Check engine.engine_kwargs "
-            f"({sorted(config.engine_kwargs)}) against vllm.AsyncEngineArgs"
-        ) from None
 
 
 class VLLMEngine(ServesRequestsOverZmq):
@@ -452,9 +359,7 @@ class VLLMEngine(ServesRequestsOverZmq):
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
         logprobs = (
-            _sampled_logprobs(completion.logprobs, token_ids)
-            if request.logprobs
-            else []
+            sampled_logprobs(completion.logprobs, token_ids) if request.logprobs else []
         )
         finish = engine_finish_reason(completion.finish_reason)
         if finish == "error":
@@ -465,7 +370,7 @@ class VLLMEngine(ServesRequestsOverZmq):
         token_versions = (
             [version] * len(token_ids)
             if self._adapters is not None
-            else _token_versions(completion.weight_versions, len(token_ids), version)
+            else versions_per_token(completion.weight_versions, len(token_ids), version)
         )
         self._prompt_tokens += len(request.prompt_token_ids)
         self._prefix_cache_hit_tokens += int(final.num_cached_tokens or 0)
@@ -648,60 +553,6 @@ class VLLMEngine(ServesRequestsOverZmq):
 
     def ready(self) -> bool:
         return self._llm is not None
-
-
-def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
-    """The sampled token's logprob at each position, from vLLM's flat logprobs or, before vLLM 0.12, its
-    {token_id: Logprob} maps."""
-    if entries is None:
-        return [0.0] * len(token_ids)
-    starts = getattr(entries, "start_indices", None)
-    # FlatLogprobs: with logprobs=0 each position holds the sampled token alone
-    if starts is not None:
-        ids, flat, ends = entries.token_ids, entries.logprobs, entries.end_indices
-        values = []
-        for position, token_id in enumerate(token_ids):
-            start = starts[position]
-            if ids[start] != token_id:  # not first: look through the position's entries
-                start += ids[start : ends[position]].index(token_id)
-            values.append(float(flat[start]))
-        return values
-    values = []
-    for position, token_id in enumerate(token_ids):
-        entry = entries[position]
-        values.append(float(entry[token_id].logprob))
-    return values
-
-
-def engine_finish_reason(raw: Any) -> FinishReason:
-    """vLLM's finish reason in our vocabulary: ``error`` (retryable engine fault) stays ``error``.
-
-    ``repetition`` (vLLM's hallucination guard) ended a complete-looking reply: ``stop``;
-    None (no final output) is ``abort``.
-    """
-    if raw is None:
-        return "abort"
-    reason = str(raw)
-    if reason in ("stop", "length", "abort", "error"):
-        return reason  # type: ignore[return-value]
-    return "stop"
-
-
-def _token_versions(spans: Any, num_tokens: int, fallback: int) -> list[int]:
-    """One weight version per output token from vLLM's ``WeightVersionSpan`` list (``[start, end)`` → label).
-
-    vLLM labels each engine step's tokens with the version set by ``update_weight_version``
-    (which changes only while generation is paused). Tokens without a label get ``fallback``.
-    """
-    versions = [fallback] * num_tokens
-    for span in spans or ():
-        try:
-            label = int(span.version)
-        except (TypeError, ValueError):
-            continue
-        for index in range(max(0, span.start), min(num_tokens, span.end)):
-            versions[index] = label
-    return versions
 
 
 def _to_safetensors_bytes(weights: dict[str, Any]) -> bytes:

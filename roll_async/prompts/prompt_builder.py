@@ -17,6 +17,9 @@ from typing import Any
 
 from roll_async.errors import ChatTemplateError
 
+# load_tokenizer lives in roll_async.prompts.tokenizers; importable from here as before.
+from roll_async.prompts.tokenizers import load_tokenizer as load_tokenizer
+
 #: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
 #: Texts whose ids a builder keeps, per cache (first prompts, user turns): ~4 KB per text of ~100 tokens.
@@ -586,25 +589,3 @@ class ChatPromptBuilder:
             leading,
             notes,
         )
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
-    """Load a Hugging Face tokenizer for rollouts.
-
-    A local directory with ``tokenizer.json`` loads through
-    ``PreTrainedTokenizerFast``, which does not import torch or the model
-    registry (about 3 s saved in every EnvManagerWorker process); the rollout
-    only encodes template text without special tokens, decodes, and renders the
-    chat template, which the generic fast tokenizer does exactly as the model's
-    own class. Anything else (hub ids, slow-only tokenizers, remote code) goes
-    through ``AutoTokenizer``.
-    """
-    local = Path(path).expanduser()
-    # transformers is heavy: loaded only when a tokenizer is.
-    if not trust_remote_code and (local / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(str(local))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

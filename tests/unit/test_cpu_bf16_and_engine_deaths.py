@@ -24,12 +24,12 @@ import pytest
 from pipelines.preflight import preflight
 from roll_async.config.schema import EngineConfig, PipelineConfig
 from roll_async.engine import cpu_bf16_probe as probe_module
-from roll_async.engine import process_deaths, vllm_engine
+from roll_async.engine import engine_args, process_deaths
 from roll_async.engine.exit_recording_executor import ExitRecordingExecutor
 from roll_async.errors import ConfigError
 
 needs_cpu_vllm = pytest.mark.skipif(
-    not vllm_engine.is_cpu_platform(),
+    not engine_args.is_cpu_platform(),
     reason="the bfloat16 probe is for vLLM's CPU backend",
 )
 
@@ -44,10 +44,10 @@ DIES_BY_SIGILL = [
 def fresh_probe(monkeypatch):
     """The per-process verdict and the one-time warning forgotten before and after the test."""
     probe_module.cpu_bf16_probe.cache_clear()
-    vllm_engine._warn_float32_once.cache_clear()
+    engine_args._warn_float32_once.cache_clear()
     yield monkeypatch
     probe_module.cpu_bf16_probe.cache_clear()
-    vllm_engine._warn_float32_once.cache_clear()
+    engine_args._warn_float32_once.cache_clear()
 
 
 @pytest.fixture
@@ -75,15 +75,15 @@ def test_the_probe_runs_vllms_bf16_kernels_in_a_child_once_per_process(fresh_pro
 
 @needs_cpu_vllm
 def test_auto_falls_back_to_float32_with_one_warning(bf16_dies_by_sigill, caplog):
-    with caplog.at_level(logging.WARNING, logger=vllm_engine.__name__):
-        assert vllm_engine.engine_dtype("auto") == "float32"
-        args = vllm_engine.build_engine_args("/some/model", EngineConfig())
+    with caplog.at_level(logging.WARNING, logger=engine_args.__name__):
+        assert engine_args.engine_dtype("auto") == "float32"
+        args = engine_args.build_engine_args("/some/model", EngineConfig())
     assert args.dtype == "float32"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "engine.dtype=auto runs the engine in float32" in warnings[0]
     assert "SIGILL" in warnings[0]
-    assert vllm_engine.engine_dtype("float32") == "float32"
+    assert engine_args.engine_dtype("float32") == "float32"
 
 
 @needs_cpu_vllm
@@ -110,16 +110,16 @@ def test_a_probe_child_that_errors_counts_as_unusable(fresh_probe):
     assert not probe.usable
     assert "RuntimeError: onednn_mm: no kernel" in probe.detail
     with pytest.raises(ConfigError, match="RuntimeError: onednn_mm: no kernel"):
-        vllm_engine.engine_dtype("bfloat16")
+        engine_args.engine_dtype("bfloat16")
 
 
 def test_explicit_bfloat16_names_the_judges_key(bf16_dies_by_sigill, monkeypatch):
-    monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: True)
+    monkeypatch.setattr(engine_args, "is_cpu_platform", lambda: True)
     with pytest.raises(
         ConfigError,
         match=r"^custom_envs\.Judge\.reward\.engine\.dtype=bfloat16: .*; set custom_envs\.Judge\.reward\.engine\.dtype=float32$",
     ):
-        vllm_engine.engine_dtype("bfloat16", "custom_envs.Judge.reward.engine.dtype")
+        engine_args.engine_dtype("bfloat16", "custom_envs.Judge.reward.engine.dtype")
 
 
 def exit_code_of_a_death_by(sig: signal.Signals) -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll_async.engine.vllm_engine import (
-    _sampled_logprobs,
-    _token_versions,
+from roll_async.engine.engine_outputs import (
     engine_finish_reason,
+    sampled_logprobs,
+    versions_per_token,
 )
 
 
@@ -30,15 +30,15 @@ def test_error_finish_reason_is_kept_for_the_retry_path_not_turned_into_stop():
 
 
 def test_version_spans_become_one_version_per_token():
-    assert _token_versions([Span("3", 0, 2), Span("4", 2, 5)], 5, fallback=9) == [
+    assert versions_per_token([Span("3", 0, 2), Span("4", 2, 5)], 5, fallback=9) == [
         3,
         3,
         4,
         4,
         4,
     ]
-    assert _token_versions(None, 3, fallback=2) == [2, 2, 2]
-    assert _token_versions([Span("default", 0, 2)], 2, fallback=0) == [0, 0]
+    assert versions_per_token(None, 3, fallback=2) == [2, 2, 2]
+    assert versions_per_token([Span("default", 0, 2)], 2, fallback=0) == [0, 0]
 
 
 def test_sampled_logprobs_read_from_flat_and_from_per_position_maps_agree():
@@ -56,11 +56,11 @@ def test_sampled_logprobs_read_from_flat_and_from_per_position_maps_agree():
     flat = FlatLogprobs()
     flat.extend(maps)
     assert (
-        _sampled_logprobs(flat, sampled)
-        == _sampled_logprobs(maps, sampled)
+        sampled_logprobs(flat, sampled)
+        == sampled_logprobs(maps, sampled)
         == [-0.5, -2.0, -1.25]
     )
-    assert _sampled_logprobs(None, sampled) == [0.0, 0.0, 0.0]
+    assert sampled_logprobs(None, sampled) == [0.0, 0.0, 0.0]
 
 
 def test_flat_logprobs_are_asked_for_only_where_vllm_has_the_option(monkeypatch):
