@@ -9,7 +9,6 @@ A unit test fails when the checked-in page differs from what this renders. Regen
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import importlib
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import roll_async
-from roll_async.config.reference import _cell
+from roll_async.config.reference import cell, page_main
 
 REGENERATE_COMMAND = "python -m roll_async.api_reference --write"
 #: The page's place in a source checkout.
@@ -153,7 +152,7 @@ def _fields_table(cls: type, doc: Docstring) -> list[str]:
         hint = f.type if isinstance(f.type, str) else inspect.formatannotation(f.type)
         meaning = comments.get(f.name) or documented.get(f.name, "")
         rows.append(
-            f"| `{f.name}` | `{_cell(hint)}` | {_cell(_default(f))} | {_cell(markdown(meaning))} |"
+            f"| `{f.name}` | `{cell(hint)}` | {cell(_default(f))} | {cell(markdown(meaning))} |"
         )
     return rows
 
@@ -261,20 +260,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m roll_async.api_reference",
-        description="Print the API reference page (markdown), or write it to docs/api-reference.md.",
+    return page_main(
+        argv, prog="python -m roll_async.api_reference", page=PAGE, render=render
     )
-    parser.add_argument(
-        "--write", action="store_true", help=f"write {PAGE} instead of printing"
-    )
-    args = parser.parse_args(argv)
-    if args.write:
-        PAGE.write_text(render())
-        print(PAGE)
-    else:
-        sys.stdout.write(render())
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import inspect
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,7 +78,7 @@ def yaml_value(value: Any) -> str:
     return text.removesuffix("\n...").removesuffix("...").strip()
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
     """Table-cell safe: ``|`` would end the cell and ``<Tag>`` would read as an HTML tag."""
     return text.replace("|", "\\|").replace("<", "\\<").replace("\n", " ")
 
@@ -110,10 +111,10 @@ def _section_table(
             kind, default = "section or null", "`null`"
         else:
             limits = limit_text(f.metadata)
-            kind = _cell(type_name(hint) + (f" ({limits})" if limits else ""))
-            default = f"`{_cell(yaml_value(getattr(instance, f.name)))}`"
+            kind = cell(type_name(hint) + (f" ({limits})" if limits else ""))
+            default = f"`{cell(yaml_value(getattr(instance, f.name)))}`"
         meaning = comments.get((cls.__name__, f.name), "")
-        rows.append(f"| `{name}` | {kind} | {default} | {_cell(meaning)} |")
+        rows.append(f"| `{name}` | {kind} | {default} | {cell(meaning)} |")
     return rows
 
 
@@ -194,21 +195,30 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def page_main(
+    argv: list[str] | None, *, prog: str, page: Path, render: Callable[[], str]
+) -> int:
+    """The command line of a generated docs page: print it, or write it to ``page`` with ``--write``."""
     parser = argparse.ArgumentParser(
-        prog="python -m roll_async.config.reference",
-        description="Print the config reference page (markdown), or write it to docs/config-reference.md.",
+        prog=prog,
+        description=f"Print the generated page (markdown), or write it to {page.relative_to(page.parents[1])}.",
     )
     parser.add_argument(
-        "--write", action="store_true", help=f"write {PAGE} instead of printing"
+        "--write", action="store_true", help=f"write {page} instead of printing"
     )
     args = parser.parse_args(argv)
     if args.write:
-        PAGE.write_text(render())
-        print(PAGE)
+        page.write_text(render())
+        print(page)
     else:
         sys.stdout.write(render())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return page_main(
+        argv, prog="python -m roll_async.config.reference", page=PAGE, render=render
+    )
 
 
 if __name__ == "__main__":
