@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import socket
 import threading
 import time
@@ -338,15 +339,27 @@ def test_a_run_cannot_kill_a_concurrent_run():
 
 @needs_namespaces
 def test_nothing_a_run_starts_outlives_it():
+    # The escaped grandchild becomes `sleep <token>`, so this run's leftover is told apart from
+    # the sandbox processes of tests running beside it (xdist) by its command line.
+    token = f"60.{secrets.randbelow(10**9):09d}"
     escape = (
-        "import os, time\n"
+        "import os, sys, time\n"
         "if os.fork() == 0:\n    os.setsid()\n"
-        "    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\n"
-        "time.sleep(0.3)\nprint('parent done')\n"
+        "    if os.fork() == 0:\n"
+        "        print('grandchild up', flush=True)\n"
+        f"        os.execv('/bin/sleep', ['sleep', '{token}'])\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.5)\nprint('parent done')\n"
     )
     result = run_python(escape, FAST)
     assert "parent done" in result.stdout, result.report()
-    assert not _sandbox_processes()
+    assert "grandchild up" in result.stdout, result.report()
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if token in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not left, left
 
 
 @needs_namespaces
