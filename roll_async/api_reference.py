@@ -9,7 +9,6 @@ A unit test fails when the checked-in page differs from what this renders. Regen
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
 import inspect
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import roll_async
-from roll_async.config.reference import cell, page_main
+from roll_async.config.reference import cell, field_comments, page_main
 
 REGENERATE_COMMAND = "python -m roll_async.api_reference --write"
 #: The page's place in a source checkout.
@@ -81,28 +80,13 @@ def parse_docstring(doc: str | None) -> Docstring:
     return Docstring(text, sections)
 
 
-def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the ``#:`` comment lines right above it, joined into one line."""
+def class_field_comments(cls: type) -> dict[str, str]:
+    """Field name -> the ``#:`` comment lines right above it, joined into one line (commented fields only)."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return {}
-    lines = source.splitlines()
-    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
-    comments: dict[str, str] = {}
-    for statement in node.body:
-        if not isinstance(statement, ast.AnnAssign) or not isinstance(
-            statement.target, ast.Name
-        ):
-            continue
-        above: list[str] = []
-        row = statement.lineno - 2  # 0-based index of the line above the field
-        while row >= 0 and lines[row].strip().startswith("#:"):
-            above.insert(0, lines[row].strip()[2:].strip())
-            row -= 1
-        if above:
-            comments[statement.target.id] = " ".join(above)
-    return comments
+    return {name: text for (_, name), text in field_comments(source).items() if text}
 
 
 def markdown(text: str) -> str:
@@ -145,7 +129,7 @@ def _default(f: dataclasses.Field[Any]) -> str:
 
 
 def _fields_table(cls: type, doc: Docstring) -> list[str]:
-    comments = field_comments(cls)
+    comments = class_field_comments(cls)
     documented = dict(doc.sections.get("Attributes", []))
     rows = ["| Field | Type | Default | Meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):

@@ -31,9 +31,12 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "config-reference.md"
 _YAML_NAMES = {("ReplayConfig", "from_dir"): "from"}
 
 
-def field_comments() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> its ``#:`` comment lines joined into one line."""
-    source = inspect.getsource(sections)
+def field_comments(source: str | None = None) -> dict[tuple[str, str], str]:
+    """(class name, field name) -> its ``#:`` comment lines joined into one line ("" where none).
+
+    ``source``: the Python source whose top-level classes are read; default the config sections.
+    """
+    source = inspect.getsource(sections) if source is None else source
     lines = source.splitlines()
     comments: dict[tuple[str, str], str] = {}
     for node in ast.parse(source).body:
