@@ -26,10 +26,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: Each run's own wall-clock limit (Ray + vLLM start-up is most of a run on a loaded 2-core machine).
 RUN_TIMEOUT_S = 600
-#: One step, no validation, 2 groups x 4 envs, a small engine cache; the same for every train run.
-SHORT = [
-    "max_steps=1",
-    "eval_steps=0",
+#: 2 groups x 4 envs = 8 env instances, a small engine cache (the machine is shared); every real CLI run.
+SMALL = [
     "rollout_batch_size=8",
     "train_env_manager.num_env_groups=2",
     "train_env_manager.group_size=4",
@@ -37,8 +35,9 @@ SHORT = [
     "engine.max_num_seqs=16",
     "ray_num_cpus=4",
     "trainer.micro_batch_size=8",
-    "logging.progress_bar=false",
 ]
+#: One step, no validation, SMALL; the same for every documented train run.
+SHORT = ["max_steps=1", "eval_steps=0", *SMALL, "logging.progress_bar=false"]
 #: The main job's SFT warm start, shortened (its configs warm-start; the path still runs).
 SHORT_SFT = ["sft_warmup.steps=2", "sft_warmup.num_demos=8"]
 #: ``--check`` commands are the check itself: the fast tier runs each through the CLI.

@@ -23,20 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.readme_runs import SMALL
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "configs/frozen_lake.yaml"
-#: 2 groups x 4 envs = 8 env instances; small engine cache (the machine is shared).
-SMALL = [
-    "rollout_batch_size=8",
-    "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=4",
-    "engine.cpu_kv_cache_space_gib=0.5",
-    "engine.max_num_seqs=16",
-    "ray_num_cpus=4",
-    "trainer.micro_batch_size=8",
-]
 NUM_ENVS = 8
 #: Replay must reproduce the original trainer metrics within this (same code, same CPU, same batch, same init).
 REPLAY_ABS_TOL, REPLAY_REL_TOL = 1e-5, 1e-4
