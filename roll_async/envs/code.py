@@ -15,6 +15,7 @@ import builtins
 import dataclasses
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -40,6 +41,10 @@ MAX_RESULT_BYTES = 256 * 1024
 MAX_RESULT_DEPTH = 64
 #: Names a test evaluates in the parent: builtins, unless the task's function shadows one.
 _BUILTINS = frozenset(dir(builtins))
+#: Held while a test is split. Graders run in threads, and CPython 3.11.7's ``ast`` keeps one recursion
+#: counter per interpreter: another thread's parse during a thread switch inside this one's (a finalizer
+#: run by the collector) makes this one raise ``SystemError: AST constructor recursion depth mismatch``.
+_AST_LOCK = threading.Lock()
 
 # Runs in the sandbox: the submission, then each call of the tests (their inputs, nothing else),
 # printing one line of plain data: ["ok", tagged value] or ["raised", exception name] per call.
@@ -121,6 +126,11 @@ def split_test(test: str, function: str, task_id: str) -> SplitTest:
     single assert, a name the submission defines used other than as a call (``map(f, xs)``), a test
     that binds names (lambda, comprehension, ``:=``), or a test that calls nothing of the submission.
     """
+    with _AST_LOCK:
+        return _split_test(test, function, task_id)
+
+
+def _split_test(test: str, function: str, task_id: str) -> SplitTest:
     where = f"code task {task_id!r}: test {test!r}"
     try:
         module = ast.parse(test, mode="exec")

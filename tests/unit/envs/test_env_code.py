@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import json
 import math
 import secrets
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -203,6 +206,49 @@ def test_tests_split_into_sandboxed_calls_and_a_check_the_parent_evaluates():
         for test in t["tests"]
     ]
     assert all(s.calls for s in every_task_splits)
+
+
+def test_tests_split_in_two_threads_at_once_both_split():
+    """Graders run in threads (the env pool, the probes' fixture); a split must survive another thread's.
+
+    CPython 3.11.7's ``ast`` keeps one recursion counter per interpreter, so a thread switch while one
+    thread builds an AST (here: a finalizer run by the garbage collector, waiting on another thread)
+    lets the other thread's parse reset it, and the first raised ``SystemError: AST constructor
+    recursion depth mismatch``, which failed every probe of a CI run. A collection inside ``ast.parse``
+    stands in for the finalizer.
+    """
+    test = "assert fizzbuzz(15) == ['1', '2', 'Fizz'] and fizzbuzz(3)[-1] == 'Fizz'"
+    other_done, errors = threading.Event(), []
+
+    def deeper(n: int) -> None:  # another stack depth, so another starting count
+        if n:
+            return deeper(n - 1)
+        try:
+            split_test(test, "fizzbuzz", "other")
+        except Exception as exc:  # noqa: BLE001 - the test reports it below
+            errors.append(exc)
+        other_done.set()
+
+    fired = []
+
+    def switch_threads_inside_parse(phase: str, info: dict) -> None:
+        # A collection while ast.parse builds its tree: let the other thread run (or wait for this one).
+        if not fired and sys._getframe(1).f_code is ast.parse.__code__:
+            fired.append(phase)
+            threading.Thread(target=deeper, args=(20,), daemon=True).start()
+            other_done.wait(0.5)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(switch_threads_inside_parse)
+    gc.set_threshold(1)
+    try:
+        split = split_test(test, "fizzbuzz", "this")
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(switch_threads_inside_parse)
+    assert fired, "no collection ran inside ast.parse"
+    assert other_done.wait(10) and not errors, errors
+    assert split.calls == ("fizzbuzz(15)", "fizzbuzz(3)")
 
 
 @pytest.mark.parametrize(
