@@ -10,6 +10,7 @@ import json
 import time
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from tests.integration.readme_runs import (
     SHORT,
@@ -99,6 +100,9 @@ def test_agent_config_trains(tmp_path):
 
 
 def test_fsdp2_on_two_ranks(tmp_path):
+    """Two steps, so the engine serves the ranks' weights once: the next step's importance ratio (trainer
+    over engine probability) is 1 within float32 CPU tolerance; the Hugging Face export, written layer by
+    layer by the main rank, loads in transformers."""
     run = tmp_path / "fsdp2"
     out = cli(
         "train",
@@ -107,11 +111,22 @@ def test_fsdp2_on_two_ranks(tmp_path):
         "trainer.num_ranks=2",
         *SHORT,
         *SHORT_SFT,
+        "max_steps=2",
+        "checkpoint.export_hf_interval=2",
         f"output_dir={run}",
     )
-    assert_trained(out, run)
+    trained = assert_trained(out, run, steps=2)
     assert "trainer: 2 fsdp2 rank(s)" in (run / "logs" / "driver.log").read_text()
     assert "SIGTERM handler is not set" not in out  # Ray was started on the main thread
+    after_sync = trained[1]
+    assert after_sync["weight_version"] == trained[0]["weight_version"] + 1
+    assert after_sync["train/response_tokens"] > 0
+    assert after_sync["train/importance_ratio/max"] == pytest.approx(1.0, abs=1e-2)
+    assert after_sync["train/importance_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+    exported = run / "hf" / "step_1"
+    assert (exported / "model.safetensors.index.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert model.config.num_hidden_layers == 2
 
 
 # -- the ready configs the README names without a command line --------------------------------------
