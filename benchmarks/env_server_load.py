@@ -255,7 +255,7 @@ async def one_run(
     args: argparse.Namespace, healthy: int, faulty: int
 ) -> dict[str, Any]:
     """A fresh server, one run against it, the server stopped (hung threads of a run never reach the next)."""
-    from roll_async.env_service.server import launch_server_process
+    from roll_async.env_service.server_cli import launch_server_process
 
     process, url = launch_server_process(
         "--isolation",

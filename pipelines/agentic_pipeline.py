@@ -60,6 +60,7 @@ from roll_async.run_output.run_dir import RunDirectory
 from roll_async.run_output.tracking import MetricsTracker
 from roll_async.runtime.ray_utils import init_ray
 from roll_async.sampling import SamplingSettings
+from roll_async.scheduler.interface import RolloutScheduling
 from roll_async.scheduler.rollout_scheduler import RolloutScheduler
 from roll_async.scheduler.validation import ValidationScheduler
 from roll_async.trainer import checkpoint_dir, prune_checkpoints
@@ -96,8 +97,8 @@ class AgenticPipeline:
         self.fleet = EngineReplicaFleet(self.engines)
         self._owns_ray = False
         self.version_base = 0
-        self.train_scheduler: Any = None
-        self.val_scheduler: Any = None
+        self.train_scheduler: RolloutScheduling | None = None
+        self.val_scheduler: ValidationScheduler | None = None
         self.trainer: TrainerHandle | None = None
         self.tokenizer: Any = None
         self.model_path = ""

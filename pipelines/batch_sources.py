@@ -11,12 +11,13 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from roll_async import metrics as m
 from roll_async.errors import ConfigError
 from roll_async.pipelines.step_state import StepBatch
 from roll_async.sampling import SamplingSettings
+from roll_async.scheduler.interface import RolloutScheduling
 from roll_async.trainer.batch_dump import load_batch, save_batch
 from roll_async.trainer.collate import collate_trajectories
 
@@ -45,7 +46,7 @@ class RolloutSource(BatchSource):
 
     def __init__(
         self,
-        scheduler: Any,
+        scheduler: RolloutScheduling,
         *,
         pad_token_id: int,
         sampling: SamplingSettings,

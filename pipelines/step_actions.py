@@ -22,6 +22,7 @@ from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.step_state import RunProgress, StepBatch
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.run_output.tracking import MetricsTracker
+from roll_async.scheduler.interface import RolloutScheduling
 
 
 class StepAction(Protocol):
@@ -131,7 +132,7 @@ class StepLog(StepAction):
         run_dir: RunDirectory,
         tokenizer: Any,
         fleet: EngineReplicaFleet | None,
-        train_scheduler: Any,
+        train_scheduler: RolloutScheduling | None,
         progress_bar: Any,
     ) -> None:
         """``fleet``: the engines' fleet, None without engines (replay); ``progress_bar``: tqdm or None."""

@@ -209,7 +209,7 @@ def _cmd_make_env_dataset(args: argparse.Namespace) -> int:
 
 
 def _cmd_env_server(args: argparse.Namespace) -> int:
-    from roll_async.env_service.server import main as serve
+    from roll_async.env_service.server_cli import main as serve
 
     return serve(args)
 
@@ -367,7 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
         "env-server",
         help="serve registered envs over HTTP (create/reset/step/close, /health) for custom_envs.<Tag>.service_url",
     )
-    from roll_async.env_service.server import add_arguments as add_env_server_arguments
+    from roll_async.env_service.server_cli import (
+        add_arguments as add_env_server_arguments,
+    )
 
     add_env_server_arguments(p)
     p.set_defaults(func=_cmd_env_server)

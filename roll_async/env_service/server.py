@@ -4,32 +4,30 @@ Rollouts on one machine may need envs hosted elsewhere (heavy simulators,
 untrusted code, other hardware); ``roll-async env-server`` hosts env instances
 so that a hung or crashing env never hangs or kills the server. aiohttp, rather
 than a WSGI/ASGI stack, gives one dependency for both server and client and an
-asyncio server that holds thousands of idle connections cheaply.
+asyncio server that holds thousands of idle connections cheaply. This module is
+the HTTP application and its operations; the session table, the exactly-once
+ledger, the env host and the command each have their own module.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import collections
-import functools
-import importlib
-import inspect
-import itertools
 import json
-import logging
-import subprocess
-import sys
-import threading
-import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from roll_async.env_service.fd_limit import raise_open_files_limit
-from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
-from roll_async.env_service.thread_pool import EnvThreadPool, NoFreeThread
+from roll_async.env_service.env_host import DEFAULT_MAX_ENVS, ISOLATION_MODES, EnvHost
+from roll_async.env_service.exactly_once import ExactlyOnceCalls
+from roll_async.env_service.server_stats import ServerStats
+from roll_async.env_service.sessions import (
+    CallFailed,
+    CallRecord,
+    HostedEnv,
+    SessionTable,
+    call_key,
+)
 from roll_async.env_service.wire import (
     API,
     BadRequest,
@@ -38,91 +36,10 @@ from roll_async.env_service.wire import (
     require_seq,
     to_jsonable,
 )
-from roll_async.envs import make_env, registered_envs, resolve_env_class
+from roll_async.envs import registered_envs, resolve_env_class
 
-logger = logging.getLogger(__name__)
-
-ISOLATION_MODES = ("process", "none")
-#: Default --max-envs: a process per env costs tens of MB; an in-thread env, kilobytes.
-DEFAULT_MAX_ENVS = {"process": 256, "none": 4096}
-#: Most requests aiohttp's listening socket queues before accepting (2,000 sessions may connect at once).
-LISTEN_BACKLOG = 4096
-#: Closed or dropped env ids remembered (why, and a failed call to answer again), newest kept.
-GONE_KEPT = 10_000
-
-
-class _CallFailed(Exception):
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.kind = status, kind
-
-    def again(self) -> _CallFailed:
-        """A fresh copy, to answer a repeat of the failed call."""
-        return _CallFailed(self.status, self.kind, str(self))
-
-
-@dataclass
-class _Applied:
-    """One call that changes an env (create, reset, step) and its answer, kept to answer a repeat.
-
-    ``key`` is the call's op and arguments: a repeat must be the same call, not just the same number.
-    """
-
-    seq: int
-    op: str
-    key: str
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    response: dict[str, Any] | None = None
-    failure: _CallFailed | None = None
-
-    def settle(
-        self,
-        response: dict[str, Any] | None = None,
-        failure: _CallFailed | None = None,
-    ) -> None:
-        self.response, self.failure = response, failure
-        self.done.set()
-
-    async def answer(self) -> dict[str, Any]:
-        """The call's answer, once it has one (bounded: the call itself is bounded by its timeout)."""
-        await self.done.wait()
-        if self.failure is not None:
-            raise self.failure.again()
-        assert self.response is not None
-        return self.response
-
-
-@dataclass
-class _Hosted:
-    env: Any
-    env_type: str
-    last: _Applied
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_used: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class _Gone:
-    """Why an env id is no longer served, and its failed last call (answered again to a repeat)."""
-
-    why: str
-    failed: _Applied | None = None
-
-
-@dataclass
-class ServerStats:
-    created: int = 0
-    closed: int = 0
-    calls: int = 0
-    env_errors: int = 0
-    timeouts: int = 0
-    crashes: int = 0
-    bad_requests: int = 0
-    reaped_idle: int = 0
-    overloaded: int = 0
-    #: calls answered from the last call's record instead of being applied again
-    repeats: int = 0
-    out_of_sequence: int = 0
+#: One operation of the API: a request body in, a response body out (BadRequest / CallFailed for errors).
+Operation = Callable[[Any], Awaitable[dict[str, Any]]]
 
 
 class EnvServer:
@@ -161,23 +78,42 @@ class EnvServer:
             raise ValueError(
                 f"isolation={isolation!r}; use one of {list(ISOLATION_MODES)}"
             )
-        self.isolation = isolation
         self.env_timeout_s = float(env_timeout_s)
         self.max_envs = int(
             DEFAULT_MAX_ENVS[isolation] if max_envs is None else max_envs
         )
-        #: A new env process may take this long to start and build its env (not counted in call timeouts).
-        self.start_timeout_s = float(start_timeout_s)
-        #: An env nobody called for this long is closed (its client died without closing it); 0 disables.
-        self.idle_timeout_s = float(idle_timeout_s)
         self._reaper: asyncio.Task | None = None
-        self.envs: dict[str, _Hosted] = {}
-        #: envs being built, by id (a repeated create waits for the first one)
-        self._creating: dict[str, _Hosted] = {}
-        self._gone: collections.OrderedDict[str, _Gone] = collections.OrderedDict()
         self.stats = ServerStats()
-        self._ids = itertools.count()
-        self._pool = EnvThreadPool(threads, max_threads=max(threads, max_threads))
+        self._sessions = SessionTable()
+        self._calls = ExactlyOnceCalls(self._sessions, self.stats)
+        self._host = EnvHost(
+            self._sessions,
+            self.stats,
+            isolation=isolation,
+            start_timeout_s=start_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            threads=threads,
+            max_threads=max_threads,
+        )
+
+    @property
+    def envs(self) -> dict[str, HostedEnv]:
+        """The envs held, by id."""
+        return self._sessions.envs
+
+    @property
+    def isolation(self) -> str:
+        return self._host.isolation
+
+    @property
+    def start_timeout_s(self) -> float:
+        """A new env process may take this long to start and build its env (not counted in call timeouts)."""
+        return self._host.start_timeout_s
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """An env nobody called for this long is closed (its client died without closing it); 0 disables."""
+        return self._host.idle_timeout_s
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -197,25 +133,12 @@ class EnvServer:
 
     async def _on_startup(self, app: web.Application) -> None:
         if self.idle_timeout_s > 0:
-            self._reaper = asyncio.create_task(self._reap_idle())
+            self._reaper = asyncio.create_task(self._host.reap_idle())
 
-    async def _reap_idle(self) -> None:
-        """Close envs idle past idle_timeout_s: a client killed without closing them must not leak them."""
-        while True:
-            await asyncio.sleep(max(1.0, min(60.0, self.idle_timeout_s / 4)))
-            now = time.monotonic()
-            for env_id, hosted in list(self.envs.items()):
-                if (
-                    not hosted.lock.locked()
-                    and now - hosted.last_used > self.idle_timeout_s
-                ):
-                    self.envs.pop(env_id, None)
-                    self.stats.reaped_idle += 1
-                    self._bury(
-                        env_id,
-                        f"closed after idle_timeout_s={self.idle_timeout_s:g} without a call",
-                    )
-                    await self._dispose(hosted.env)
+    async def _on_shutdown(self, app: web.Application) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        self._host.shutdown()
 
     # -- handlers --------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -228,7 +151,7 @@ class EnvServer:
                 "env_timeout_s": self.env_timeout_s,
                 "registered": registered_envs(),
                 "stats": vars(self.stats),
-                "threads": self._pool.stats(),
+                "threads": self._host.pool.stats(),
             }
         )
 
@@ -253,7 +176,7 @@ class EnvServer:
             calls = require(body, "calls", list)
         except BadRequest as exc:
             return self._error(400, "bad_request", str(exc))
-        ops = {
+        ops: dict[str, Operation] = {
             "create": self._create,
             "reset": self._reset,
             "step": self._step,
@@ -273,7 +196,7 @@ class EnvServer:
                     "status": 400,
                     "body": {"error": str(exc), "kind": "bad_request"},
                 }
-            except _CallFailed as exc:
+            except CallFailed as exc:
                 return {
                     "ok": False,
                     "status": exc.status,
@@ -295,30 +218,29 @@ class EnvServer:
             )
         seed = require(body, "seed", int) if "seed" in body else None
         timeout = self._timeout(body)
-        key = _call_key(env_type, env_config, seed)
+        key = call_key(env_type, env_config, seed)
         env_id = body.get("env_id")
+        sessions = self._sessions
         if env_id is not None:
             if not isinstance(env_id, str) or not env_id:
                 raise BadRequest(
                     f"field 'env_id' must be a non-empty string, got {env_id!r}"
                 )
-            hosted = self._session(env_id, 0, "create", key)
+            hosted = self._calls.session(env_id, 0, "create", key)
             if hosted is not None and hosted.last.seq != 0:
                 self.stats.out_of_sequence += 1
-                raise _CallFailed(
+                raise CallFailed(
                     409,
                     "out_of_sequence",
                     f"env {env_id!r} exists and its session is past its create (last call "
                     f"seq={hosted.last.seq}); a new env needs a new env_id",
                 )
             if hosted is not None:
-                return await self._repeat(env_id, hosted.last, 0, "create", key)
+                return await self._calls.repeat(env_id, hosted.last, 0, "create", key)
         else:
-            env_id = f"e{next(self._ids)}"
-            while env_id in self.envs or env_id in self._creating:
-                env_id = f"e{next(self._ids)}"
-        if len(self.envs) + len(self._creating) >= self.max_envs:
-            raise _CallFailed(
+            env_id = sessions.new_id()
+        if len(sessions.envs) + len(sessions.creating) >= self.max_envs:
+            raise CallFailed(
                 429,
                 "full",
                 f"the server holds max_envs={self.max_envs} envs; close some or start another server",
@@ -326,61 +248,40 @@ class EnvServer:
         try:
             resolve_env_class(env_type)
         except ValueError as exc:
-            raise _CallFailed(404, "not_found", str(exc)) from None
-        hosted = _Hosted(env=None, env_type=env_type, last=_Applied(0, "create", key))
-        self._creating[env_id] = hosted
+            raise CallFailed(404, "not_found", str(exc)) from None
+        hosted = HostedEnv(
+            env=None, env_type=env_type, last=CallRecord(0, "create", key)
+        )
+        sessions.creating[env_id] = hosted
 
         async def build() -> dict[str, Any]:
             try:
-                hosted.env = await self._build(env_type, env_config, timeout)
+                hosted.env = await self._host.build(env_type, env_config, timeout)
             finally:
-                self._creating.pop(env_id, None)
-            self.envs[env_id] = hosted
+                sessions.creating.pop(env_id, None)
+            sessions.envs[env_id] = hosted
             self.stats.created += 1
             out: dict[str, Any] = {"env_id": env_id}
             if seed is not None:
                 out.update(await self._reset_env(env_id, hosted, seed, timeout))
             return out
 
-        return await self._apply_once(env_id, hosted, hosted.last, None, build)
-
-    async def _build(
-        self, env_type: str, env_config: dict[str, Any], timeout: float
-    ) -> Any:
-        builder = functools.partial(make_env, env_type, env_config)
-        if self.isolation == "process":
-            env: Any = ProcessEnv(builder, name=f"{env_type}-env")
-            start_timeout = max(timeout, self.start_timeout_s)
-            try:  # start() is bounded by its own timeout; the pool's is a backstop
-                await self._pool.run(
-                    env.start, start_timeout, timeout=start_timeout + 10
-                )
-            except Exception as exc:
-                env.kill("start failed")
-                self.stats.env_errors += 1
-                raise _CallFailed(500, "env_error", f"make_env: {exc}") from None
-            return env
-        return await self._timed(
-            self._pool.run(builder, timeout=timeout, cleanup=_close_quietly),
-            timeout,
-            "make_env",
-            None,
-        )
+        return await self._calls.apply_once(env_id, hosted, hosted.last, None, build)
 
     async def _reset(self, body: Any) -> dict[str, Any]:
         seed = require(body, "seed", int)
         seq = require_seq(body)
         timeout = self._timeout(body)
 
-        async def reset(env_id: str, hosted: _Hosted) -> dict[str, Any]:
+        async def reset(env_id: str, hosted: HostedEnv) -> dict[str, Any]:
             return await self._reset_env(env_id, hosted, seed, timeout)
 
-        return await self._sequenced(body, seq, "reset", _call_key(seed), reset)
+        return await self._calls.sequenced(body, seq, "reset", call_key(seed), reset)
 
     async def _reset_env(
-        self, env_id: str, hosted: _Hosted, seed: int, timeout: float
+        self, env_id: str, hosted: HostedEnv, seed: int, timeout: float
     ) -> dict[str, Any]:
-        observation, info = await self._call(
+        observation, info = await self._host.call(
             env_id, hosted, "reset", seed, timeout=timeout
         )
         return {
@@ -394,8 +295,8 @@ class EnvServer:
         seq = require_seq(body)
         timeout = self._timeout(body)
 
-        async def step(env_id: str, hosted: _Hosted) -> dict[str, Any]:
-            observation, reward, terminated, truncated, info = await self._call(
+        async def step(env_id: str, hosted: HostedEnv) -> dict[str, Any]:
+            observation, reward, terminated, truncated, info = await self._host.call(
                 env_id, hosted, "step", action, timeout=timeout
             )
             return {
@@ -406,147 +307,25 @@ class EnvServer:
                 "info": to_jsonable(info),
             }
 
-        return await self._sequenced(body, seq, "step", _call_key(action), step)
+        return await self._calls.sequenced(body, seq, "step", call_key(action), step)
 
     async def _close(self, body: Any) -> dict[str, Any]:
         env_id = require(body, "env_id", str)
-        hosted = self.envs.pop(env_id, None)
+        hosted = self._sessions.envs.pop(env_id, None)
         if hosted is None:
-            if env_id in self._creating:
-                raise _CallFailed(
+            if env_id in self._sessions.creating:
+                raise CallFailed(
                     409,
                     "busy",
                     f"env {env_id!r} is still being created; close it once its create answers",
                 )
-            raise self._not_found(env_id)
+            raise self._sessions.not_found(env_id)
         self.stats.closed += 1
-        self._bury(env_id, "closed by its client")
-        await self._dispose(
+        self._sessions.bury(env_id, "closed by its client")
+        await self._host.dispose(
             hosted.env, after_failure=hosted.lock.locked()
         )  # busy: kill, do not wait for the call
         return {"closed": True}
-
-    # -- exactly once ----------------------------------------------------------------
-    async def _sequenced(
-        self, body: Any, seq: int, op: str, key: str, run: Any
-    ) -> dict[str, Any]:
-        """Apply call ``seq`` of an env's session once: the next number runs, the last one is answered again."""
-        env_id = require(body, "env_id", str)
-        hosted = self._session(env_id, seq, op, key)
-        if hosted is None:
-            raise self._not_found(env_id)
-        last = hosted.last
-        if seq == last.seq:
-            return await self._repeat(env_id, last, seq, op, key)
-        if seq != last.seq + 1:
-            self.stats.out_of_sequence += 1
-            raise _CallFailed(
-                409,
-                "out_of_sequence",
-                f"env {env_id!r}: {op} seq={seq} is neither the next call (seq={last.seq + 1}) "
-                f"nor a repeat of the last (seq={last.seq}); nothing was applied: close this env "
-                "and start a new one",
-            )
-        if not last.done.is_set():
-            raise _CallFailed(
-                409,
-                "busy",
-                f"env {env_id!r} is still running call seq={last.seq}; wait for its answer",
-            )
-        applied = _Applied(seq, op, key)
-        hosted.last = applied
-        return await self._apply_once(
-            env_id, hosted, applied, last, functools.partial(run, env_id, hosted)
-        )
-
-    async def _apply_once(
-        self,
-        env_id: str,
-        hosted: _Hosted,
-        applied: _Applied,
-        before: _Applied | None,
-        run: Any,
-    ) -> dict[str, Any]:
-        """Run ``run()`` and record its answer in ``applied``, even if the request that asked is gone.
-
-        The call runs as its own task: a client that disconnects mid-call does not cancel it, and its
-        retry gets the answer. A failure that left the env in place (not called: 503, 409) frees the
-        number again (``before`` is the record again); one that dropped the env is remembered.
-        """
-
-        async def settle() -> dict[str, Any]:
-            try:
-                response = await run()
-            except _CallFailed as exc:
-                if env_id in self.envs or env_id in self._creating:
-                    if before is not None:
-                        hosted.last = before
-                elif exc.status >= 500 and exc.kind != "overloaded":
-                    self._bury(env_id, str(exc), applied)
-                applied.settle(failure=exc)
-                raise
-            except BaseException as exc:
-                failure = _CallFailed(
-                    500, "env_error", f"{applied.op} seq={applied.seq}: {exc!r}"
-                )
-                self._bury(env_id, str(failure), applied)
-                dropped = self.envs.pop(env_id, None)
-                if dropped is not None and isinstance(dropped.env, ProcessEnv):
-                    dropped.env.kill("its call was interrupted")
-                applied.settle(failure=failure)
-                raise
-            applied.settle(response=response)
-            return response
-
-        task = asyncio.ensure_future(settle())
-        task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
-
-    async def _repeat(
-        self, env_id: str, applied: _Applied, seq: int, op: str, key: str
-    ) -> dict[str, Any]:
-        if (applied.op, applied.key) != (op, key):
-            self.stats.out_of_sequence += 1
-            raise _CallFailed(
-                409,
-                "out_of_sequence",
-                f"env {env_id!r}: seq={seq} was already used for a {applied.op} with other "
-                "arguments; a repeat must resend the same call",
-            )
-        self.stats.repeats += 1
-        return await applied.answer()
-
-    def _session(self, env_id: str, seq: int, op: str, key: str) -> _Hosted | None:
-        """The env's record; None if the id is unknown; a gone env's failed call is answered again."""
-        hosted = self.envs.get(env_id) or self._creating.get(env_id)
-        if hosted is not None:
-            return hosted
-        gone = self._gone.get(env_id)
-        if gone is None:
-            return None
-        failed = gone.failed
-        if failed is not None and (failed.seq, failed.op, failed.key) == (seq, op, key):
-            assert failed.failure is not None
-            self.stats.repeats += 1
-            raise failed.failure.again()
-        raise _CallFailed(404, "not_found", f"env {env_id!r} is gone: {gone.why}")
-
-    def _not_found(self, env_id: str) -> _CallFailed:
-        gone = self._gone.get(env_id)
-        if gone is not None:
-            return _CallFailed(404, "not_found", f"env {env_id!r} is gone: {gone.why}")
-        return _CallFailed(
-            404,
-            "not_found",
-            f"no env with id {env_id!r} on this server: never created here, or the server "
-            "restarted since and lost it (envs do not survive a restart); start a new env",
-        )
-
-    def _bury(self, env_id: str, why: str, failed: _Applied | None = None) -> None:
-        self._gone[env_id] = _Gone(why, failed)
-        self._gone.move_to_end(env_id)
-        while len(self._gone) > GONE_KEPT:
-            self._gone.popitem(last=False)
 
     # -- plumbing --------------------------------------------------------------------
     def _timeout(self, body: Any) -> float:
@@ -561,91 +340,12 @@ class EnvServer:
             )
         return float(value)
 
-    async def _call(
-        self, env_id: str, hosted: _Hosted, method: str, *args: Any, timeout: float
-    ) -> Any:
-        if hosted.lock.locked():
-            raise _CallFailed(
-                409, "busy", f"env {env_id} is already running a call; wait for it"
-            )
-        async with hosted.lock:
-            self.stats.calls += 1
-            fn = getattr(hosted.env, method)
-            if inspect.iscoroutinefunction(fn):
-                call = asyncio.wait_for(fn(*args), timeout)
-            else:  # timed by the pool from when it starts; a hung call closes its env when it returns
-                env = hosted.env
-                call = self._pool.run(
-                    fn, *args, timeout=timeout, cleanup=lambda _: _close_quietly(env)
-                )
-            try:
-                return await self._timed(call, timeout, method, env_id)
-            finally:
-                hosted.last_used = time.monotonic()
-
-    async def _timed(
-        self, call: Any, timeout: float, method: str, env_id: str | None
-    ) -> Any:
-        """Await ``call`` (bounded by ``timeout`` itself); on failure the env is dropped (its process killed) and 500 names why.
-
-        A call that found no free thread never ran: the env is kept and 503 ``overloaded`` says so.
-        """
-        try:
-            return await call
-        except NoFreeThread as exc:
-            self.stats.overloaded += 1
-            raise _CallFailed(
-                503, "overloaded", f"{method}: {exc}; the env was not called"
-            ) from None
-        except TimeoutError:
-            self.stats.timeouts += 1
-            await self._drop(env_id)
-            raise _CallFailed(
-                500,
-                "timeout",
-                f"{method} exceeded timeout_s={timeout:g}; the env was killed",
-            ) from None
-        except BadRequest:
-            raise
-        except Exception as exc:
-            crashed = isinstance(exc, EnvProcessError) and exc.crashed
-            if crashed:
-                self.stats.crashes += 1
-            else:
-                self.stats.env_errors += 1
-            await self._drop(env_id)
-            raise _CallFailed(
-                500,
-                "crashed" if crashed else "env_error",
-                f"{method}: {type(exc).__name__}: {exc}",
-            ) from None
-
-    async def _drop(self, env_id: str | None) -> None:
-        hosted = self.envs.pop(env_id, None) if env_id is not None else None
-        if hosted is not None:
-            await self._dispose(hosted.env, after_failure=True)
-
-    async def _dispose(self, env: Any, after_failure: bool = False) -> None:
-        if isinstance(env, ProcessEnv):
-            if after_failure:
-                env.kill("dropped after a failed call")
-            else:
-                await env.close()
-            return
-        if after_failure:
-            return  # an in-thread env may still be running its call: that call's thread closes it
-        if callable(getattr(env, "close", None)):
-            try:
-                await self._pool.run(_close_quietly, env, timeout=5.0)
-            except Exception:
-                logger.debug("env close failed", exc_info=True)
-
     async def _json(self, request: web.Request) -> Any:
         try:
             return await request.json()
         except Exception as exc:
             raise web.HTTPBadRequest(
-                text=_dumps(
+                text=json.dumps(
                     {
                         "error": f"the request body is not valid JSON: {exc}",
                         "kind": "bad_request",
@@ -663,214 +363,15 @@ class EnvServer:
             else body
         )
 
-    async def _respond(self, op: Any, body: Any) -> web.Response:
+    async def _respond(self, op: Operation, body: Any) -> web.Response:
         try:
             return web.json_response(await op(body))
         except BadRequest as exc:
             self.stats.bad_requests += 1
             return self._error(400, "bad_request", str(exc))
-        except _CallFailed as exc:
+        except CallFailed as exc:
             return self._error(exc.status, exc.kind, str(exc))
 
     @staticmethod
     def _error(status: int, kind: str, message: str) -> web.Response:
         return web.json_response({"error": message, "kind": kind}, status=status)
-
-    async def _on_shutdown(self, app: web.Application) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-        for env_id in list(self.envs):
-            hosted = self.envs.pop(env_id)
-            if isinstance(hosted.env, ProcessEnv):
-                hosted.env.kill("server shutdown")
-        self._pool.shutdown()
-
-
-def _call_key(*args: Any) -> str:
-    """A call's arguments as one comparable string (a repeat must be the same call)."""
-    return json.dumps(list(args), sort_keys=True, default=str)
-
-
-def _retrieve(task: asyncio.Future) -> None:
-    """Mark a call task's failure as seen: its requester may be gone, and its record holds the answer."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _close_quietly(env: Any) -> None:
-    """Close an in-thread env (in a pool thread); an env that fails to close is only logged."""
-    close = getattr(env, "close", None)
-    if callable(close):
-        try:
-            result = close()
-            if inspect.isawaitable(result):
-                asyncio.run(_await(result))
-        except Exception:
-            logger.debug("env close failed", exc_info=True)
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1: loopback only)",
-    )
-    parser.add_argument(
-        "--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)"
-    )
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first (it may register envs with roll_async.envs.register_env); repeatable",
-    )
-    parser.add_argument(
-        "--isolation",
-        choices=ISOLATION_MODES,
-        default="process",
-        help="process (default): one child process per env",
-    )
-    parser.add_argument(
-        "--env-timeout-s",
-        type=float,
-        default=60.0,
-        help="default per-call timeout (a request may pass timeout_s)",
-    )
-    parser.add_argument(
-        "--max-envs",
-        type=int,
-        default=None,
-        help="most env instances held at once (429 beyond); default 256 with "
-        "--isolation process, 4096 with none",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=32,
-        help="threads kept free for short env calls (sync envs; process starts)",
-    )
-    parser.add_argument(
-        "--max-threads",
-        type=int,
-        default=1024,
-        help="most threads in all: slow or hung calls get extra threads up to this "
-        "(a hung call holds its thread until it returns); default 1024",
-    )
-    parser.add_argument(
-        "--idle-timeout-s",
-        type=float,
-        default=900.0,
-        help="close an env nobody called for this long (its client died); 0 disables (default 900)",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise SystemExit(
-                f"roll-async env-server: --import {module}: {exc}"
-            ) from None
-    before, after = raise_open_files_limit()
-    if after != before:
-        print(
-            f"roll-async env-server: raised the open-files limit from {before} to {after} "
-            "(every session holds a connection)",
-            flush=True,
-        )
-    if 0 <= after < 4096:
-        print(
-            f"roll-async env-server: warning: the open-files limit is {after} (the hard limit); "
-            "each session holds a connection, so that many sessions at most",
-            flush=True,
-        )
-    server = EnvServer(
-        isolation=args.isolation,
-        env_timeout_s=args.env_timeout_s,
-        max_envs=args.max_envs,
-        threads=args.threads,
-        max_threads=args.max_threads,
-        idle_timeout_s=args.idle_timeout_s,
-    )
-
-    async def serve() -> None:
-        runner = web.AppRunner(server.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port, backlog=LISTEN_BACKLOG)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(
-            f"roll-async env-server listening on http://{args.host}:{port} (isolation={args.isolation})",
-            flush=True,
-        )
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
-def _drain(stream: Any, tail: collections.deque) -> None:
-    """Read a child's output to its end, keeping the last lines (the pipe never fills)."""
-    for line in stream:
-        tail.append(line)
-
-
-def launch_server_process(
-    *extra_args: str, host: str = "127.0.0.1", timeout_s: float = 120.0
-) -> tuple[Any, str]:
-    """Start ``roll-async env-server`` as a subprocess on a free port; returns (Popen, url) once it listens.
-
-    For tests and benchmarks; the caller terminates the process.
-    """
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "roll_async.cli",
-            "env-server",
-            "--host",
-            host,
-            "--port",
-            "0",
-            *extra_args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + timeout_s
-    lines = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            break
-        lines.append(line)
-        if "listening on " in line:
-            url = line.split("listening on ", 1)[1].split()[0]
-            # Keep reading its output: a full pipe would block the server at its next log line.
-            threading.Thread(
-                target=_drain,
-                args=(process.stdout, collections.deque(lines, maxlen=200)),
-                name="env-server-output",
-                daemon=True,
-            ).start()
-            return process, url
-    process.kill()
-    raise RuntimeError("env-server did not start: " + "".join(lines[-20:]))

@@ -4,174 +4,34 @@ Envs must never wait for each other and the trainer must only ever get whole
 groups, fresh enough for its step; these rules decide both, so they live in one
 plain asyncio class (no Ray) that unit tests drive directly and that the
 RolloutScheduler hosts in a Ray actor and the LocalRolloutScheduler in-process.
+The manager applies the rules in order; the pieces it owns have their own
+modules: pending_groups, seat_assignment, batch_serving, busy_window, worker_faults.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.errors import RolloutFatalError
+from roll_async.scheduler.batch_serving import BatchAccounts, BatchQuota
+from roll_async.scheduler.busy_window import BusyWindow
 from roll_async.scheduler.filters import resolve_group_filter
-from roll_async.scheduler.layout import derive_seed, rollout_layout
+from roll_async.scheduler.layout import rollout_layout
+from roll_async.scheduler.pending_groups import EpisodeGroup, PendingGroups
 from roll_async.scheduler.queue_rules import QueueRules
+from roll_async.scheduler.seat_assignment import CancelCallback, SeatAssigner
 from roll_async.scheduler.serve_order import make_serve_order
 from roll_async.scheduler.served_batch import SchedulerCounters, ServedBatch
-from roll_async.scheduler.wakeups import SeatWaiters, TrainerWakeup, WakeupCounters
+from roll_async.scheduler.wakeups import TrainerWakeup, WakeupCounters
+from roll_async.scheduler.worker_faults import StalledEnvs, reopen_seats_of_dead_envs
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 logger = logging.getLogger(__name__)
-
-CancelCallback = Callable[[int, int, int], Any]
-
-#: Most unserved episodes kept between two batches (validation rounds never drain them).
-_MAX_UNSERVED_KEPT = 10_000
-
-
-@dataclass(eq=False)
-class _Group:
-    group_id: int
-    tag: str
-    tag_index: int
-    seed: int
-    created_step: int
-    num_seats: int
-    needed: int
-    env_config_override: dict[str, Any] | None = None
-    #: Batches served before this group was created (a group served later than the next batch was carried over).
-    created_batch: int = 0
-    trajectories: list[Trajectory] = field(default_factory=list)
-    in_flight: dict[int, int] = field(default_factory=dict)  # episode_id -> env_id
-    next_episode_id: int = 0
-    env_errors: int = 0
-    complete: bool = False
-    #: In the tag's list of groups that may have a free seat (_PendingGroups.open).
-    listed_open: bool = False
-
-    def free_seats(self) -> int:
-        if self.complete:
-            return 0
-        return self.num_seats - len(self.trajectories) - len(self.in_flight)
-
-
-class _PendingGroups:
-    """Per tag, the groups created and not yet served or dropped, and how groups are numbered.
-
-    ``by_tag[tag]`` is ordered by group_id (so by created_step too). ``open[tag]`` lists, oldest first, the
-    pending groups that may have a free seat; full ones are dropped from it lazily, so finding a seat does
-    not rescan every pending group (a large run keeps thousands pending).
-    """
-
-    def __init__(self, tags: Sequence[str]) -> None:
-        self.by_tag: dict[str, list[_Group]] = {tag: [] for tag in tags}
-        self.open: dict[str, deque[_Group]] = {tag: deque() for tag in tags}
-        self.by_id: dict[int, _Group] = {}
-        #: The position in the seed sequence (seed_state): the next group_id, groups made per tag.
-        self.next_group_id = 0
-        self.created_per_tag = {tag: 0 for tag in tags}
-
-    def __iter__(self) -> Iterator[_Group]:
-        for groups in self.by_tag.values():
-            yield from groups
-
-    def is_pending(self, group: _Group) -> bool:
-        return self.by_id.get(group.group_id) is group
-
-    def add(self, group: _Group) -> None:
-        self.next_group_id = group.group_id + 1
-        self.created_per_tag[group.tag] += 1
-        self.by_tag[group.tag].append(group)
-        self.by_id[group.group_id] = group
-        self.list_open(group)
-
-    def remove(self, group: _Group) -> int | None:
-        """Take ``group`` out in O(log n) (bisect by group_id); its former index in ``by_tag``, if it was there."""
-        pending = self.by_tag[group.tag]
-        index = bisect.bisect_left(pending, group.group_id, key=lambda g: g.group_id)
-        found = index < len(pending) and pending[index] is group
-        if found:
-            del pending[index]
-        self.by_id.pop(group.group_id, None)
-        return index if found else None
-
-    def oldest_with_free_seat(self, tag: str) -> _Group | None:
-        open_groups = self.open[tag]
-        while open_groups:
-            group = open_groups[0]
-            if group.free_seats() > 0 and self.is_pending(group):
-                return group
-            open_groups.popleft()  # full, complete or gone; re-listed if a seat re-opens
-            group.listed_open = False
-        return None
-
-    def list_open(self, group: _Group) -> None:
-        """Put a pending group back in its tag's open list after a seat re-opened (error, abort, cancel)."""
-        if group.listed_open or group.free_seats() <= 0 or not self.is_pending(group):
-            return
-        group.listed_open = True
-        open_groups = self.open[group.tag]
-        if not open_groups or open_groups[-1].group_id < group.group_id:
-            open_groups.append(group)
-        else:
-            ordered = list(open_groups)
-            bisect.insort(ordered, group, key=lambda g: g.group_id)
-            self.open[group.tag] = deque(ordered)
-
-
-class _BusyWindow:
-    """The rollout window a batch stands for, and the env seconds spent waiting for a seat in it."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self.start = clock()
-        #: env_id -> when it began waiting for a seat.
-        self._idle_since: dict[int, float] = {}
-        #: Idle env seconds of waits that ended in this window.
-        self._idle_s = 0.0
-
-    def env_waits(self, env_id: int) -> None:
-        if env_id not in self._idle_since:
-            self._idle_since[env_id] = self._clock()
-
-    def is_waiting(self, env_id: int) -> bool:
-        """The env is inside next_episode, waiting for a seat."""
-        return env_id in self._idle_since
-
-    def env_stops_waiting(self, env_id: int) -> None:
-        since = self._idle_since.pop(env_id, None)
-        if since is not None:
-            self._idle_s += max(0.0, self._clock() - max(since, self.start))
-
-    def restart(self) -> None:
-        self.start = self._clock()
-        self._idle_s = 0.0
-
-    def close(self, now: float, num_envs: int) -> tuple[float, float]:
-        """End the window at ``now``: (its seconds, the share of env seconds not spent waiting for a seat)."""
-        window = now - self.start
-        idle_s = self._idle_s + sum(
-            now - max(since, self.start) for since in self._idle_since.values()
-        )
-        env_seconds = num_envs * window
-        self.start = now
-        self._idle_s = 0.0
-        busy = max(0.0, 1.0 - idle_s / env_seconds) if env_seconds > 0 else 0.0
-        return window, busy
-
-
-@dataclass(frozen=True)
-class _BatchQuota:
-    """How a batch of ``groups_per_batch`` groups splits between tags, and the filter's drop budget for it."""
-
-    groups_per_batch: int
-    shares: dict[str, int]
-    max_filter_drops: int
 
 
 class GroupQueueManager:
@@ -265,28 +125,31 @@ class GroupQueueManager:
         self._env_tags = dict(env_tags)
         self._order = make_serve_order(rules.serve_order, self.tags)
         self._filter = resolve_group_filter(rules.group_filter)
-        self._on_cancel = on_cancel
         self._clock = clock
-        self._quota = self._make_quota()
+        self._quota = BatchQuota.for_rules(rules, self._env_tags)
         self._policy_step = start_step
-        self._pending = _PendingGroups(self.tags)
+        self._pending = PendingGroups(self.tags)
+        self.counters = SchedulerCounters()
         self.wakeups = WakeupCounters()
-        self._seat_waiters = SeatWaiters(self.tags, self.wakeups)
+        self._seats = SeatAssigner(
+            rules,
+            self._pending,
+            self._order,
+            self._quota,
+            self.counters,
+            self.wakeups,
+            on_cancel,
+        )
         #: The trainer side (get_batch, run_fixed_round) waits here; only batch-relevant events notify it.
         self._changed = TrainerWakeup()
-        self._window = _BusyWindow(clock)
-        self._batches_served = 0
+        self._window = BusyWindow(clock)
+        self._accounts = BatchAccounts(self.counters, self._quota.max_filter_drops)
         self._suspended = False
         self._closed = False
         self._fatal: RolloutFatalError | None = None
         self._consecutive_env_errors = 0
         self._last_env_error = ""
-        self._filter_drops_this_batch = 0
-        self._stalled: dict[int, str] = {}
-        self.counters = SchedulerCounters()
-        self._counters_at_last_batch = SchedulerCounters()
-        #: Episodes not served (see ServedBatch.unserved); bounded so an undrained scheduler cannot grow without end.
-        self._unserved: deque[tuple[str, Trajectory]] = deque(maxlen=_MAX_UNSERVED_KEPT)
+        self._stalled = StalledEnvs()
 
     @classmethod
     def from_spec(
@@ -307,7 +170,7 @@ class GroupQueueManager:
             clock=clock,
         )
         busy_at_most = (
-            sum(queue._max_pending(tag) for tag in queue.tags) * queue.num_seats
+            sum(queue._seats.max_pending(tag) for tag in queue.tags) * queue.num_seats
         )
         if queue.rules.auto_create and len(layout) > busy_at_most:
             logger.warning(
@@ -324,21 +187,6 @@ class GroupQueueManager:
         return queue
 
     # -- configuration -----------------------------------------------------------------
-
-    def _make_quota(self) -> _BatchQuota:
-        groups_per_batch = self.rules.groups_per_batch
-        shares = self.rules.shares
-        starved = [
-            t for t, s in shares.items() if s == 0 and t in self._env_tags.values()
-        ]
-        if starved and self.rules.auto_create:
-            logger.warning(
-                "tags %s get 0 of the %d groups per batch; their envs stay idle (raise the batch size or "
-                "change num_groups_partition)",
-                starved,
-                groups_per_batch,
-            )
-        return _BatchQuota(groups_per_batch, shares, self.rules.filter_drops_limit)
 
     @property
     def groups_per_batch(self) -> int:
@@ -383,100 +231,39 @@ class GroupQueueManager:
             tag = self._env_tags[env_id]
         except KeyError:
             raise KeyError(f"env_id {env_id} is not known to this scheduler") from None
-        self._stalled.pop(env_id, None)
+        self._stalled.clear(env_id)
         woken = False
         try:
             while True:
                 if self._closed or self._fatal is not None:
                     return None
                 if not self._suspended:
-                    group = self._pending.oldest_with_free_seat(tag)
-                    if group is None and self._may_create(tag):
-                        group = self._create_group(tag)
-                    if group is not None:
-                        spec = self._assign_seat(group, env_id)
-                        if self._seat_waiters.any(tag) and self._has_free_seat(tag):
-                            # relay: the next waiter takes the next seat
-                            self._seat_waiters.wake_one(tag)
+                    spec = self._seats.take(
+                        tag,
+                        env_id,
+                        created_step=self._policy_step,
+                        created_batch=self._accounts.batches_served,
+                    )
+                    if spec is not None:
                         return spec
                 self._window.env_waits(env_id)
                 # Woken but the seat was taken: keep its place in the queue.
-                await self._seat_waiters.wait(tag, keep_place=woken)
+                await self._seats.waiters.wait(tag, keep_place=woken)
                 woken = True
         finally:
             self._window.env_stops_waiting(env_id)
 
-    def _has_free_seat(self, tag: str) -> bool:
-        return self._pending.oldest_with_free_seat(tag) is not None or self._may_create(
-            tag
-        )
-
     def _seat_event(self, tag: str | None = None) -> None:
-        """Seats may have opened for ``tag`` (every tag if None): wake one waiter each; the relay does the rest."""
-        self.wakeups.seat_events += 1
-        if self._suspended:
-            return
-        for t in self.tags if tag is None else (tag,):
-            if self._seat_waiters.any(t) and self._has_free_seat(t):
-                self._seat_waiters.wake_one(t)
-
-    def _may_create(self, tag: str) -> bool:
-        return self.rules.auto_create and len(
-            self._pending.by_tag[tag]
-        ) < self._max_pending(tag)
-
-    def _max_pending(self, tag: str) -> int:
-        return self._order.max_pending(
-            self.shares.get(tag, 0) * self.lookahead,
-            self.rules.env_groups_per_tag.get(tag, 0),
-        )
-
-    def _create_group(
-        self,
-        tag: str,
-        *,
-        seed: int | None = None,
-        env_config_override: dict[str, Any] | None = None,
-        num_seats: int | None = None,
-    ) -> _Group:
-        index = self._pending.created_per_tag[tag]
-        seats = num_seats or self.num_seats
-        group = _Group(
-            group_id=self._pending.next_group_id,
-            tag=tag,
-            tag_index=index,
-            seed=derive_seed(self.rules.seed, tag, index) if seed is None else seed,
-            created_step=self._policy_step,
-            created_batch=self._batches_served,
-            num_seats=seats,
-            needed=min(self.rules.group_size, seats),
-            env_config_override=env_config_override,
-        )
-        self._pending.add(group)
-        self.counters.created_groups += 1
-        return group
-
-    def _assign_seat(self, group: _Group, env_id: int) -> EpisodeSpec:
-        episode_id = group.next_episode_id
-        group.next_episode_id += 1
-        group.in_flight[episode_id] = env_id
-        override = group.env_config_override
-        return EpisodeSpec(
-            tag=group.tag,
-            group_id=group.group_id,
-            episode_id=episode_id,
-            seed=group.seed,
-            created_step=group.created_step,
-            env_config_override=dict(override) if override is not None else None,
-        )
+        """Seats may have opened for ``tag`` (every tag if None); waiters are woken unless suspended."""
+        self._seats.seat_event(tag, suspended=self._suspended)
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         """An env finished (or failed) an episode."""
-        self._stalled.pop(trajectory.env_id, None)
+        self._stalled.clear(trajectory.env_id)
         group = self._pending.by_id.get(trajectory.group_id)
         if group is None or trajectory.episode_id not in group.in_flight:
             self.counters.late_trajectories += 1
-            self._unserved.append(("late", trajectory))
+            self._accounts.unserved.append(("late", trajectory))
             return
         del group.in_flight[trajectory.episode_id]
         if trajectory.stop_reason == "env_error":
@@ -494,9 +281,9 @@ class GroupQueueManager:
         if trajectory.stop_reason in ("env_error", "aborted"):
             self._seat_event(group.tag)
 
-    def _on_env_error(self, group: _Group, trajectory: Trajectory) -> None:
+    def _on_env_error(self, group: EpisodeGroup, trajectory: Trajectory) -> None:
         self.counters.env_errors += 1
-        self._unserved.append(("env_error", trajectory))
+        self._accounts.unserved.append(("env_error", trajectory))
         group.env_errors += 1
         self._consecutive_env_errors += 1
         self._last_env_error = f"env {trajectory.env_id} (tag {trajectory.tag}, group {group.group_id}, seed {group.seed}): {trajectory.error}"
@@ -518,7 +305,7 @@ class GroupQueueManager:
                 if len(group.trajectories) >= group.needed:
                     self._complete(group, apply_filter=False)
 
-    def _complete_if_whole(self, group: _Group) -> None:
+    def _complete_if_whole(self, group: EpisodeGroup) -> None:
         """Complete ``group`` if the trajectories it keeps have all arrived (see "Completion and redundancy")."""
         if (
             self.rules.redundancy_keep == "first_finished"
@@ -532,24 +319,23 @@ class GroupQueueManager:
         if len(standing) < group.needed or not all(e in finished for e in standing):
             return
         kept = set(standing)
-        self._unserved.extend(
+        self._accounts.unserved.extend(
             ("redundant", t) for t in group.trajectories if t.episode_id not in kept
         )
         group.trajectories = [finished[e] for e in standing]
         self._complete(group)
 
-    def _complete(self, group: _Group, apply_filter: bool = True) -> None:
+    def _complete(self, group: EpisodeGroup, apply_filter: bool = True) -> None:
         group.complete = True
         self.counters.completed_groups += 1
-        self._cancel_seats(group)
+        self._seats.cancel(group)
         if (
             apply_filter
             and self.rules.group_filter != "none"
             and self.rules.auto_create
             and not self._filter(group.trajectories[: group.needed])
         ):
-            if self._filter_drops_this_batch < self._quota.max_filter_drops:
-                self._filter_drops_this_batch += 1
+            if self._accounts.spend_filter_drop():
                 self.counters.filtered_groups += 1
                 self._drop(group, fate="filtered")
                 return
@@ -557,32 +343,16 @@ class GroupQueueManager:
         self._order.group_completed(group)
         self._notify_trainer()
 
-    def _cancel_seats(self, group: _Group) -> None:
-        for episode_id, env_id in list(group.in_flight.items()):
-            self.counters.cancelled_episodes += 1
-            if self._on_cancel is not None:
-                try:
-                    self._on_cancel(env_id, group.group_id, episode_id)
-                except Exception:  # a dead worker must not break the scheduler; its loop error surfaces elsewhere
-                    logger.exception(
-                        "cancelling episode %s/%s on env %s failed",
-                        group.group_id,
-                        episode_id,
-                        env_id,
-                    )
-        group.in_flight.clear()
-        self._pending.list_open(group)
-
     def _notify_trainer(self) -> None:
         """Wake a waiting get_batch / run_fixed_round (at most one waits)."""
         self.wakeups.batch += self._changed.notify()
 
-    def _remove_pending(self, group: _Group) -> None:
+    def _remove_pending(self, group: EpisodeGroup) -> None:
         self._order.group_removed(group, self._pending.remove(group))
 
-    def _drop(self, group: _Group, fate: str = "dropped") -> None:
-        self._unserved.extend((fate, t) for t in group.trajectories)
-        self._cancel_seats(group)
+    def _drop(self, group: EpisodeGroup, fate: str = "dropped") -> None:
+        self._accounts.unserved.extend((fate, t) for t in group.trajectories)
+        self._seats.cancel(group)
         self._remove_pending(group)
         self._notify_trainer()
         # its quota slot is free: a new group may be created
@@ -604,7 +374,7 @@ class GroupQueueManager:
         self._enter_step(step)
         while True:
             self._raise_if_unusable()
-            heads = self._ready_heads()
+            heads = self._quota.ready_heads(self.tags, self._order, self._pending)
             if heads is not None:
                 break
             await self._changed.wait()
@@ -626,30 +396,17 @@ class GroupQueueManager:
         if self._suspended:
             self.resume()
 
-    def _ready_heads(self) -> list[_Group] | None:
-        """The groups to serve if a batch is ready (see the serve order), else None."""
-        shares = self.shares
-        for tag in self.tags:
-            if not self._order.is_ready(
-                tag, self._pending.by_tag[tag], shares.get(tag, 0)
-            ):
-                return None
-        heads: list[_Group] = []
-        for tag in self.tags:
-            heads.extend(
-                self._order.heads(tag, self._pending.by_tag[tag], shares.get(tag, 0))
-            )
-        return heads
-
-    def _serve(self, groups: list[_Group], step: int, started: float) -> ServedBatch:
+    def _serve(
+        self, groups: list[EpisodeGroup], step: int, started: float
+    ) -> ServedBatch:
         groups = sorted(groups, key=lambda g: g.group_id)
         trajectories: list[Trajectory] = []
         carried_over = 0
         for group in groups:
             self._remove_pending(group)
             trajectories.extend(group.trajectories[: group.needed])
-            carried_over += group.created_batch < self._batches_served
-        self._batches_served += 1
+            carried_over += group.created_batch < self._accounts.batches_served
+        self._accounts.batches_served += 1
         now = self._clock()
         window, busy_fraction = self._window.close(now, len(self._env_tags))
         if self.rules.mode == "sync" and self.rules.auto_create:
@@ -659,9 +416,7 @@ class GroupQueueManager:
                 self.counters.dropped_stale_groups += 1
                 self._drop(group, fate="dropped_stale")
         # Events caused by serving (cancelled redundant seats, leftovers) belong to this batch.
-        counters = self.counters.minus(self._counters_at_last_batch)
-        self._counters_at_last_batch = SchedulerCounters(**asdict(self.counters))
-        self._filter_drops_this_batch = 0
+        counters = self._accounts.close_batch()
         self._seat_event()  # served groups free their quota slots
         gauges = self.gauges()
         gauges["env_busy_fraction"] = busy_fraction
@@ -675,13 +430,8 @@ class GroupQueueManager:
             window_s=window,
             counters=counters,
             gauges=gauges,
-            unserved=self._take_unserved(),
+            unserved=self._accounts.take_unserved(),
         )
-
-    def _take_unserved(self) -> list[tuple[str, Trajectory]]:
-        unserved = list(self._unserved)
-        self._unserved.clear()
-        return unserved
 
     async def run_fixed_round(
         self, episodes: Sequence[EpisodeSpec], step: int
@@ -705,8 +455,10 @@ class GroupQueueManager:
                     f"episode tag {spec.tag!r} is not one of this scheduler's tags {self.tags}"
                 )
             groups.append(
-                self._create_group(
+                self._seats.create_group(
                     spec.tag,
+                    created_step=self._policy_step,
+                    created_batch=self._accounts.batches_served,
                     seed=spec.seed,
                     env_config_override=spec.env_config_override,
                     num_seats=1,
@@ -737,7 +489,7 @@ class GroupQueueManager:
         self._suspended = True
         if cancel_in_flight:
             for group in self._pending:
-                self._cancel_seats(group)
+                self._seats.cancel(group)
 
     def resume(self) -> None:
         if self._suspended:
@@ -751,7 +503,7 @@ class GroupQueueManager:
             self._fatal = RolloutFatalError(message)
             logger.error("rollout failed: %s", message)
         self._notify_trainer()
-        self._seat_waiters.wake_all()
+        self._seats.waiters.wake_all()
 
     async def on_worker_restart(self, env_ids: Sequence[int], reason: str) -> int:
         """A worker hosting ``env_ids`` died and is being replaced: one restart; its in-flight episodes are lost.
@@ -763,37 +515,14 @@ class GroupQueueManager:
         episodes were lost.
         """
         self.counters.worker_restarts += 1
-        dead = set(env_ids)
-        lost = 0
-        for group in list(self._pending.by_id.values()):
-            for episode_id, env_id in list(group.in_flight.items()):
-                if env_id not in dead:
-                    continue
-                lost += 1
-                del group.in_flight[episode_id]
-                self._unserved.append(
-                    (
-                        "lost_to_restart",
-                        Trajectory(
-                            tag=group.tag,
-                            group_id=group.group_id,
-                            episode_id=episode_id,
-                            env_id=env_id,
-                            seed=group.seed,
-                            traj_id=f"{group.tag}-g{group.group_id}-e{episode_id}",
-                            created_step=group.created_step,
-                            stop_reason="aborted",
-                            error=f"its EnvManagerWorker died: {reason}",
-                        ),
-                    )
-                )
-                self._pending.list_open(group)
-        self.counters.episodes_lost_to_restart += lost
-        for env_id in dead:
-            self._stalled.pop(env_id, None)
+        lost = reopen_seats_of_dead_envs(self._pending, env_ids, reason)
+        self._accounts.unserved.extend(("lost_to_restart", t) for t in lost)
+        self.counters.episodes_lost_to_restart += len(lost)
+        for env_id in set(env_ids):
+            self._stalled.clear(env_id)
         if lost:
             self._seat_event()
-        return lost
+        return len(lost)
 
     def report_stalled(self, env_id: int, description: str) -> None:
         """A worker's watchdog saw ``env_id`` in one phase too long; a gauge until the env talks to the queue.
@@ -801,19 +530,15 @@ class GroupQueueManager:
         An env this queue holds waiting for a seat (quota, sync suspension) waits by design and is not
         recorded; a wait for an episode whose request the queue does not hold (lost in transport) is.
         """
-        if self._window.is_waiting(env_id):
-            logger.debug(
-                "watchdog: env %s waits for a seat here: %s", env_id, description
-            )
-            return
-        self._stalled[env_id] = description
-        logger.warning("watchdog: env %s makes no progress: %s", env_id, description)
+        self._stalled.report(
+            env_id, description, waits_for_seat=self._window.is_waiting(env_id)
+        )
 
     def clear_stalled(self, env_id: int) -> None:
-        self._stalled.pop(env_id, None)
+        self._stalled.clear(env_id)
 
     def stalled_envs(self) -> dict[int, str]:
-        return dict(self._stalled)
+        return self._stalled.snapshot()
 
     def seed_state(self) -> dict[str, Any]:
         """The position in the seed sequence; a resumed run loads it so it continues, not repeats, the seeds.
@@ -821,26 +546,15 @@ class GroupQueueManager:
         Groups pending at save time are not saved: the resumed run creates fresh groups
         after them, so their seeds are skipped rather than trained on twice.
         """
-        return {
-            "next_group_id": self._pending.next_group_id,
-            "tag_group_count": dict(self._pending.created_per_tag),
-        }
+        return self._pending.seed_state()
 
     def load_seed_state(self, state: Mapping[str, Any]) -> None:
-        if self._pending.by_id:
-            raise RuntimeError(
-                "load_seed_state must run before the first group is created"
-            )
-        self._pending.next_group_id = int(state["next_group_id"])
-        created = self._pending.created_per_tag
-        for tag, count in dict(state["tag_group_count"]).items():
-            if tag in created:
-                created[tag] = int(count)
+        self._pending.load_seed_state(state)
 
     def shutdown(self) -> None:
         self._closed = True
         self._notify_trainer()
-        self._seat_waiters.wake_all()
+        self._seats.waiters.wake_all()
 
     def gauges(self) -> dict[str, float]:
         pending = list(self._pending)
@@ -858,20 +572,7 @@ class GroupQueueManager:
             "closed": self._closed,
             "fatal": str(self._fatal) if self._fatal else None,
             "shares": dict(self.shares),
-            "pending": {
-                tag: [
-                    {
-                        "group_id": g.group_id,
-                        "seed": g.seed,
-                        "created_step": g.created_step,
-                        "done": len(g.trajectories),
-                        "in_flight": dict(g.in_flight),
-                        "complete": g.complete,
-                    }
-                    for g in groups
-                ]
-                for tag, groups in self._pending.by_tag.items()
-            },
+            "pending": self._pending.describe(),
             "counters": asdict(self.counters),
-            "stalled": dict(self._stalled),
+            "stalled": self._stalled.snapshot(),
         }

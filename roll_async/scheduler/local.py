@@ -32,8 +32,8 @@ from roll_async.trajectory import EpisodeSpec, Trajectory
 class LocalRolloutScheduler:
     """In-process rollout of one rollout side (a RolloutSpec) over ``engines`` (one object or a list of replicas).
 
-    Same API as the Ray-based RolloutScheduler (``get_batch``, ``suspend``, ``resume``, ``run_fixed_round``,
-    ``shutdown``), built from the same pieces (GroupQueueManager, EnvManagerHost, Router).
+    Same API as the Ray-based RolloutScheduler (``RolloutScheduling``, roll_async/scheduler/interface.py; here
+    ``suspend`` and ``resume`` act at once), built from the same pieces (GroupQueueManager, EnvManagerHost, Router).
     """
 
     def __init__(
@@ -81,6 +81,8 @@ class LocalRolloutScheduler:
         #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
         self.version_base = version_base
         self.last_metrics: dict[str, float] = {}
+        #: The last batch window's episodes that were not served, as (fate, trajectory).
+        self.last_unserved: list[tuple[str, Trajectory]] = []
 
     def _cancel(self, env_id: int, group_id: int, episode_id: int) -> None:
         self.host.cancel_episode(env_id, group_id, episode_id)
@@ -107,6 +109,7 @@ class LocalRolloutScheduler:
         self.last_metrics = served.rollout_metrics(
             await self._engine_stats(), self.version_base
         )
+        self.last_unserved = served.unserved
         return served.trajectories, self.last_metrics
 
     async def run_fixed_round(
@@ -152,6 +155,10 @@ class LocalRolloutScheduler:
 
     def resume(self) -> None:
         self.group_queue.resume()
+
+    async def seed_state(self) -> dict[str, Any]:
+        """Where the seed sequence stands (see GroupQueueManager.seed_state)."""
+        return self.group_queue.seed_state()
 
     async def shutdown(self) -> None:
         self.group_queue.shutdown()

@@ -209,7 +209,7 @@ async def _gather_quietly(refs: list[Any]) -> list[Any]:
 
 
 class RolloutScheduler:
-    """Creates and drives the rollout actors of one rollout side (a RolloutSpec).
+    """Creates and drives the rollout actors of one rollout side (a RolloutSpec); a ``RolloutScheduling``.
 
     It creates one GroupQueueActor around a GroupQueueManager (the rules: ``roll_async.scheduler.group_queue``)
     and ``ceil(num_envs / max_env_num_per_worker)`` EnvManagerWorker actors, each hosting its share of

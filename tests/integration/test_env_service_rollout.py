@@ -30,7 +30,7 @@ HANGS = {"inner_env_type": "countdown", "fault": "hang", "fault_probability": 0.
 
 @pytest.fixture(scope="module")
 def env_server_url():
-    from roll_async.env_service.server import launch_server_process
+    from roll_async.env_service.server_cli import launch_server_process
 
     process, url = launch_server_process(
         "--env-timeout-s", "60", "--max-envs", "64", "--idle-timeout-s", "20"

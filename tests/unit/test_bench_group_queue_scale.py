@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from roll_async.scheduler.group_queue import GroupQueueManager
+from roll_async.scheduler.pending_groups import EpisodeGroup
 from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.trajectory import Trajectory
 
@@ -120,18 +121,16 @@ async def test_handing_out_seats_does_not_rescan_full_groups():
     for env_id in range(4000):
         await q.next_episode(env_id)
     calls = 0
-    from roll_async.scheduler import group_queue as gq
-
-    original = gq._Group.free_seats
+    original = EpisodeGroup.free_seats
 
     def counting(self):
         nonlocal calls
         calls += 1
         return original(self)
 
-    gq._Group.free_seats = counting  # type: ignore[method-assign]
+    EpisodeGroup.free_seats = counting  # type: ignore[method-assign]
     try:
         spec = await q.next_episode(4000)
     finally:
-        gq._Group.free_seats = original  # type: ignore[method-assign]
+        EpisodeGroup.free_seats = original  # type: ignore[method-assign]
     assert spec.episode_id == 0 and calls < 10

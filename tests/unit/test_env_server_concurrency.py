@@ -122,7 +122,7 @@ async def test_a_hung_in_thread_env_does_not_block_the_server_from_exiting():
     """Ctrl-C stops the server at once even while a hung env call still holds a thread (daemon threads)."""
     import signal
 
-    from roll_async.env_service.server import launch_server_process
+    from roll_async.env_service.server_cli import launch_server_process
 
     process, url = launch_server_process("--isolation", "none")
     try:

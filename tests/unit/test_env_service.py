@@ -346,7 +346,7 @@ async def test_isolated_hung_envs_are_killed_counted_and_replaced_while_the_run_
 async def test_a_server_that_dies_mid_run_is_the_root_cause_at_get_batch(
     chatml_tokenizer,
 ):
-    from roll_async.env_service.server import launch_server_process
+    from roll_async.env_service.server_cli import launch_server_process
     from roll_async.errors import RolloutFatalError
 
     process, url = launch_server_process("--env-timeout-s", "30")
@@ -439,7 +439,7 @@ async def test_the_server_builds_dotted_path_envs_importable_there(server_url):
 
 
 def test_env_server_import_flag_names_a_module_that_does_not_import():
-    from roll_async.env_service.server import launch_server_process
+    from roll_async.env_service.server_cli import launch_server_process
 
     with pytest.raises(RuntimeError, match="--import no_such_module_xyz"):
         launch_server_process("--import", "no_such_module_xyz", timeout_s=60)

@@ -30,6 +30,6 @@ async def test_env_errors_and_stale_groups_are_handed_over_with_their_fate():
         await queue.get_batch(step=3)
     except Exception:
         pass
-    assert [(fate, t.group_id) for fate, t in queue._take_unserved()] == [
+    assert [(fate, t.group_id) for fate, t in queue._accounts.take_unserved()] == [
         ("dropped_stale", second.group_id)
     ]
