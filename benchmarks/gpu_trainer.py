@@ -33,7 +33,7 @@ what it skipped. The default 420 s keeps the whole command under 8 minutes on an
 Without CUDA (or with ``--cpu``) it runs a reduced mode: the same three rows with tiny shapes (the
 published models' tying and LoRA, 2 layers, hidden 64-128, vocabulary 1024), gloo instead of NCCL,
 bfloat16 compute under FSDP2 on the CPU, a few steps; it checks that the script runs end to end
-(tests/unit/test_bench_gpu_trainer.py), its figures say nothing about a GPU.
+(tests/unit/benchmarks/test_bench_gpu_trainer.py), its figures say nothing about a GPU.
 
 It needs torch, transformers, peft, numpy, safetensors and pyyaml only (no Ray, vLLM or omegaconf),
 so it runs from a bare working tree on a GPU node:

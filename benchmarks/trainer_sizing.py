@@ -5,7 +5,7 @@ fp32 master weights) and tuning (full; LoRA rank 16 on q, k, v, o) it adds up th
 holds at the peak of a training step (the start of the backward pass, after the first optimizer
 step): parameters, gradients, AdamW state and activations at a stated sequence length and
 micro-batch token budget, and compares the total with an 80 GB GPU. ``--write`` renders
-``docs/trainer-sizing.md`` (``tests/unit/test_trainer_sizing.py`` fails when the page differs from
+``docs/trainer-sizing.md`` (``tests/unit/benchmarks/test_trainer_sizing.py`` fails when the page differs from
 this module's output).
 
 The architectures below are copied from the models' published ``config.json`` files

@@ -2,6 +2,15 @@
 
 Starting vLLM costs ~25 s on CPU, so every integration test shares ``engine``;
 tests that need their own engine (shutdown, bad options) start one explicitly.
+
+``tests/unit/<folder>/`` mirrors ``roll_async/<folder>/`` (``trainer/parallel`` included), so a
+module's tests sit at its path; ``tests/unit/`` itself holds the tests of roll_async's top-level
+modules (``cli.py``, ``api_reference.py``, ``sampling.py``, the public API in ``__init__.py``) and
+``local_actor.py``, the helper the engine and runtime tests share (a stand-in for a Ray handle, not
+a fake a user would reuse, so not in ``roll_async.testing``). ``tests/unit/benchmarks/`` mirrors
+``benchmarks/``; ``tests/unit/project/`` checks the repository rather than a module (README,
+packaging, pins, import layers). The folders have no ``__init__.py`` (pytest's default ``prepend``
+import mode), so every test file's name stays unique across ``tests/``.
 """
 
 from __future__ import annotations

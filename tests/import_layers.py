@@ -12,7 +12,7 @@ This reads the source with ``ast`` rather than running import-linter: its graph 
 ``env_managers/``, which setup.py maps into the package from the repository's root.
 
 Run ``python -m tests.import_layers`` from the repository root (.ci/run does, after
-ruff); tests/unit/test_import_layers.py runs the same check in the test suite.
+ruff); tests/unit/project/test_import_layers.py runs the same check in the test suite.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every ``roll-async train|rollout|export|check-model|report`` command the docs sh
 ``bash scripts/main.sh``, runs end to end in ``test_readme_commands.py`` (the main job and what is
 done with it) and ``test_readme_configs.py`` (the other runs), shortened only by overrides (one step or one
 batch, validation off, 8 envs, a small engine cache, a short SFT warm start). ``COVERAGE`` maps
-each documented command to the test that runs it; ``tests/unit/test_readme.py`` fails (fast) when
+each documented command to the test that runs it; ``tests/unit/project/test_readme.py`` fails (fast) when
 the docs show a command that is not in it. Placeholders are filled in: ``RUN_DIR`` is the main
 job's run, ``/path/to/hf-model`` its export (a Hugging Face model directory like any other).
 """
@@ -41,7 +41,9 @@ SHORT = ["max_steps=1", "eval_steps=0", *SMALL, "logging.progress_bar=false"]
 #: The main job's SFT warm start, shortened (its configs warm-start; the path still runs).
 SHORT_SFT = ["sft_warmup.steps=2", "sft_warmup.num_demos=8"]
 #: ``--check`` commands are the check itself: the fast tier runs each through the CLI.
-CHECKED = "tests/unit/test_readme.py::test_each_documented_command_passes_the_check"
+CHECKED = (
+    "tests/unit/project/test_readme.py::test_each_documented_command_passes_the_check"
+)
 #: The two modules running the commands (split so the suite's two workers share them).
 MAIN_JOB = "tests/integration/test_readme_commands.py"
 CONFIGS = "tests/integration/test_readme_configs.py"
@@ -52,7 +54,7 @@ CONFIGS = "tests/integration/test_readme_configs.py"
 #: execs ``roll-async train configs/default.yaml "$@"``), likewise the async pair; and
 #: ``configs/default.yaml`` is ``demo_learn_frozen_lake.yaml`` plus validation, so with ``SHORT``
 #: (validation off) the learning demo's commands resolve to the main job's config, which
-#: ``tests/unit/test_readme.py::test_the_learning_demo_commands_shortened_are_the_main_job`` checks.
+#: ``tests/unit/project/test_readme.py::test_the_learning_demo_commands_shortened_are_the_main_job`` checks.
 COVERAGE: dict[str, str] = {
     "bash scripts/main.sh": f"{MAIN_JOB}::test_main_job_trains_one_step_and_checkpoints",
     "roll-async train configs/default.yaml max_steps=5 output_dir=runs/tour": f"{MAIN_JOB}::test_main_job_trains_one_step_and_checkpoints",

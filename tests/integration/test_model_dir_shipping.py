@@ -3,7 +3,7 @@
 Ray actors built from VLLMEngine whose ``start`` only reports what it received (no vLLM is
 started; one of them pretends its node lacks the path, since on one machine every raylet
 shares the filesystem). What a replica does with the files is tested in
-tests/unit/test_node_files.py (``VLLMEngine.use_model_dir_on_node``).
+tests/unit/runtime/test_node_files.py (``VLLMEngine.use_model_dir_on_node``).
 """
 
 from __future__ import annotations
