@@ -21,7 +21,7 @@ from roll_async.errors import RolloutFatalError
 from roll_async.scheduler.filters import resolve_group_filter
 from roll_async.scheduler.layout import derive_seed, rollout_layout
 from roll_async.scheduler.queue_rules import QueueRules
-from roll_async.scheduler.serve_order import make_serve_order
+from roll_async.scheduler.serve_order import ServeOrder, make_serve_order
 from roll_async.scheduler.served_batch import SchedulerCounters, ServedBatch
 from roll_async.scheduler.wakeups import SeatWaiters, TrainerWakeup, WakeupCounters
 from roll_async.trajectory import EpisodeSpec, Trajectory
@@ -263,7 +263,7 @@ class GroupQueueManager:
         self.rules = rules
         self.tags = list(rules.tags)
         self._env_tags = dict(env_tags)
-        self._order = make_serve_order(rules.serve_order, self.tags)
+        self._order: ServeOrder[_Group] = make_serve_order(rules.serve_order, self.tags)
         self._filter = resolve_group_filter(rules.group_filter)
         self._on_cancel = on_cancel
         self._clock = clock
