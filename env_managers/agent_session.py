@@ -187,7 +187,7 @@ class AgentEpisodeRunner:
         return trajectory
 
     async def _await_agent(
-        self, agent_task: asyncio.Task, session: AgentSession, timeout_s: float
+        self, agent_task: asyncio.Task[object], session: AgentSession, timeout_s: float
     ) -> Any:
         """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model calls."""
         clock = self._clock

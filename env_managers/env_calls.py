@@ -152,7 +152,7 @@ class EnvCaller:
         self._env_config: dict[str, Any] | None = None
         self._env_dirty = False
         self._env_maybe_busy = False
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
 
     def holds(self, env_config: dict[str, Any]) -> bool:
         """True if the current env was built from ``env_config`` and is still usable."""

@@ -183,7 +183,7 @@ class EnvManager:
             clock=clock,
             decode=prompt_builder.decode,
         )
-        self._episode_task: asyncio.Task | None = None
+        self._episode_task: asyncio.Task[Any] | None = None
         self._cancel_requested = False
         #: (group_id, episode_id) -> when a cancel came for an episode not started yet (see cancel_episode).
         self._early_cancels: dict[tuple[int, int], float] = {}
@@ -566,7 +566,7 @@ class EnvManager:
         trajectory.metrics[PREFIX_MISMATCH] = float(differs)
 
     def _render(self, template_name: str, fields: dict[str, Any]) -> str:
-        template = getattr(self.settings.custom_env, template_name)
+        template: str = getattr(self.settings.custom_env, template_name)
         try:
             return template.format(**fields)
         except (KeyError, IndexError, ValueError) as exc:

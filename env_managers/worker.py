@@ -173,7 +173,7 @@ class EnvManagerHost:
         self._on_recover = on_recover
         self._on_fatal = on_fatal
         self._clock = clock
-        self._tasks: dict[int, asyncio.Task] = {}
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._reported_stalls: set[int] = set()
 
     async def run(self) -> None:
@@ -283,7 +283,8 @@ def _node_id() -> str | None:
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        node_id: str = ray.get_runtime_context().get_node_id()
+        return node_id
     except Exception:
         return None
 
@@ -346,7 +347,10 @@ class RaySchedulerClient:
                 delay = min(1.0, delay * 2)
 
     async def next_episode(self, env_id: int) -> EpisodeSpec | None:
-        return await self._call("next_episode", env_id, self.incarnation)
+        episode: EpisodeSpec | None = await self._call(
+            "next_episode", env_id, self.incarnation
+        )
+        return episode
 
     async def put_trajectory(self, trajectory: Trajectory) -> None:
         await self._call("put_trajectory", trajectory)
@@ -355,9 +359,10 @@ class RaySchedulerClient:
         self, trajectory: Trajectory
     ) -> EpisodeSpec | None:
         """One round trip per episode: the finished trajectory goes with the request for the next seat."""
-        return await self._call(
+        episode: EpisodeSpec | None = await self._call(
             "put_trajectory_and_next_episode", trajectory, self.incarnation
         )
+        return episode
 
     def close(self) -> None:
         if self._caller is not None:
@@ -398,10 +403,8 @@ class EnvManagerWorker:
             vision = VisionProcessor.load(
                 tokenizer_path, trust_remote_code=spec.model.trust_remote_code
             )
-        self._router = Router(
-            engine_clients(engine_handles, spec.request_transport),
-            rotation_offset=worker_index,
-        )
+        self._engine_clients = engine_clients(engine_handles, spec.request_transport)
+        self._router = Router(self._engine_clients, rotation_offset=worker_index)
         self._scheduler_client = RaySchedulerClient(
             scheduler_handle, incarnation, transport=spec.request_transport
         )
@@ -452,7 +455,7 @@ class EnvManagerWorker:
     async def stop(self) -> None:
         await self._host.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for client in self._router.replicas:
+        for client in self._engine_clients:  # the Router's replicas
             client.close()
         self._scheduler_client.close()
 

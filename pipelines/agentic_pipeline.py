@@ -315,6 +315,7 @@ class AgenticPipeline:
     async def _validate(self, step: int) -> dict[str, float]:
         if self.val_scheduler is None:
             return {}
+        val_metrics: dict[str, float]
         _, val_metrics = await self.val_scheduler.evaluate(step)
         return val_metrics
 
@@ -440,6 +441,7 @@ class AgenticPipeline:
         """replay.from: the saved batches (nothing starts); otherwise start the actors and roll out."""
         config = self.config
         if self.replay_steps is not None:
+            assert config.replay.from_dir  # the steps were read from it
             return ReplaySource(self.replay_steps, config.replay.from_dir)
         await self.interrupt.race(self._start_actors())
         assert self.run_dir is not None

@@ -321,6 +321,7 @@ def check_rewards(config: PipelineConfig) -> None:
         if reward is None or reward.model_path == TINY_MODEL:
             continue
         key = f"custom_envs.{tag}.reward.model_path={reward.model_path!r}"
+        assert reward.model_path is not None  # RewardConfig.validate requires it
         try:
             tokenizer = load_tokenizer(
                 reward.model_path, trust_remote_code=reward.trust_remote_code

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
@@ -60,7 +61,7 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     attach_run_logs(run_dir.root, config.logging.level)
     init_ray(config.ray_address, config.ray_num_cpus, log_dir=run_dir.logs)
     interrupt.reclaim()  # ray.init replaced the SIGTERM handler
-    engines: list = []
+    engines: list[Any] = []
     reward_services: dict[str, RewardService] = {}
     scheduler = None
     written = 0

@@ -159,7 +159,7 @@ def _doc_lines(doc: Docstring, skip: frozenset[str] = frozenset()) -> list[str]:
 
 def _members(cls: type) -> list[tuple[str, Any]]:
     """Public methods and properties the class itself defines, in source order."""
-    found = []
+    found: list[tuple[str, Any]] = []
     for name, member in vars(cls).items():
         if name.startswith("_"):
             continue
@@ -172,6 +172,7 @@ def _members(cls: type) -> list[tuple[str, Any]]:
 
 def _member_lines(cls: type, name: str, member: Any) -> list[str]:
     if isinstance(member, property):
+        assert member.fget is not None  # a documented property has a getter
         returns = inspect.signature(member.fget).return_annotation
         shown = f"{name}: {returns}" if returns is not inspect.Signature.empty else name
         code = f"@property\n{shown}"

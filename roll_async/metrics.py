@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from roll_async.trajectory import Trajectory
 
@@ -204,7 +205,7 @@ def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def replica_metrics(
     engine_stats: Sequence[Mapping[str, float]] = (),
-    router_stats: Sequence[Mapping[str, object]] = (),
+    router_stats: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, float]:
     """Per engine replica: ``engine/replica_<i>/{running,waiting,in_flight}`` from the engines' stats, and
     ``router/replica_<i>/{requests,bound_episodes,rebalanced_away,failed_over,dead}`` summed over the workers'
@@ -217,7 +218,7 @@ def replica_metrics(
                 out[f"engine/replica_{i}/{key}"] = float(stats[key])
     dead: dict[int, bool] = {}
     for worker in router_stats:
-        for i, replica in enumerate(worker.get("replicas", [])):  # type: ignore[union-attr]
+        for i, replica in enumerate(worker.get("replicas", [])):
             for key in ("requests", "bound_episodes", "rebalanced_away", "failed_over"):
                 name = f"router/replica_{i}/{key}"
                 out[name] = out.get(name, 0.0) + float(replica.get(key, 0))
@@ -228,7 +229,7 @@ def replica_metrics(
         out["router/dead_replicas"] = float(sum(dead.values()))
     if router_stats:
         out[TRANSPORT_RECONNECTS] = float(
-            sum(int(w.get("transport_reconnects", 0)) for w in router_stats)  # type: ignore[call-overload]
+            sum(int(w.get("transport_reconnects", 0)) for w in router_stats)
         )
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -161,7 +162,11 @@ class AgentGateway:
 
         return await self._handle(request, serve)
 
-    async def _handle(self, request: web.Request, serve: Any) -> web.StreamResponse:
+    async def _handle(
+        self,
+        request: web.Request,
+        serve: Callable[[AgentSession, Any], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
         """Run ``serve(session, body)``; every failure becomes an OpenAI-style error response."""
         try:
             session = self._session(request)

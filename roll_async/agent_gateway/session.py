@@ -180,7 +180,7 @@ class AgentSession:
         self.engine_error: Exception | None = None
         self.last_activity = clock()
         self._lock = asyncio.Lock()
-        self._in_flight: set[asyncio.Task] = set()
+        self._in_flight: set[asyncio.Task[Any]] = set()
         self._builders: dict[str, ChatPromptBuilder] = {"": prompts}
         self._parser: ToolCallParser | None = None
         self.closed = False
@@ -266,7 +266,7 @@ class AgentSession:
         now = self._clock()
         starts_segment = segment is None or new_messages is None
         try:
-            if not starts_segment:
+            if segment is not None and new_messages is not None:  # not starts_segment
                 after = render_form([segment.reply_message])[0]
                 prompt_delta = prompts.closure_ids_after(
                     segment.last_generated
@@ -277,7 +277,7 @@ class AgentSession:
                 )
         except ChatTemplateError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None
-        if not starts_segment:
+        if segment is not None and new_messages is not None:  # not starts_segment
             previous = segment.turns[-1]
             previous.observation = "\n".join(m["content"] for m in new_messages)
             previous.env_step_s = now - self.last_activity

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,9 @@ class AgentTask:
     max_steps: int = 0
 
 
-AgentFunction = Callable[[Any, AgentTask], Any]
+#: ``async def agent(client, task)``: the client is whatever the agent's code calls the endpoint with (an openai
+#: client), and what it returns is checked by :func:`agent_result`.
+AgentFunction = Callable[[Any, AgentTask], Coroutine[Any, Any, object]]
 
 
 def load_agent_function(path: str, key: str = "agent") -> AgentFunction:
@@ -64,7 +66,8 @@ def load_agent_function(path: str, key: str = "agent") -> AgentFunction:
         raise ValueError(
             f"{key}={path!r} must accept two arguments (client, task)"
         ) from None
-    return obj
+    agent: AgentFunction = obj
+    return agent
 
 
 def agent_result(value: Any) -> tuple[float, dict[str, float]]:

@@ -103,7 +103,12 @@ def _optional_section(hint: Any) -> type | None:
     if typing.get_origin(hint) not in (typing.Union, types.UnionType):
         return None
     args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
+    section = args[0] if len(args) == 1 else None
+    return (
+        section
+        if isinstance(section, type) and dataclasses.is_dataclass(section)
+        else None
+    )
 
 
 def field_problems(cls: type, values: Any, prefix: str = "") -> list[str]:
@@ -120,7 +125,11 @@ def field_problems(cls: type, values: Any, prefix: str = "") -> list[str]:
         if value is _ABSENT:
             continue
         hint, key = hints[f.name], prefix + f.name
-        section = hint if dataclasses.is_dataclass(hint) else _optional_section(hint)
+        section = (
+            hint
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint)
+            else _optional_section(hint)
+        )
         if typing.get_origin(hint) is Literal:
             choices = typing.get_args(hint)
             interpolation = isinstance(value, str) and value.startswith("${")
@@ -134,7 +143,7 @@ def field_problems(cls: type, values: Any, prefix: str = "") -> list[str]:
                 problems.extend(field_problems(section, value, key + "."))
         elif typing.get_origin(hint) is dict and isinstance(value, Mapping):
             entry_type = typing.get_args(hint)[1]
-            if dataclasses.is_dataclass(entry_type):
+            if isinstance(entry_type, type) and dataclasses.is_dataclass(entry_type):
                 for name, entry in value.items():
                     problems.extend(field_problems(entry_type, entry, f"{key}.{name}."))
         if hint is float and isinstance(value, int) and not isinstance(value, bool):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -55,8 +55,12 @@ def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictCon
         base = path.parent / str(entry)
         if base.suffix not in (".yaml", ".yml"):
             base = base.with_suffix(".yaml")
-        merged = OmegaConf.merge(merged, _load_yaml_with_defaults(base, seen + (path,)))
-    return OmegaConf.merge(merged, raw)
+        # mappings merged into a mapping: a DictConfig
+        merged = cast(
+            DictConfig,
+            OmegaConf.merge(merged, _load_yaml_with_defaults(base, seen + (path,))),
+        )
+    return cast(DictConfig, OmegaConf.merge(merged, raw))
 
 
 def _yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:

@@ -91,7 +91,11 @@ def optional_section(hint: Any) -> type | None:
     if typing.get_origin(hint) not in (typing.Union, types.UnionType):
         return None
     args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+    if (
+        len(args) == 1
+        and isinstance(args[0], type)
+        and dataclasses.is_dataclass(args[0])
+    ):
         return args[0]
     return None
 
@@ -129,7 +133,7 @@ def _sections() -> list[tuple[str, type, Any, str]]:
     seen: dict[type, int] = {}
     for f in dataclasses.fields(PipelineConfig):
         hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if hint in seen:  # val_env_manager: same keys as train_env_manager
                 index = seen[hint]
                 heading, cls, instance, note = found[index]
@@ -147,8 +151,8 @@ def _sections() -> list[tuple[str, type, Any, str]]:
             section_hints = typing.get_type_hints(hint)
             # a section inside a section (trainer.lora)
             for g in dataclasses.fields(hint):
-                if dataclasses.is_dataclass(section_hints[g.name]):
-                    sub = section_hints[g.name]
+                sub = section_hints[g.name]
+                if isinstance(sub, type) and dataclasses.is_dataclass(sub):
                     found.append(
                         (
                             f"`{f.name}.{g.name}`",
@@ -159,7 +163,7 @@ def _sections() -> list[tuple[str, type, Any, str]]:
                     )
         elif typing.get_origin(hint) is dict:
             entry = typing.get_args(hint)[1]
-            if dataclasses.is_dataclass(entry):
+            if isinstance(entry, type) and dataclasses.is_dataclass(entry):
                 note = "One entry per env tag; the tag is the key under `custom_envs`."
                 found.append((f"`{f.name}.<Tag>`", entry, entry(), note))
                 entry_hints = typing.get_type_hints(entry)

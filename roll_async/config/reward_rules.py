@@ -12,8 +12,9 @@ import json
 import math
 import re
 import string
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from roll_async.config.field_checks import check_fields
 from roll_async.errors import ConfigError
@@ -59,6 +60,20 @@ class RewardRules:
 
     engine_keys: ClassVar[frozenset[str]] = frozenset()
 
+    if TYPE_CHECKING:
+        # The dataclass's keys these rules read, for the type checker only (the fields live on RewardConfig).
+        kind: str
+        model_path: str | None
+        prompt_template: str | None
+        mode: str
+        weight: float
+        max_tokens: int
+        score_pattern: str | None
+        score_min: float
+        score_max: float
+        max_model_len: int
+        engine: dict[str, Any]
+
     # -- derived -----------------------------------------------------------------------
 
     def template(self) -> str:
@@ -100,14 +115,14 @@ class RewardRules:
             self._validate_judge(key)
         self._validate_model_path(key)
 
-    def _validate_numbers(self, key: Any) -> None:
+    def _validate_numbers(self, key: Callable[[str], str]) -> None:
         # The limits of single keys are declared beside the fields (sections.RewardConfig) and checked by the
         # one pass of validate_config; validate() also runs on its own, so it runs that pass on its section.
         check_fields(type(self), self, key(""))
         if not math.isfinite(self.weight):
             raise ConfigError(f"{key('weight')}={self.weight} must be a finite number")
 
-    def _validate_template(self, key: Any) -> None:
+    def _validate_template(self, key: Callable[[str], str]) -> None:
         template = self.template()
         try:
             used = {
@@ -132,7 +147,7 @@ class RewardRules:
                 "add it where the answer to score goes"
             )
 
-    def _validate_judge(self, key: Any) -> None:
+    def _validate_judge(self, key: Callable[[str], str]) -> None:
         try:
             pattern = self.pattern()
         except re.error as exc:
@@ -163,7 +178,7 @@ class RewardRules:
                 f"({', '.join(sorted(known))})"
             )
 
-    def _validate_model_path(self, key: Any) -> None:
+    def _validate_model_path(self, key: Callable[[str], str]) -> None:
         if not self.model_path:
             raise ConfigError(
                 f"{key('model_path')} is not set; give a local HF model directory of the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import get_args
 
+from roll_async.config.field_checks import check_fields
 from roll_async.config.loading import config_to_yaml, load_config
 from roll_async.config.sections import (
     AdvantageEstimator,
@@ -42,7 +43,7 @@ from roll_async.config.sections import (
     WeightSyncConfig,
     WorkerPlacement,
 )
-from roll_async.config.validation import check_fields, validate_config
+from roll_async.config.validation import validate_config
 from roll_async.errors import ConfigError
 
 #: engine.request_transport values, as a tuple (argparse choices).

@@ -13,6 +13,7 @@ import platform
 from pathlib import Path
 
 import torch
+from torch._ops import _OpNamespace
 
 
 def _kernel_library() -> Path:
@@ -40,7 +41,7 @@ def _check(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
         )
 
 
-def _linears(ops: object, amx: bool) -> list[str]:
+def _linears(ops: _OpNamespace, amx: bool) -> list[str]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(5, 512, generator=generator).to(torch.bfloat16)
     ran = []
@@ -67,7 +68,7 @@ def _linears(ops: object, amx: bool) -> list[str]:
     return ran
 
 
-def _attention(ops: object, isa: str) -> str:
+def _attention(ops: _OpNamespace, isa: str) -> str:
     """One causal prefill through vLLM's CPU paged attention (head 64, block 128: vLLM's CPU defaults)."""
     heads, kv_heads, head, block, seq = 4, 2, 64, 128, 7
     generator = torch.Generator().manual_seed(1)

@@ -16,7 +16,7 @@ import ray
 
 from roll_async.config.schema import EngineConfig
 from roll_async.engine.lora_adapters import LoraServing
-from roll_async.engine.router import EngineClient, RayEngineClient
+from roll_async.engine.router import RayEngineClient
 from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.engine.zmq_engine_client import ZmqEngineClient
 from roll_async.errors import EngineStartupError
@@ -55,12 +55,13 @@ async def _start_replicas(actors: list[Any], model_path: str) -> list[dict[str, 
                 size_mib,
             )
             files_ref = await asyncio.to_thread(ray.put, files)
-    return await asyncio.gather(
+    started: list[dict[str, Any]] = await asyncio.gather(
         *(
             actor.start.remote(None if present else files_ref)
             for actor, present in zip(actors, on_node)
         )
     )
+    return started
 
 
 async def launch_engines(
@@ -112,7 +113,9 @@ async def launch_engines(
     return actors
 
 
-def engine_clients(handles: list[Any], request_transport: str) -> list[EngineClient]:
+def engine_clients(
+    handles: list[Any], request_transport: str
+) -> list[RayEngineClient] | list[ZmqEngineClient]:
     """One client per engine replica actor, sending generate requests by ``engine.request_transport``."""
     if request_transport == "ray":
         return [RayEngineClient(handle) for handle in handles]

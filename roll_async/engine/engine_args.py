@@ -31,7 +31,8 @@ GiB = 1 << 30
 def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu()
+    cpu: bool = current_platform.is_cpu()
+    return cpu
 
 
 def engine_dtype(dtype: str, key: str = "engine.dtype") -> str:

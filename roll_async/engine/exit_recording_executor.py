@@ -26,13 +26,12 @@ def record_signal_deaths(procs: list[BaseProcess]) -> None:
     for proc in procs:
         if proc.sentinel in ready:
             proc.join(timeout=5)  # exited: reap it so its exit code is known
-        if process_deaths.signal_of(proc.exitcode) is not None:
-            process_deaths.record_exit(
-                os.getppid(), proc.name, proc.pid or 0, proc.exitcode
-            )
+        exitcode = proc.exitcode
+        if exitcode is not None and process_deaths.signal_of(exitcode) is not None:
+            process_deaths.record_exit(os.getppid(), proc.name, proc.pid or 0, exitcode)
 
 
-class ExitRecordingExecutor(MultiprocExecutor):
+class ExitRecordingExecutor(MultiprocExecutor):  # type: ignore[misc]  # vllm is not followed (pyproject [tool.mypy]): its classes are Any
     """MultiprocExecutor that records its workers' deaths by signal (at a failed start or mid-run)."""
 
     @staticmethod

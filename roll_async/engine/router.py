@@ -58,13 +58,15 @@ class RayEngineClient:
             raise replica_dead_error(exc) from exc
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await self._remote("generate", request)
+        result: GenerationResult = await self._remote("generate", request)
+        return result
 
     async def abort(self, request_ids: list[str]) -> None:
         await self.handle.abort.remote(request_ids)
 
-    async def stats(self) -> dict:
-        return await self._remote("stats")
+    async def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = await self._remote("stats")
+        return stats
 
     def close(self) -> None:
         """Nothing to release: Ray owns the connection (ZmqEngineClient closes its socket)."""
@@ -142,7 +144,7 @@ class Router:
         self._polled_global: list[int] | None = None
         self._local_at_poll = [0] * n
         self._last_poll = float("-inf")
-        self._poll_task: asyncio.Task | None = None
+        self._poll_task: asyncio.Task[None] | None = None
         self.counters = [ReplicaCounters() for _ in range(n)]
         self.polls = 0
 

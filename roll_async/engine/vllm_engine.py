@@ -61,19 +61,19 @@ class _SchedulerSnapshot:
     step_running_sum: int = 0
 
 
-def _stat_logger_factory(snapshot: _SchedulerSnapshot):
+def _stat_logger_factory(snapshot: _SchedulerSnapshot) -> type[Any]:
     """A vLLM stat logger that keeps only the latest scheduler numbers (no console spam)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _LatestSchedulerStats(StatLoggerBase):
+    class _LatestSchedulerStats(StatLoggerBase):  # type: ignore[misc]  # vllm is not followed (pyproject [tool.mypy]): its classes are Any
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
         def record(
             self,
-            scheduler_stats,
-            iteration_stats,
-            mm_cache_stats=None,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
             engine_idx: int = 0,
         ) -> None:
             # one per engine step whose outputs reached this front-end
@@ -416,7 +416,8 @@ class VLLMEngine(ServesRequestsOverZmq):
         await self._require_started().resume_generation()
 
     async def is_paused(self) -> bool:
-        return await self._require_started().is_paused()
+        paused: bool = await self._require_started().is_paused()
+        return paused
 
     # -- weights -------------------------------------------------------------------
 

@@ -56,5 +56,7 @@ async def resolve_bucket(bucket: Any) -> bytes:
     except ImportError:  # pragma: no cover - Ray is a dependency
         return bytes(bucket)
     if isinstance(bucket, ray.ObjectRef):
-        return await bucket
-    return bucket
+        fetched: bytes = await bucket
+        return fetched
+    given: bytes = bucket
+    return given

@@ -8,8 +8,11 @@ warnings for layers that by design get no tensor) that these methods close.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 # vLLM and safetensors are imported inside the methods: this module is loaded into vLLM's workers.
+if TYPE_CHECKING:
+    import torch
 
 #: vLLM's logger of the layerwise reload and its message (vllm/model_executor/model_loader/reload/layerwise.py).
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -41,6 +44,7 @@ class ExpectedReloadWarningFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if (
             record.msg == _FAILED_TO_LOAD
+            and isinstance(record.args, tuple)  # the message's %-arguments
             and record.args
             and self.expected(str(record.args[0]))
         ):
@@ -82,7 +86,7 @@ class WeightSyncExtension:
         """Load safetensors bytes, or a list of buckets, in ONE reload (a partial reload per bucket breaks the model)."""
         from safetensors.torch import load
 
-        tensors: dict = {}
+        tensors: dict[str, torch.Tensor] = {}
         for blob in payload if isinstance(payload, list) else [payload]:
             tensors.update(load(blob))
         install_reload_warning_filter(_ties_word_embeddings(self.model_runner))  # type: ignore[attr-defined]
@@ -94,7 +98,7 @@ class WeightSyncExtension:
         return len(tensors)
 
 
-def _ties_word_embeddings(model_runner) -> bool:
+def _ties_word_embeddings(model_runner: Any) -> bool:
     hf_config = getattr(getattr(model_runner, "model_config", None), "hf_config", None)
     text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
     return bool(
@@ -103,7 +107,7 @@ def _ties_word_embeddings(model_runner) -> bool:
     )
 
 
-def _reprocess_lm_heads(model) -> None:
+def _reprocess_lm_heads(model: torch.nn.Module) -> None:
     """Re-derive each LM head's kernel-side weights (CPU pre-packing) from its current, possibly tied, weight."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
     from vllm.platforms import current_platform
@@ -112,14 +116,14 @@ def _reprocess_lm_heads(model) -> None:
         return
 
     for module in model.modules():
-        method = getattr(module, "quant_method", None)
+        method: Any = getattr(module, "quant_method", None)
         if isinstance(module, ParallelLMHead) and hasattr(
             method, "process_weights_after_loading"
         ):
             method.process_weights_after_loading(module)
 
 
-def _reprepack_cpu_moe_experts(model) -> None:
+def _reprepack_cpu_moe_experts(model: torch.nn.Module) -> None:
     """Re-pack MoE expert weights for the CPU grouped-GEMM kernel after a reload.
 
     vLLM's unquantized MoE method runs the experts' ``process_weights_after_loading``

@@ -62,7 +62,8 @@ class ZmqEngineClient(RayEngineClient):
         return self._caller.reconnects
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        return await self._caller.call("generate", request)
+        result: GenerationResult = await self._caller.call("generate", request)
+        return result
 
     def close(self) -> None:
         """Close the socket and its monitor (idempotent)."""

@@ -165,7 +165,8 @@ class EnvServiceClient:
                                 status=response.status,
                             )
                         self._down_until[url] = 0.0
-                        return payload
+                        answer: dict[str, Any] = payload  # a JSON object on success
+                        return answer
                 except _NEVER_SENT as exc:
                     attempt += 1
                     self._give_up_after(url, method, path, exc, attempt)

@@ -65,9 +65,12 @@ class _EnvPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # _fds (set by Popen.__init__) and util.close_fds are internals typeshed does not list.
+        fds = self._fds  # type: ignore[attr-defined]
+        self.sentinel, w = forkserver.connect_to_new_process(fds)
         _parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        close_fds = util.close_fds  # type: ignore[attr-defined]
+        self.finalizer = util.Finalize(self, close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -304,7 +307,8 @@ class ProcessEnv:
         finally:
             loop.remove_reader(fd)
         try:
-            return self._conn.recv()
+            answer: tuple[str, Any] = self._conn.recv()
+            return answer
         except (EOFError, OSError):
             process = self._process
             process.join(timeout=5.0)

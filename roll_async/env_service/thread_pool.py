@@ -49,7 +49,7 @@ class _Work:
         cleanup: Callable[[Any], None] | None,
     ) -> None:
         self.fn, self.args, self.loop, self.cleanup = fn, args, loop, cleanup
-        self.future: asyncio.Future = loop.create_future()
+        self.future: asyncio.Future[Any] = loop.create_future()
         self.started_at: float | None = None  # time.monotonic(), set by the thread
         self.cancelled = False  # never start it (set under the pool's lock)
         self.abandoned = False  # nobody waits for it: its thread runs cleanup(result)
@@ -178,6 +178,8 @@ class EnvThreadPool:
                     )
                     return
                 started = work.started_at
+                # unstarted work either waits on or was cancelled above
+                assert started is not None
             left = started + timeout - time.monotonic()
             if left > 0:
                 timer = loop.call_later(left, check)

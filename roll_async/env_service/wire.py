@@ -127,7 +127,7 @@ def require(
 
 def require_seq(body: Any) -> int:
     """The call's sequence number ``body["seq"]``: a non-negative int, or BadRequest naming the field."""
-    seq = require(body, "seq", int)
+    seq: int = require(body, "seq", int)
     if seq < 0:
         raise BadRequest(f"field 'seq' must be a non-negative integer, got {seq}")
     return seq

@@ -18,7 +18,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 
@@ -216,8 +216,9 @@ def decode_result(data: Any, depth: int = 0) -> Any:
         ]
         if None in pairs:
             raise ValueError("malformed result")
+        checked = cast("list[tuple[Any, Any]]", pairs)  # None was ruled out above
         return {
-            decode_result(k, depth + 1): decode_result(v, depth + 1) for k, v in pairs
+            decode_result(k, depth + 1): decode_result(v, depth + 1) for k, v in checked
         }
     kind = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}.get(tag)
     if kind is None:
@@ -301,7 +302,9 @@ def load_tasks(
     path: str | Path | None = None, task_ids: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """The task list of ``path`` (default: the shipped file), optionally only ``task_ids``."""
-    tasks = json.loads(Path(path or DEFAULT_TASKS).read_text(encoding="utf-8"))["tasks"]
+    tasks: list[dict[str, Any]] = json.loads(
+        Path(path or DEFAULT_TASKS).read_text(encoding="utf-8")
+    )["tasks"]
     if task_ids:
         by_id = {t["id"]: t for t in tasks}
         missing = [i for i in task_ids if i not in by_id]
@@ -442,7 +445,7 @@ class CodeEnv(BaseEnv):
     multi_action: ClassVar[bool] = False
 
     def __init__(
-        self, config: CodeEnvConfig | dict | None = None, **kwargs: Any
+        self, config: CodeEnvConfig | dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(config, **kwargs)
         self.config: CodeEnvConfig

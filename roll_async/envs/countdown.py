@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -61,7 +61,9 @@ class CountdownEnv(BaseEnv):
     config_cls: ClassVar[type] = CountdownConfig
     multi_action: ClassVar[bool] = False
 
-    def __init__(self, config: CountdownConfig | dict | None = None, **kwargs) -> None:
+    def __init__(
+        self, config: CountdownConfig | dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: CountdownConfig
         self.numbers: list[int] = []

@@ -48,6 +48,7 @@ class DelayedEnv(EnvWrapper):
     """Sleeps (blocking, like a real simulator would compute) before delegating to the inner env."""
 
     config_cls = DelayedEnvConfig
+    config: DelayedEnvConfig
 
     def __init__(self, env: Any, config: DelayedEnvConfig | None = None) -> None:
         super().__init__(env, config or DelayedEnvConfig())
@@ -68,10 +69,14 @@ class DelayedEnv(EnvWrapper):
         self._rng = np.random.default_rng(seed)
         if self.config.reset_latency_s > 0:
             time.sleep(self.config.reset_latency_s)
-        return self.inner.reset(seed=seed)
+        answer: tuple[Any, dict[str, Any]] = self.inner.reset(seed=seed)
+        return answer
 
     def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         delay = self._step_delay()
         if delay > 0:
             time.sleep(delay)
-        return self.inner.step(action_text)
+        result: tuple[Any, float, bool, bool, dict[str, Any]] = self.inner.step(
+            action_text
+        )
+        return result

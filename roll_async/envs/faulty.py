@@ -62,6 +62,7 @@ class FaultyEnv(EnvWrapper):
     """Delegates to the inner env; ``fault_probability`` of the chosen calls fault instead; crash and segfault end the process."""
 
     config_cls = FaultyEnvConfig
+    config: FaultyEnvConfig
 
     def __init__(self, env: Any, config: FaultyEnvConfig | None = None) -> None:
         super().__init__(env, config or FaultyEnvConfig())
@@ -111,8 +112,12 @@ class FaultyEnv(EnvWrapper):
 
     def reset(self, seed: int) -> tuple[Any, dict[str, Any]]:
         self._maybe_fault("reset")
-        return self.inner.reset(seed=seed)
+        answer: tuple[Any, dict[str, Any]] = self.inner.reset(seed=seed)
+        return answer
 
     def step(self, action_text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._maybe_fault("step")
-        return self.inner.step(action_text)
+        result: tuple[Any, float, bool, bool, dict[str, Any]] = self.inner.step(
+            action_text
+        )
+        return result

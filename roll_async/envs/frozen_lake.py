@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image
@@ -89,7 +89,9 @@ class FrozenLakeEnv(BaseEnv):
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)
     render_modes: ClassVar[tuple[str, ...]] = ("text", "vision")
 
-    def __init__(self, config: FrozenLakeConfig | dict | None = None, **kwargs) -> None:
+    def __init__(
+        self, config: FrozenLakeConfig | dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: FrozenLakeConfig
         self.desc: list[str] = []
@@ -192,6 +194,7 @@ def generate_map(
     # Thaw a random monotone path (rights and downs in random order) through the last draw.
     steps = ["Right"] * (size - 1) + ["Down"] * (size - 1)
     rng.shuffle(steps)
+    assert board is not None  # max_tries >= 1
     r = c = 0
     for s in steps:
         r, c = r + MOVES[s][0], c + MOVES[s][1]
@@ -209,9 +212,11 @@ def shortest_path(desc: list[str], start: Pos) -> list[str] | None:
         pos = queue.popleft()
         if desc[pos[0]][pos[1]] == "G":
             path = []
-            while parent[pos] is not None:
-                pos, move = parent[pos]
+            step = parent[pos]
+            while step is not None:
+                pos, move = step
                 path.append(move)
+                step = parent[pos]
             return path[::-1]
         if desc[pos[0]][pos[1]] == "H":
             continue

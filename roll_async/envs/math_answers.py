@@ -246,9 +246,10 @@ def check_answer(
     from math_verify import parse, verify
 
     def read(expr: str) -> list[Any]:
-        return parse(
+        parsed: list[Any] = parse(
             "\\boxed{" + expr + "}", fallback_mode="no_fallback", parsing_timeout=None
         )
+        return parsed
 
     def correct(expr: str) -> bool:
         parsed = read(expr)
@@ -472,6 +473,7 @@ def verify_answer(
     except PoolWorkerFailed as e:
         raise VerifierUnavailable(f"the math verifier failed: {e}") from None
     try:
-        return VerifyOutcome(VerifyStatus(reply.get("status")))
+        status: Any = reply.get("status")  # the enum rejects a missing or unknown one
+        return VerifyOutcome(VerifyStatus(status))
     except ValueError:
         return VerifyOutcome(VerifyStatus.ERROR, str(reply.get("error") or reply))

@@ -106,7 +106,7 @@ class MathQAEnv(BaseEnv):
     multi_action: ClassVar[bool] = False
 
     def __init__(
-        self, config: MathQAConfig | dict | None = None, **kwargs: Any
+        self, config: MathQAConfig | dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(config, **kwargs)
         self.config: MathQAConfig

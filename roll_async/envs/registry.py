@@ -34,7 +34,7 @@ from roll_async.envs.sokoban import SokobanEnv
 from roll_async.envs.wrapper import EnvWrapper
 
 #: The one piece of module state: registered name -> env class.
-_REGISTRY: dict[str, type] = {
+_REGISTRY: dict[str, type[Any]] = {
     "sokoban": SokobanEnv,
     "frozen_lake": FrozenLakeEnv,
     "sliding_puzzle": SlidingPuzzleEnv,
@@ -91,7 +91,7 @@ def registered_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def resolve_env_class(env_type: str) -> type:
+def resolve_env_class(env_type: str) -> type[Any]:
     """The class for a registered name, an adapter prefix or a ``package.module:ClassName`` path."""
     if env_type in _REGISTRY:
         return _REGISTRY[env_type]
@@ -135,7 +135,7 @@ def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
     if split_adapter_env_type(env_type) is not None:
         return make_adapter_env(env_type, dict(env_config or {}))
     cls = resolve_env_class(env_type)
-    config_cls = getattr(cls, "config_cls", None)
+    config_cls: type[Any] | None = getattr(cls, "config_cls", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
         config = build_config(config_cls, env_config, env_type)
         if issubclass(cls, EnvWrapper):

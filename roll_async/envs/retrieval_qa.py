@@ -161,7 +161,7 @@ class RetrievalQAEnv(BaseEnv):
     multi_action: ClassVar[bool] = False
 
     def __init__(
-        self, config: RetrievalQAConfig | dict | None = None, **kwargs: Any
+        self, config: RetrievalQAConfig | dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(config, **kwargs)
         self.config: RetrievalQAConfig

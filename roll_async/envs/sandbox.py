@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 _NOBODY = 65534
 #: Per-run uids (root only): _UID_BASE + slot, slot < _UID_POOL, far above any login or container uid.
@@ -570,7 +571,7 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _read_capped(handle, limit: int) -> tuple[str, bool]:
+def _read_capped(handle: IO[bytes], limit: int) -> tuple[str, bool]:
     limit = max(1, int(limit))
     handle.seek(0, os.SEEK_END)
     size = handle.tell()

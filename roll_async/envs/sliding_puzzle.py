@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class SlidingPuzzleEnv(BaseEnv):
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)
 
     def __init__(
-        self, config: SlidingPuzzleConfig | dict | None = None, **kwargs
+        self, config: SlidingPuzzleConfig | dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(config, **kwargs)
         self.config: SlidingPuzzleConfig

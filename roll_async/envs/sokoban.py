@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image
@@ -61,7 +61,7 @@ class SokobanConfig(EnvConfig):
             raise ValueError(
                 f"dim_room must be two sizes >= 4 (the border is wall), got {self.dim_room}"
             )
-        self.dim_room = dim  # type: ignore[assignment]
+        self.dim_room = dim
         self.num_boxes = int(self.num_boxes)
         interior = (dim[0] - 2) * (dim[1] - 2)
         most = max(0, interior // 3)
@@ -102,7 +102,9 @@ class SokobanEnv(BaseEnv):
     action_words: ClassVar[tuple[str, ...]] = tuple(MOVES)
     render_modes: ClassVar[tuple[str, ...]] = ("text", "vision")
 
-    def __init__(self, config: SokobanConfig | dict | None = None, **kwargs) -> None:
+    def __init__(
+        self, config: SokobanConfig | dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, **kwargs)
         self.config: SokobanConfig
         self.walls: frozenset[Pos] = frozenset()
@@ -283,7 +285,9 @@ def solve_sokoban(
         return (up or down) and (left or right)
 
     start = (player, boxes)
-    parent: dict[tuple[Pos, frozenset[Pos]], tuple | None] = {start: None}
+    parent: dict[
+        tuple[Pos, frozenset[Pos]], tuple[tuple[Pos, frozenset[Pos]], str] | None
+    ] = {start: None}
     queue = deque([start])
     while queue:
         state = queue.popleft()
@@ -304,10 +308,11 @@ def solve_sokoban(
             parent[new] = (state, name)
             if nb <= targets:
                 path = []
-                cur = new
-                while parent[cur] is not None:
-                    cur, move = parent[cur]
+                step = parent[new]
+                while step is not None:
+                    cur, move = step
                     path.append(move)
+                    step = parent[cur]
                 return path[::-1]
             if len(parent) >= max_states:
                 return None

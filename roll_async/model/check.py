@@ -318,9 +318,9 @@ async def run_checks(
 
 
 async def _conversation_rows(
-    engine,
-    builder,
-    trainer,
+    engine: VLLMEngine,
+    builder: ChatPromptBuilder,
+    trainer: GRPOTrainer,
     settings: CheckSettings,
     pad: int,
     with_template_rows: bool,
@@ -376,7 +376,12 @@ async def _conversation_rows(
 
 
 async def _weight_sync_round_trip(
-    engine, trainer, builder, settings, pad, GenerationRequest
+    engine: VLLMEngine,
+    trainer: GRPOTrainer,
+    builder: ChatPromptBuilder,
+    settings: CheckSettings,
+    pad: int,
+    GenerationRequest: type[GenerationRequest],
 ) -> CheckRow:
     """Perturb, sync, compare: outputs must change and match the perturbed trainer on the same (cached) prompt."""
     greedy = dataclasses.replace(

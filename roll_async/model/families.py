@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_async.model.tiny_build import (
     is_current_build,
@@ -23,6 +23,9 @@ from roll_async.model.tiny_build import (
     write_model_dir,
 )
 from roll_async.model.tiny_tokenizer import train_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 #: Bump when a family's recipe changes, so cached builds rebuild.
 ZOO_BUILD_ID = "zoo-v2"
@@ -242,7 +245,7 @@ class Family:
     #: What the template does, in one line (README, check-model).
     summary: str = ""
     #: Builds the transformers config from the shared sizes and token ids.
-    make_config: Callable[..., Any] | None = None
+    make_config: Callable[[Any, Family, int, int], PretrainedConfig] | None = None
 
 
 def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[str, Any]:
@@ -261,7 +264,9 @@ def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[st
 
 
 # Each config maker imports transformers itself: it is heavy and needed only when a model is built.
-def _qwen2(tokenizer, family, hidden, layers):
+def _qwen2(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -271,7 +276,9 @@ def _qwen2(tokenizer, family, hidden, layers):
     )
 
 
-def _qwen3(tokenizer, family, hidden, layers):
+def _qwen3(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -281,7 +288,9 @@ def _qwen3(tokenizer, family, hidden, layers):
     )
 
 
-def _qwen3_moe(tokenizer, family, hidden, layers):
+def _qwen3_moe(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
@@ -296,7 +305,9 @@ def _qwen3_moe(tokenizer, family, hidden, layers):
     )
 
 
-def _llama(tokenizer, family, hidden, layers):
+def _llama(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -306,7 +317,9 @@ def _llama(tokenizer, family, hidden, layers):
     )
 
 
-def _mistral(tokenizer, family, hidden, layers):
+def _mistral(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import MistralConfig
 
     return MistralConfig(
@@ -317,7 +330,9 @@ def _mistral(tokenizer, family, hidden, layers):
     )
 
 
-def _gemma3(tokenizer, family, hidden, layers):
+def _gemma3(
+    tokenizer: Any, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import Gemma3TextConfig
 
     # One sliding-window layer and one global layer, as in Gemma 3's interleaving (5:1 at full size).
@@ -332,7 +347,7 @@ def _gemma3(tokenizer, family, hidden, layers):
     )
 
 
-def _phi3(tokenizer, family, hidden, layers):
+def _phi3(tokenizer: Any, family: Family, hidden: int, layers: int) -> PretrainedConfig:
     from transformers import Phi3Config
 
     kwargs = _common(tokenizer, family, hidden, layers)
@@ -505,6 +520,7 @@ def build_family_model(
         additional_special_tokens=[],
         added_tokens=family.added_tokens,
     )
+    assert family.make_config is not None, name  # every zoo family has one
     config = family.make_config(tokenizer, family, hidden_size, num_layers)
     config.architectures = [family.architecture]
     torch.manual_seed(seed)

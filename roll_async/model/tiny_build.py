@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def model_cache_dir() -> Path:
@@ -39,7 +40,7 @@ def tiny_shape(
     )
 
 
-def is_current_build(out: Path, build_info: dict) -> bool:
+def is_current_build(out: Path, build_info: dict[str, Any]) -> bool:
     """True when ``out`` holds a finished build with exactly ``build_info`` (so it is reused)."""
     info_path = out / "roll_async_build.json"
     try:
@@ -48,7 +49,7 @@ def is_current_build(out: Path, build_info: dict) -> bool:
         return False
 
 
-def write_model_dir(out: Path, build_info: dict, *parts: object) -> Path:
+def write_model_dir(out: Path, build_info: dict[str, Any], *parts: object) -> Path:
     """``save_pretrained`` every part (model, tokenizer, processor) into ``out`` plus the build record; returns ``out``.
 
     Built beside the target and moved into place, so a crash never leaves a half-written model.

@@ -13,12 +13,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_async.errors import ChatTemplateError
 
 # load_tokenizer lives in roll_async.prompts.tokenizers; importable from here as before.
 from roll_async.prompts.tokenizers import load_tokenizer as load_tokenizer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 #: Stand in for messages when measuring what the template puts around them.
 _SENTINEL_REPLY = "ROLL_ASYNC_SENTINEL_REPLY"
@@ -134,7 +137,7 @@ class ChatPromptBuilder:
         self.template_kwargs = dict(template_kwargs or {})
         self._role_endings: dict[str, tuple[str, str]] = {}
         #: A fast tokenizer's Rust backend: encoding through it skips the Python wrapper (~half the cost per turn).
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
         # A group's envs share a seed, so their first prompts are identical, and envs repeat observations
         # ("invalid action"): rendering and encoding the same text again is the largest per-turn cost.
         self._first_turn_cache = functools.lru_cache(maxsize=_TEXT_CACHE_SIZE)(
@@ -222,13 +225,14 @@ class ChatPromptBuilder:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool
     ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
+            rendered: str = self.tokenizer.apply_chat_template(
                 messages,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 chat_template=self.chat_template,
                 **self.template_kwargs,
             )
+            return rendered
         except Exception as exc:  # jinja2 TemplateError, raise_exception(...) in the template, TypeError, ...
             roles = "/".join(str(m.get("role")) for m in messages)
             raise ChatTemplateError(
@@ -263,9 +267,10 @@ class ChatPromptBuilder:
             return self._backend.decode(
                 list(token_ids), skip_special_tokens=skip_special_tokens
             )
-        return self.tokenizer.decode(
+        text: str = self.tokenizer.decode(
             list(token_ids), skip_special_tokens=skip_special_tokens
         )
+        return text
 
     def _reference(self) -> list[dict[str, str]]:
         """System, a sentinel user message and a sentinel reply: the closed turn continuations follow."""

@@ -150,7 +150,8 @@ class RewardModelClient:
         """A client of a RewardModelActor Ray actor (from ``launch_reward_model``)."""
 
         async def score_texts(texts: list[str]) -> list[float]:
-            return await handle.score.remote(texts)
+            scores: list[float] = await handle.score.remote(texts)
+            return scores
 
         return cls(config, score_texts)
 

@@ -53,11 +53,8 @@ def reward_configs(
     custom_envs: Mapping[str, CustomEnvConfig], tags: Iterable[str]
 ) -> dict[str, RewardConfig]:
     """``tag -> reward`` of each of ``tags`` that has one."""
-    return {
-        tag: custom_envs[tag].reward
-        for tag in sorted(set(tags))
-        if custom_envs[tag].reward is not None
-    }
+    rewards = {tag: custom_envs[tag].reward for tag in sorted(set(tags))}
+    return {tag: reward for tag, reward in rewards.items() if reward is not None}
 
 
 async def launch_reward_service(tag: str, config: RewardConfig) -> RewardService:

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from roll_async.errors import ConfigError
 
@@ -47,7 +48,7 @@ class _ConsoleFilter(logging.Filter):
         return record.levelno >= (self.level if own else logging.ERROR)
 
 
-class _ProgressBarSafeHandler(logging.StreamHandler):
+class _ProgressBarSafeHandler(logging.StreamHandler[TextIO]):
     """Writes through tqdm so a log line never breaks the progress bar (tqdm clears and redraws it)."""
 
     def emit(self, record: logging.LogRecord) -> None:

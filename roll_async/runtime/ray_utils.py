@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from roll_async.run_output.logs import LOG_DIR_ENV
 
@@ -52,10 +53,10 @@ def init_ray(
     # (set VLLM_LOGGING_LEVEL=INFO to see the engine's own progress lines).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    runtime_env: dict = {
+    runtime_env: dict[str, Any] = {
         "env_vars": {"VLLM_LOGGING_LEVEL": os.environ["VLLM_LOGGING_LEVEL"]}
     }
-    quiet: dict = {}
+    quiet: dict[str, Any] = {}
     if log_dir is not None:
         runtime_env["env_vars"][LOG_DIR_ENV] = str(os.path.abspath(log_dir))
         runtime_env["worker_process_setup_hook"] = (

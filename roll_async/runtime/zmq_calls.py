@@ -19,7 +19,7 @@ import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -38,7 +38,7 @@ LIVENESS_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 30.0
 
 
-def _context() -> zmq.Context:
+def _context() -> zmq.Context[zmq.Socket[bytes]]:
     """The process's one ZMQ context (pyzmq's singleton), never terminated by us.
 
     A context's ``term()`` waits until every one of its sockets is closed; a per-object context
@@ -51,7 +51,7 @@ def _context() -> zmq.Context:
     the policy glibc cached for the creating thread, which in a Ray actor predates the change.
     """
     global _context_configured
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if not _context_configured and hasattr(os, "sched_getscheduler"):
         context.set(zmq.THREAD_SCHED_POLICY, os.sched_getscheduler(0))
         _context_configured = True
@@ -77,7 +77,7 @@ class _LoopSocket:
     """
 
     def __init__(
-        self, socket: zmq.Socket, on_message: Callable[[list[bytes]], None]
+        self, socket: zmq.Socket[bytes], on_message: Callable[[list[bytes]], None]
     ) -> None:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
@@ -85,7 +85,7 @@ class _LoopSocket:
         self.socket = socket
         self._on_message = on_message
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = cast(int, socket.getsockopt(zmq.FD))
         self._loop.add_reader(self._fd, self._drain)
         self._closed = False
         # A pipe signals new messages only after a read found it empty: look once, so the first one is seen.
@@ -93,7 +93,9 @@ class _LoopSocket:
 
     def _drain(self) -> None:
         socket = self.socket
-        while not self._closed and socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while (
+            not self._closed and cast(int, socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        ):
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -109,7 +111,7 @@ class _LoopSocket:
             self.socket.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
-        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if cast(int, self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._loop.call_soon(self._drain)  # the send consumed the readable edge
         return True
 
@@ -141,7 +143,7 @@ class CallEndpoint:
         return self.ipc if node_id is not None and node_id == self.node_id else self.tcp
 
 
-def _dumps(message: tuple) -> bytes:
+def _dumps(message: tuple[Any, ...]) -> bytes:
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -170,7 +172,7 @@ class CallServer:
         self._target = target
         self._methods = frozenset(methods)
         self._cancellable = cancellable
-        self._tasks: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._tasks: dict[tuple[bytes, int], asyncio.Task[None]] = {}
         self._loop = asyncio.get_running_loop()
         self._socket = _LoopSocket(
             _context().socket(zmq.ROUTER), self._on_message
@@ -201,12 +203,14 @@ class CallServer:
         elif kind == _PING:
             self._reply(identity, (_PONG, call_id, None))
 
-    def _reply(self, identity: bytes, message: tuple) -> None:
+    def _reply(self, identity: bytes, message: tuple[Any, ...]) -> None:
         frames = [identity, _dumps(message)]
         if not self._socket.send_now(frames):
             self._loop.create_task(self._socket.send(frames))
 
-    async def _run(self, key: tuple[bytes, int], method: str, args: tuple) -> None:
+    async def _run(
+        self, key: tuple[bytes, int], method: str, args: tuple[Any, ...]
+    ) -> None:
         identity, call_id = key
         try:
             if method not in self._methods:
@@ -358,12 +362,12 @@ class ZmqCaller:
         self._fallback = fallback
         self._node_id = node_id
         self._connect_timeout_s = connect_timeout_s
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
         self._connect_lock = asyncio.Lock()
         self._socket: _LoopSocket | None = None
         self._monitor: _LoopSocket | None = None
-        self._watch_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self.dead: str | None = None
         self._ready = False  # the first exchange (a ping) came back
         self._connect_error: ZmqConnectError | None = None
@@ -475,6 +479,7 @@ class ZmqCaller:
     async def _send(self, kind: int, payload: Any) -> Any:
         """Send one message and wait for its answer; a cancelled wait tells the server (see CallServer)."""
         socket = self._socket
+        assert socket is not None, "_send runs after _connect opened the socket"
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
@@ -502,6 +507,7 @@ class ZmqCaller:
             self._watch_task.cancel()
         if self._socket is not None:
             self._socket.socket.disable_monitor()
-            self._monitor.close()
+            if self._monitor is not None:  # opened with the socket
+                self._monitor.close()
             self._socket.close()
         self._socket = self._monitor = None

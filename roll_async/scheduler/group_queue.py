@@ -25,7 +25,7 @@ from roll_async.scheduler.layout import rollout_layout
 from roll_async.scheduler.pending_groups import EpisodeGroup, PendingGroups
 from roll_async.scheduler.queue_rules import QueueRules
 from roll_async.scheduler.seat_assignment import CancelCallback, SeatAssigner
-from roll_async.scheduler.serve_order import make_serve_order
+from roll_async.scheduler.serve_order import ServeOrder, make_serve_order
 from roll_async.scheduler.served_batch import SchedulerCounters, ServedBatch
 from roll_async.scheduler.wakeups import TrainerWakeup, WakeupCounters
 from roll_async.scheduler.worker_faults import StalledEnvs, reopen_seats_of_dead_envs
@@ -123,7 +123,7 @@ class GroupQueueManager:
         self.rules = rules
         self.tags = list(rules.tags)
         self._env_tags = dict(env_tags)
-        self._order = make_serve_order(rules.serve_order, self.tags)
+        self._order: ServeOrder[EpisodeGroup] = make_serve_order(rules.serve_order, self.tags)
         self._filter = resolve_group_filter(rules.group_filter)
         self._clock = clock
         self._quota = BatchQuota.for_rules(rules, self._env_tags)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -22,7 +22,7 @@ class HandoverLedger:
     """Runs each (env, hand-over id) once; a retry of the env's last hand-over gets the same answer."""
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[str, asyncio.Future]] = {}
+        self._last: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         #: Retries answered from the ledger (the hand-over had already been handled or was being handled).
         self.retries = 0
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.engine.router import EngineClient, Router
@@ -27,6 +27,8 @@ from roll_async.scheduler.group_queue import GroupQueueManager
 from roll_async.scheduler.layout import rollout_layout
 from roll_async.scheduler.served_batch import ServedBatch
 from roll_async.trajectory import EpisodeSpec, Trajectory
+
+T = TypeVar("T")
 
 
 class LocalRolloutScheduler:
@@ -50,8 +52,10 @@ class LocalRolloutScheduler:
         """``reward_scorers``: tag -> the scorer of that tag's episodes (custom_envs.<Tag>.reward)."""
         em = spec.env_manager
         self.spec = spec
-        self.engines = (
-            list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        self.engines: list[EngineClient] = (
+            list(engines)
+            if isinstance(engines, (list, tuple))
+            else [cast(EngineClient, engines)]
         )
         self.group_queue = GroupQueueManager.from_spec(
             spec, on_cancel=self._cancel, start_step=start_step
@@ -77,7 +81,7 @@ class LocalRolloutScheduler:
             on_recover=self.group_queue.clear_stalled,
             on_fatal=self.group_queue.report_fatal,
         )
-        self._run_task: asyncio.Task | None = None
+        self._run_task: asyncio.Task[None] | None = None
         #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
         self.version_base = version_base
         self.last_metrics: dict[str, float] = {}
@@ -120,7 +124,7 @@ class LocalRolloutScheduler:
             self.group_queue.run_fixed_round(episodes, step)
         )
 
-    async def _unless_loops_die(self, awaitable: Any) -> Any:
+    async def _unless_loops_die(self, awaitable: Awaitable[T]) -> T:
         assert self._run_task is not None
         task = asyncio.ensure_future(awaitable)
         done, _ = await asyncio.wait(
@@ -137,8 +141,8 @@ class LocalRolloutScheduler:
             f"the env rollout loops stopped: {exc or 'they exited'}"
         ) from exc
 
-    async def _engine_stats(self) -> list[dict]:
-        stats = []
+    async def _engine_stats(self) -> list[dict[str, Any]]:
+        stats: list[dict[str, Any]] = []
         for engine in self.engines:
             method = getattr(engine, "stats", None)
             if method is None:

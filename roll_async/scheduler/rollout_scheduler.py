@@ -266,7 +266,7 @@ class RolloutScheduler:
         self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
         self._workers: list[Any] = []
-        self._run_futures: list[asyncio.Future] = []
+        self._run_futures: list[asyncio.Future[Any]] = []
         self._chunks: list[list[tuple[int, str]]] = []
         self._incarnations: list[int] = []
         self.worker_restarts = 0
@@ -415,9 +415,10 @@ class RolloutScheduler:
     ) -> ServedBatch:
         """Play each episode once (validation); see GroupQueueManager.run_fixed_round."""
         await self.start()
-        return await self._unless_loops_die(
+        served: ServedBatch = await self._unless_loops_die(
             self._queue.run_fixed_round.remote(list(episodes), step)
         )
+        return served
 
     async def _unless_loops_die(self, ref: Any) -> Any:
         """Await ``ref``; a worker whose process died is restarted (within the budget), any other end is fatal."""
@@ -434,8 +435,8 @@ class RolloutScheduler:
             if result_future in done:
                 try:
                     return result_future.result()
-                except RolloutFatalError as exc:
-                    raise RolloutFatalError(str(unwrap_ray_error(exc))) from None
+                except RolloutFatalError as error:
+                    raise RolloutFatalError(str(unwrap_ray_error(error))) from None
             ended = next(f for f in self._run_futures if f in done)
             index = self._run_futures.index(ended)
             exc = ended.exception()
@@ -463,12 +464,12 @@ class RolloutScheduler:
                 f"EnvManagerWorker {index} stopped: {reason}"
             ) from exc
 
-    async def _engine_stats(self) -> list[dict]:
+    async def _engine_stats(self) -> list[dict[str, Any]]:
         """Stats per replica (an empty dict for a replica that does not answer, e.g. a dead one)."""
         results = await _gather_quietly([h.stats.remote() for h in self.engine_handles])
         return [r if isinstance(r, dict) else {} for r in results]
 
-    async def _router_stats(self) -> list[dict]:
+    async def _router_stats(self) -> list[dict[str, Any]]:
         """Every worker's Router counters (one call per worker per batch)."""
         return [
             r
@@ -489,7 +490,8 @@ class RolloutScheduler:
     async def seed_state(self) -> dict[str, Any]:
         """Where the seed sequence stands (saved in checkpoints; see GroupQueueManager.seed_state)."""
         await self.start()
-        return await self._queue.seed_state.remote()
+        state: dict[str, Any] = await self._queue.seed_state.remote()
+        return state
 
     async def describe(self) -> dict[str, Any]:
         """Scheduler state and per-worker env phases, for debugging."""

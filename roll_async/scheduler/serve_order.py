@@ -129,7 +129,7 @@ def check_serve_order(name: str) -> None:
         raise ValueError(f"serve_order={name!r}: use one of {', '.join(SERVE_ORDERS)}")
 
 
-def make_serve_order(name: ServeOrderName, tags: Sequence[str]) -> ServeOrder:
+def make_serve_order(name: ServeOrderName, tags: Sequence[str]) -> ServeOrder[GroupT]:
     """The serve order called ``name`` over ``tags``."""
     check_serve_order(name)
     if name == "first_complete":

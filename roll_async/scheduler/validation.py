@@ -42,7 +42,7 @@ def build_validation_episodes(spec: RolloutSpec) -> list[EpisodeSpec]:
         return []
     if em.dataset:
         return _episodes_from_dataset(spec, em.dataset)
-    episodes = []
+    episodes: list[EpisodeSpec] = []
     for tag, count in zip(
         em.tags, groups_per_tag(em.tags, em.num_env_groups, em.num_groups_partition)
     ):
@@ -64,7 +64,7 @@ def _episodes_from_dataset(spec: RolloutSpec, path: str) -> list[EpisodeSpec]:
     from roll_async.envs.dataset import load_env_dataset
 
     tags = list(spec.env_manager.tags)
-    episodes = []
+    episodes: list[EpisodeSpec] = []
     for row_index, row in enumerate(load_env_dataset(path)):
         if row.data_source in tags:
             tag = row.data_source

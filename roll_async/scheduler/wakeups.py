@@ -34,13 +34,15 @@ class SeatWaiters:
     """
 
     def __init__(self, tags: Sequence[str], wakeups: WakeupCounters) -> None:
-        self._waiters: dict[str, deque[asyncio.Future]] = {tag: deque() for tag in tags}
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {
+            tag: deque() for tag in tags
+        }
         self._wakeups = wakeups
 
     def any(self, tag: str) -> bool:
         return bool(self._waiters[tag])
 
-    def wait(self, tag: str, *, keep_place: bool) -> asyncio.Future:
+    def wait(self, tag: str, *, keep_place: bool) -> asyncio.Future[None]:
         """A future woken by ``wake_one``; ``keep_place``: it was woken before but lost the seat, so goes first."""
         future = asyncio.get_running_loop().create_future()
         if keep_place:

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 
 
-async def three_turn_agent(client: Any, task: Any) -> dict:
+async def three_turn_agent(client: Any, task: Any) -> dict[str, Any]:
     """Three chat calls that extend one another (append-only history); reward 1.0."""
     served = [m.id for m in (await client.models.list()).data]
     assert served == [task.model], served
@@ -77,11 +77,11 @@ async def idling_agent(client: Any, task: Any) -> float:
     return 0.0
 
 
-async def unservable_requests_agent(client: Any, task: Any) -> dict:
+async def unservable_requests_agent(client: Any, task: Any) -> dict[str, Any]:
     """Sends requests the endpoint cannot serve; returns how each was answered (status codes), then plays one call."""
     statuses: dict[str, float] = {}
     messages = [{"role": "user", "content": "Hi."}]
-    attempts = {
+    attempts: dict[str, dict[str, Any]] = {
         "tools": dict(
             model=task.model,
             messages=messages,
@@ -107,7 +107,7 @@ async def unservable_requests_agent(client: Any, task: Any) -> dict:
     return {"reward": 0.0, "metrics": statuses}
 
 
-WEATHER_TOOL = {
+WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -135,7 +135,7 @@ PARSED_CALL = {
 }
 
 
-def _assistant_message(message: Any) -> dict:
+def _assistant_message(message: Any) -> dict[str, Any]:
     """A returned assistant message as the agent echoes it (what ``message.model_dump()`` carries)."""
     echoed: dict[str, Any] = {"role": "assistant", "content": message.content}
     if message.tool_calls:
@@ -147,7 +147,9 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
     """One chat call; with ``stream`` the chunks are put back together into a message."""
     if not stream:
         return (await client.chat.completions.create(**kwargs)).choices[0]
-    content, calls, finish, usage_chunks = "", {}, None, 0
+    content, usage_chunks = "", 0
+    calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
     async for chunk in await client.chat.completions.create(
         stream=True, stream_options={"include_usage": True}, **kwargs
     ):
@@ -182,7 +184,7 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
     )
 
 
-async def _tool_agent(client: Any, task: Any, stream: bool) -> dict:
+async def _tool_agent(client: Any, task: Any, stream: bool) -> dict[str, Any]:
     """Three calls with a function tool: every tool call gets a ``tool`` result, a plain reply a user turn."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a test agent."},
@@ -211,17 +213,17 @@ async def _tool_agent(client: Any, task: Any, stream: bool) -> dict:
     return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
 
 
-async def tool_agent(client: Any, task: Any) -> dict:
+async def tool_agent(client: Any, task: Any) -> dict[str, Any]:
     """Three chat calls declaring a function tool; tool calls answered with tool results."""
     return await _tool_agent(client, task, stream=False)
 
 
-async def streaming_tool_agent(client: Any, task: Any) -> dict:
+async def streaming_tool_agent(client: Any, task: Any) -> dict[str, Any]:
     """:func:`tool_agent` with ``stream=True`` (chunks put back together)."""
     return await _tool_agent(client, task, stream=True)
 
 
-async def responses_tool_agent(client: Any, task: Any) -> dict:
+async def responses_tool_agent(client: Any, task: Any) -> dict[str, Any]:
     """:func:`tool_agent` through the Responses API: function_call items answered with function_call_output.
 
     Sent as the OpenAI Agents SDK's OpenAIResponsesModel sends it: a strict function tool (same schema as
@@ -267,7 +269,7 @@ async def responses_tool_agent(client: Any, task: Any) -> dict:
     return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
 
 
-async def tool_choice_agent(client: Any, task: Any) -> dict:
+async def tool_choice_agent(client: Any, task: Any) -> dict[str, Any]:
     """One call with tool_choice=required; returns whether a call came back."""
     reply = await client.chat.completions.create(
         model=task.model,
@@ -286,7 +288,7 @@ async def tool_choice_agent(client: Any, task: Any) -> dict:
     }
 
 
-async def bad_tool_requests_agent(client: Any, task: Any) -> dict:
+async def bad_tool_requests_agent(client: Any, task: Any) -> dict[str, Any]:
     """Requests the endpoint must refuse with a 400 naming the parameter; returns status + param per case."""
     messages = [{"role": "user", "content": "Hi."}]
     call = {
@@ -294,7 +296,7 @@ async def bad_tool_requests_agent(client: Any, task: Any) -> dict:
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
     }
-    attempts = {
+    attempts: dict[str, dict[str, Any]] = {
         "bad_schema": dict(
             messages=messages,
             tools=[
@@ -358,7 +360,7 @@ async def bad_tool_requests_agent(client: Any, task: Any) -> dict:
     return {"reward": 0.0, "metrics": metrics}
 
 
-async def streaming_responses_agent(client: Any, task: Any) -> dict:
+async def streaming_responses_agent(client: Any, task: Any) -> dict[str, Any]:
     """One streamed Responses call with a function tool; returns what the event stream held."""
     tool = {"type": "function", **WEATHER_TOOL["function"]}
     kinds: list[str] = []
@@ -383,7 +385,7 @@ async def streaming_responses_agent(client: Any, task: Any) -> dict:
     }
 
 
-async def tool_choice_variants_agent(client: Any, task: Any) -> dict:
+async def tool_choice_variants_agent(client: Any, task: Any) -> dict[str, Any]:
     """tool_choice none (tools declared, nothing parsed) then a named function (met)."""
     messages = [{"role": "user", "content": "Weather?"}]
     none = await client.chat.completions.create(
@@ -412,7 +414,7 @@ async def tool_choice_variants_agent(client: Any, task: Any) -> dict:
     }
 
 
-async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict:
+async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict[str, Any]:
     """A real OpenAI Agents SDK ``Agent`` with one ``@function_tool``, run by ``Runner.run`` (tracing off).
 
     ``task.env_config``: ``model_settings`` adds ``agents.ModelSettings`` fields (what the SDK then sends;
@@ -425,7 +427,7 @@ async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict:
     agents.set_tracing_disabled(True)
     cities: list[str] = []
 
-    @agents.function_tool
+    @agents.function_tool  # type: ignore[untyped-decorator]  # agents is not followed (pyproject [tool.mypy])
     def get_weather(city: str) -> str:
         """The weather in a city."""
         cities.append(city)
@@ -477,11 +479,11 @@ async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict:
     return {"reward": 1.0, "metrics": metrics}
 
 
-async def agents_sdk_chat_agent(client: Any, task: Any) -> dict:
+async def agents_sdk_chat_agent(client: Any, task: Any) -> dict[str, Any]:
     """The Agents SDK on ``OpenAIChatCompletionsModel`` over the session's client."""
     return await _agents_sdk_agent(client, task, "chat")
 
 
-async def agents_sdk_responses_agent(client: Any, task: Any) -> dict:
+async def agents_sdk_responses_agent(client: Any, task: Any) -> dict[str, Any]:
     """The Agents SDK on its default model class (``OpenAIResponsesModel``) over the session's client."""
     return await _agents_sdk_agent(client, task, "responses")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
 from roll_async.trajectory import GenerationRequest, GenerationResult
@@ -197,7 +198,7 @@ class FakeEngine(ServesRequestsOverZmq):
         self._pause_mode = None
         self._resumed.set()
 
-    async def stats(self) -> dict:
+    async def stats(self) -> dict[str, Any]:
         return {
             "running": len(self._in_flight),
             "waiting": self._waiting,

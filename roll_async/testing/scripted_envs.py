@@ -134,13 +134,14 @@ class ScriptedEnv:
 class AsyncScriptedEnv(ScriptedEnv):
     """ScriptedEnv with ``async def`` reset/step (latency via asyncio.sleep)."""
 
+    # The async form of the env contract (env managers await either form): hence the ignores below.
     async def reset(self, seed: int) -> tuple[str, dict[str, Any]]:  # type: ignore[override]
         await asyncio.sleep(self.reset_latency_s)
         return self._reset_now(seed)
 
-    async def step(
+    async def step(  # type: ignore[override]
         self, action_text: str
-    ) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         await asyncio.sleep(
             (self.hang_s if self._hang_now() else 0.0) + self.step_latency_s
         )

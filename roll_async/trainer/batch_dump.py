@@ -45,7 +45,9 @@ def save_batch(
     directory.mkdir(parents=True, exist_ok=True)
     # Nested records (e.g. the sampling settings) are stored as plain dicts: weights_only loading reads no classes.
     fields = {
-        f.name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        f.name: dataclasses.asdict(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type)
+        else value
         for f in dataclasses.fields(batch)
         for value in (getattr(batch, f.name),)
     }

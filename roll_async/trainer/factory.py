@@ -99,6 +99,8 @@ def build_model_trainer(config: TrainerConfig, model_path: str) -> Trainer:
     """A trainer holding a model: ``config.trainer_cls`` if set, else the built-in GRPO trainer."""
     if config.trainer_cls:
         cls = load_trainer_class(config.trainer_cls)
-        return cls(config, model_path)
+        # its methods were checked on loading
+        trainer: Trainer = cls(config, model_path)
+        return trainer
     with loading_the_model(model_path):
         return GRPOTrainer(config, model_path)

@@ -47,7 +47,8 @@ def to_checkpoint_names(
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:
         return state
-    return revert_weight_conversion(model, state)
+    reverted: dict[str, torch.Tensor] = revert_weight_conversion(model, state)
+    return reverted
 
 
 def tied_parameter_names(model: torch.nn.Module) -> set[str]:

@@ -65,7 +65,10 @@ def adapter_config_json(config: LoraConfig, base_model_path: str) -> dict[str, A
     peft_cfg.base_model_name_or_path = base_model_path
     with tempfile.TemporaryDirectory() as tmp:
         peft_cfg.save_pretrained(tmp)
-        return json.loads((Path(tmp) / ADAPTER_CONFIG_FILE).read_text())
+        written: dict[str, Any] = json.loads(
+            (Path(tmp) / ADAPTER_CONFIG_FILE).read_text()
+        )
+        return written
 
 
 def linear_module_names(model: torch.nn.Module) -> set[str]:

@@ -65,7 +65,9 @@ def token_logprobs(
     logits = outputs.logits
     if score_mask is None and attention_mask is None:
         raise ValueError("token_logprobs needs score_mask when attention_mask is None")
-    wanted = (score_mask if score_mask is not None else attention_mask).bool()
+    mask = score_mask if score_mask is not None else attention_mask
+    assert mask is not None  # checked above
+    wanted = mask.bool()
     select = wanted[:, 1:]
     shifted = torch.zeros(select.shape, dtype=torch.float32, device=logits.device)
     shifted_entropy = torch.zeros_like(shifted) if with_entropy else None

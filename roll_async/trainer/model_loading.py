@@ -102,7 +102,8 @@ def disable_dropout(model: torch.nn.Module) -> None:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+            # a plain float attribute; nn.Module types attributes as tensors or modules
+            module.attention_dropout = 0.0  # type: ignore[assignment]
     config = getattr(model, "config", None)
     if config is not None and isinstance(
         getattr(config, "attention_dropout", None), float

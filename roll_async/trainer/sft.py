@@ -228,7 +228,7 @@ def run_sft(
     was_training = model.training
     model.train()
     for _ in range(steps):
-        picked = []
+        picked: list[int] = []
         while len(picked) < min(batch_size, len(examples)):
             if not order:
                 order = torch.randperm(len(examples), generator=generator).tolist()

@@ -18,6 +18,7 @@ from roll_async.config.sections import TrainerConfig
 from roll_async.errors import ConfigError
 from roll_async.trainer.base import TrainerHandle
 from roll_async.trainer.checkpoint import TRAINER_STATE_FILE, resolve_resume_dir
+from roll_async.trainer.collate import TrajectoryBatch
 
 
 class SimulatedTrainer(TrainerHandle):
@@ -44,7 +45,7 @@ class SimulatedTrainer(TrainerHandle):
         self.sync_s = float(config.simulate_sync_s)
         self.optimizer_steps = 0
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         time.sleep(self.step_s)  # no CPU: the simulated step only takes time
         self.optimizer_steps += 1
         return {

@@ -19,6 +19,7 @@ from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
 from roll_async.errors import ConfigError
 from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import Trainer, TrainerHandle
+from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.factory import build_model_trainer
 from roll_async.trainer.grpo_trainer import resolve_device
 from roll_async.trainer.ranks.rank_group import TrainerRankGroup
@@ -57,7 +58,7 @@ class InProcessTrainer(TrainerHandle):
         """The wrapped trainer's HF causal LM (optional in the Trainer contract; AttributeError without one)."""
         return self.trainer.model  # type: ignore[attr-defined]
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         return self.trainer.train_step(batch, step)
 
     def state_dict_for_engine(self) -> dict[str, Any]:
@@ -120,7 +121,7 @@ class TrainerActor:
             "device": self.device,
         }
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         return self._trainer().train_step(batch, step)
 
     def state_dict_for_engine(self) -> dict[str, Any]:
@@ -187,7 +188,7 @@ class TrainerActorClient(TrainerHandle):
         )
         return cls(actor, placement)
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         return _call(self.actor.train_step, batch, step)
 
     def state_dict_for_engine(self) -> dict[str, Any]:

@@ -39,8 +39,11 @@ _EXAMPLES = {
 }
 
 
-def adapter_class(prefix: str) -> type:
-    return resolve_dotted(ADAPTER_PREFIXES[prefix], f"env_type prefix {prefix!r}")
+def adapter_class(prefix: str) -> type[Any]:
+    adapter: type[Any] = resolve_dotted(
+        ADAPTER_PREFIXES[prefix], f"env_type prefix {prefix!r}"
+    )
+    return adapter
 
 
 def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:

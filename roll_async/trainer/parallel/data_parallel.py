@@ -51,7 +51,7 @@ def rank_share(
 
 
 def _reduce(
-    values: Mapping[str, float], info: RankInfo, op: dist.ReduceOp
+    values: Mapping[str, float], info: RankInfo, op: dist.ReduceOp.RedOpType
 ) -> dict[str, float]:
     """Each key reduced over the ranks: a CPU float64 tensor, which gloo carries on CPU and GPU ranks alike.
 

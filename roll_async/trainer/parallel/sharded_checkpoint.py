@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -48,10 +49,11 @@ def _state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     reference: torch.nn.Module | None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
+    """DCP's state dict: "model", "optimizer" and "reference" (each its own state dict type)."""
     # frozen parameters (a LoRA run's base weights) are model.path's and are not saved
     trainable = StateDictOptions(ignore_frozen_params=True)
-    state: dict[str, object] = {
+    state: dict[str, Any] = {
         "model": get_model_state_dict(model, options=trainable),
         "optimizer": get_optimizer_state_dict(model, optimizer),
     }

@@ -16,6 +16,7 @@ import torch
 
 from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import DEFAULT_BUCKET_BYTES, iter_weight_buckets
+from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.factory import loading_the_model
 from roll_async.trainer.grpo_trainer import GRPOTrainer
 from roll_async.trainer.parallel.process_group import free_port, init_rank, leave_group
@@ -66,10 +67,10 @@ class TrainerRank:
             raise RuntimeError("TrainerRank.join was not called")
         return self.trainer
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         return self._trainer().train_step(batch, step)
 
-    def compute_logprobs(self, batch: Any) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         return self._trainer().compute_logprobs(batch)
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:

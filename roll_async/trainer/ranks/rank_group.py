@@ -22,6 +22,7 @@ from roll_async.config.sections import TrainerConfig
 from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import TrainerHandle
+from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.ranks.rank_actor import TrainerRank
 
 logger = logging.getLogger(__name__)
@@ -208,12 +209,12 @@ class TrainerRankGroup(TrainerHandle):
 
     # -- the TrainerHandle methods -------------------------------------------------------------
 
-    def train_step(self, batch: Any, step: int) -> dict[str, float]:
+    def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
         import ray
 
         return self._all("train_step", ray.put(batch), step)[0]
 
-    def compute_logprobs(self, batch: Any) -> Any:
+    def compute_logprobs(self, batch: TrajectoryBatch) -> Any:
         import ray
 
         return self._all("compute_logprobs", ray.put(batch))[0]
