@@ -444,7 +444,7 @@ class AgenticPipeline:
             assert config.replay.from_dir  # the steps were read from it
             return ReplaySource(self.replay_steps, config.replay.from_dir)
         await self.interrupt.race(self._start_actors())
-        assert self.run_dir is not None
+        assert self.run_dir is not None and self.train_scheduler is not None
         return RolloutSource(
             self.train_scheduler,
             pad_token_id=padding_token_id(self.tokenizer),

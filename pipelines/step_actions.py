@@ -161,6 +161,9 @@ class StepLog(StepAction):
                 served_step=step,
                 served_at=record.served_at,
             )
+            assert (
+                self.train_scheduler is not None
+            )  # trajectories are saved from a rollout
             self.run_dir.append_unserved(
                 self.train_scheduler.last_unserved, self.tokenizer, step
             )

@@ -143,7 +143,7 @@ class ExactlyOnceCalls:
         raise CallFailed(404, "not_found", f"env {env_id!r} is gone: {gone.why}")
 
 
-def _retrieve(task: asyncio.Future) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a call task's failure as seen: its requester may be gone, and its record holds the answer."""
     if not task.cancelled():
         task.exception()

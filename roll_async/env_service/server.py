@@ -82,7 +82,7 @@ class EnvServer:
         self.max_envs = int(
             DEFAULT_MAX_ENVS[isolation] if max_envs is None else max_envs
         )
-        self._reaper: asyncio.Task | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self.stats = ServerStats()
         self._sessions = SessionTable()
         self._calls = ExactlyOnceCalls(self._sessions, self.stats)

@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drain(stream: Any, tail: collections.deque) -> None:
+def _drain(stream: Any, tail: collections.deque[str]) -> None:
     """Read a child's output to its end, keeping the last lines (the pipe never fills)."""
     for line in stream:
         tail.append(line)

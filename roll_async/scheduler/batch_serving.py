@@ -49,7 +49,10 @@ class BatchQuota:
         return cls(groups_per_batch, shares, rules.filter_drops_limit)
 
     def ready_heads(
-        self, tags: Sequence[str], order: ServeOrder, pending: PendingGroups
+        self,
+        tags: Sequence[str],
+        order: ServeOrder[EpisodeGroup],
+        pending: PendingGroups,
     ) -> list[EpisodeGroup] | None:
         """The groups of ``tags`` to serve if a batch is ready (see the serve order), else None."""
         shares = self.shares

@@ -123,7 +123,9 @@ class GroupQueueManager:
         self.rules = rules
         self.tags = list(rules.tags)
         self._env_tags = dict(env_tags)
-        self._order: ServeOrder[EpisodeGroup] = make_serve_order(rules.serve_order, self.tags)
+        self._order: ServeOrder[EpisodeGroup] = make_serve_order(
+            rules.serve_order, self.tags
+        )
         self._filter = resolve_group_filter(rules.group_filter)
         self._clock = clock
         self._quota = BatchQuota.for_rules(rules, self._env_tags)

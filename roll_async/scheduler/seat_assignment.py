@@ -39,7 +39,7 @@ class SeatAssigner:
         self,
         rules: QueueRules,
         pending: PendingGroups,
-        order: ServeOrder,
+        order: ServeOrder[EpisodeGroup],
         quota: BatchQuota,
         counters: SchedulerCounters,
         wakeups: WakeupCounters,
