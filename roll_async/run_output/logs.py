@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from tqdm import tqdm
+
 from roll_async.errors import ConfigError
 
 #: The environment variable that tells a Ray worker process where to write its log.
@@ -53,8 +55,6 @@ class _ProgressBarSafeHandler(logging.StreamHandler[TextIO]):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            from tqdm import tqdm
-
             tqdm.write(self.format(record), file=self.stream)
         except Exception:
             self.handleError(record)

@@ -2,7 +2,7 @@
 gateway, vLLM's own tool parsers, zoo-family templates on small test tokenizers, and a FAKE engine (no model)
 whose output is a fixed token sequence per call (the family's tool-call text, then plain replies).
 
-The real-engine versions are in tests/integration/test_agent_tools_real_engine.py.
+The real-engine versions are in tests/integration/test_model_families.py.
 """
 
 from __future__ import annotations
