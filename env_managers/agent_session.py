@@ -20,11 +20,12 @@ from roll_async.agent_gateway.task import AgentTask, agent_result, load_agent_fu
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
 from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter
 from roll_async.env_managers.turn_generator import TurnGeneration, TurnGenerator
+from roll_async.errors import LifecycleError, RollAsyncError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
-class AgentEpisodeError(RuntimeError):
+class AgentEpisodeError(RollAsyncError, RuntimeError):
     """The agent code failed: raised, timed out, returned no reward or made no model call."""
 
 
@@ -87,7 +88,7 @@ class AgentEpisodeRunner:
         cfg = settings.custom_env
         gateway = self.gateway
         if gateway is None:
-            raise RuntimeError(
+            raise LifecycleError(
                 f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway"
             )
         agent_fn = load_agent_function(

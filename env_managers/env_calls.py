@@ -16,7 +16,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from roll_async.env_managers.env_status import EnvManagerStats
-from roll_async.errors import EnvCallError, EnvServiceUnavailable
+from roll_async.errors import CallTimeoutError, EnvCallError, EnvServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class EnvCaller:
             if env is None:
                 # make_env overran: the env it built is not used (a used env is discarded)
                 close_env_now(result)
-            raise TimeoutError
+            raise CallTimeoutError
         return result
 
     def _move_off_hung_thread(self) -> None:

@@ -35,7 +35,12 @@ from roll_async.env_managers.trajectory_bookkeeping import (
     numeric_metrics,
 )
 from roll_async.env_managers.turn_generator import TurnGenerator
-from roll_async.errors import ChatTemplateError, EnvCallError, VisionInputError
+from roll_async.errors import (
+    ChatTemplateError,
+    ConfigError,
+    EnvCallError,
+    VisionInputError,
+)
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
 from roll_async.prompts.images import (
     ObservationEncoder,
@@ -570,7 +575,7 @@ class EnvManager:
         try:
             return template.format(**fields)
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"custom_envs.{self.settings.tag}.{template_name}={template!r} cannot be filled ({type(exc).__name__}: {exc}); "
                 f"it may use the fields {{{'}, {'.join(fields)}}} (write literal braces as {{{{ and }}}})"
             ) from None

@@ -15,11 +15,11 @@ from roll_async.agent_gateway.tool_calls import (
     parse_tool_request,
 )
 from roll_async.envs.tool_actions import encode_tool_calls
-from roll_async.errors import ChatTemplateError
+from roll_async.errors import ChatTemplateError, RollAsyncError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 
 
-class EnvToolsError(ValueError):
+class EnvToolsError(RollAsyncError, ValueError):
     """An env declared tools this model cannot serve (template, parser or schema); ends the episode as env_error."""
 
 

@@ -31,7 +31,7 @@ from roll_async.env_managers.env_manager import (
 )
 from roll_async.env_service.env_builder import env_builder
 from roll_async.envs import make_env
-from roll_async.errors import CallConnectionLost, QueueActorDeadError
+from roll_async.errors import CallConnectionLost, QueueActorDeadError, RolloutFatalError
 from roll_async.prompts.images import (
     VisionProcessor,
     is_vision_tag,
@@ -198,7 +198,7 @@ class EnvManagerHost:
                     logger.error(message, exc_info=exc)
                     await self._call(self._on_fatal, message)
                     await self.stop()
-                    raise RuntimeError(message) from exc
+                    raise RolloutFatalError(message) from exc
         finally:
             watchdog.cancel()
 

@@ -16,17 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 from roll_async.errors import (
     ChatTemplateError,
+    CheckpointError,
     ConfigError,
+    DatasetError,
     EngineStartupError,
     EnvCallError,
     EnvServiceError,
     EnvServiceUnavailable,
+    InvalidInputError,
+    InvalidTypeError,
+    LifecycleError,
+    MissingFileError,
     NoLiveReplicaError,
     NonFiniteLossError,
+    OutputExistsError,
+    ParseError,
     RollAsyncError,
     RolloutFatalError,
+    SftDivergedError,
+    TaskGenerationError,
     TrainerRankTimeoutError,
+    UnsupportedHostError,
     VisionInputError,
+    WeightSyncError,
 )
 
 if TYPE_CHECKING:
@@ -72,16 +84,28 @@ __all__ = [
     # errors
     "RollAsyncError",
     "ConfigError",
+    "InvalidInputError",
+    "InvalidTypeError",
+    "ParseError",
+    "LifecycleError",
+    "MissingFileError",
+    "OutputExistsError",
+    "DatasetError",
     "EngineStartupError",
     "NoLiveReplicaError",
+    "WeightSyncError",
     "RolloutFatalError",
     "EnvCallError",
     "EnvServiceError",
     "EnvServiceUnavailable",
+    "TaskGenerationError",
     "ChatTemplateError",
     "VisionInputError",
     "NonFiniteLossError",
     "TrainerRankTimeoutError",
+    "CheckpointError",
+    "SftDivergedError",
+    "UnsupportedHostError",
 ]
 
 

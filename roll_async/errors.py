@@ -18,6 +18,40 @@ class ConfigError(RollAsyncError, ValueError):
     """A config mistake; the message names the key and the fix."""
 
 
+# -- inputs ----------------------------------------------------------------------------------------------
+
+
+class InvalidInputError(RollAsyncError, ValueError):
+    """A function got an argument or data it cannot use (empty, mismatched, out of range); the message names it and what fits."""
+
+
+class InvalidTypeError(RollAsyncError, TypeError):
+    """An argument has the wrong type (not a mapping, a class without an env's methods); the message names it."""
+
+
+class ParseError(RollAsyncError, ValueError):
+    """Text that does not parse (a model's action or tool-call arguments, a sandbox's result); callers score it invalid."""
+
+
+class LifecycleError(RollAsyncError, RuntimeError):
+    """An object used out of order: before it was started, built or reset, or after it was shut down or its episode ended."""
+
+
+# -- files -----------------------------------------------------------------------------------------------
+
+
+class MissingFileError(RollAsyncError, FileNotFoundError):
+    """A file or directory the run needs does not exist (a model, a checkpoint, a dataset, a run); the message says how to make it."""
+
+
+class OutputExistsError(RollAsyncError, FileExistsError):
+    """An output directory already holds files; nothing is overwritten, and the message asks for a new one."""
+
+
+class DatasetError(RollAsyncError, ValueError):
+    """A data file (an env dataset, a task file, a corpus) cannot be used; the message names the file and what it lacks."""
+
+
 # -- engine ----------------------------------------------------------------------------------------------
 
 
@@ -33,11 +67,15 @@ class NoLiveReplicaError(RollAsyncError, RuntimeError):
     """Every engine replica died; the rollout cannot continue."""
 
 
+class WeightSyncError(RollAsyncError, RuntimeError):
+    """An engine replica could not take a weight update cleanly; serving on would reuse KV of the old weights."""
+
+
 # -- rollout ---------------------------------------------------------------------------------------------
 
 
 class EngineRequestError(RollAsyncError, RuntimeError):
-    """An engine request failed after its retries; ends the rollout loop."""
+    """An engine request failed (aborted or errored); a turn's request that still fails after its retries ends the rollout loop."""
 
 
 class EnvCallError(RollAsyncError, RuntimeError):
@@ -68,6 +106,10 @@ class EnvServiceError(RollAsyncError, RuntimeError):
 
 class EnvServiceUnavailable(RollAsyncError, RuntimeError):
     """No env server of a tag answers (transport errors after the retries); the rollout cannot go on."""
+
+
+class TaskGenerationError(RollAsyncError, RuntimeError):
+    """An env could not draw a task with its config (no solvable room, too few distinct problems); the message names the keys."""
 
 
 # -- prompts ---------------------------------------------------------------------------------------------
@@ -125,11 +167,31 @@ class TrainerRankTimeoutError(RollAsyncError, RuntimeError):
         )
 
 
+class CheckpointError(RollAsyncError, RuntimeError):
+    """A checkpoint does not fit the model it is loaded into (missing or unexpected weights, no LoRA adapter)."""
+
+
+class SftDivergedError(RollAsyncError, FloatingPointError):
+    """The SFT warm-up's loss became NaN or inf; the message names the step and the learning rate to lower."""
+
+
 # -- runtime ---------------------------------------------------------------------------------------------
 
 
+class UnsupportedHostError(RollAsyncError, RuntimeError):
+    """This machine cannot do what an option asks (sandbox namespaces, vLLM's bfloat16 CPU kernels); the message names the fallback."""
+
+
+class CallTimeoutError(RollAsyncError, TimeoutError):
+    """A call overran its time limit; a TimeoutError like asyncio's, so one handler covers both."""
+
+
+class MethodNotServedError(RollAsyncError, AttributeError):
+    """An actor was called over ZMQ with a method it does not serve: the remote side of getattr's AttributeError."""
+
+
 class ZmqConnectError(RollAsyncError, RuntimeError):
-    """An actor's call socket did not answer: a port blocked between nodes, most likely."""
+    """An actor's call socket failed: it did not answer (a port blocked between nodes, most likely) or could not bind again."""
 
 
 class CallConnectionLost(RollAsyncError, ConnectionError):

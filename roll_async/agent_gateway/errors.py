@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from roll_async.errors import RollAsyncError
 
-class OpenAIError(Exception):
+
+class OpenAIError(RollAsyncError):
     """An error the gateway answers with ``{"error": {...}}`` and ``status``."""
 
     def __init__(

@@ -25,6 +25,7 @@ from roll_async.agent_gateway.responses_api import (
 )
 from roll_async.agent_gateway.session import AgentSession
 from roll_async.agent_gateway.streaming import SSE_DONE, chat_chunks, sse
+from roll_async.errors import LifecycleError
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class AgentGateway:
     def open_session(self, session: AgentSession) -> str:
         """Register ``session``; returns the base URL to give ``openai.AsyncOpenAI``."""
         if self.port is None:
-            raise RuntimeError("AgentGateway.open_session before ensure_started()")
+            raise LifecycleError("AgentGateway.open_session before ensure_started()")
         self.sessions[session.session_id] = session
         return f"http://{self.host}:{self.port}/sessions/{session.session_id}/v1"
 

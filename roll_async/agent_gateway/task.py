@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.errors import ConfigError, InvalidInputError
 
 
 @dataclass
@@ -49,21 +50,21 @@ AgentFunction = Callable[[Any, AgentTask], Coroutine[Any, Any, object]]
 
 
 def load_agent_function(path: str, key: str = "agent") -> AgentFunction:
-    """Import ``pkg.module:function`` and check it is ``async def f(client, task)``; ValueError names the fix."""
+    """Import ``pkg.module:function`` and check it is ``async def f(client, task)``; ConfigError names the fix."""
     module_name, sep, attr = (path or "").partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(
+        raise ConfigError(
             f"{key}={path!r} must be 'package.module:function' naming `async def function(client, task)`"
         )
     obj = resolve_dotted(path, f"{key}={path!r}")
     if not inspect.iscoroutinefunction(obj):
-        raise ValueError(
+        raise ConfigError(
             f"{key}={path!r} is not an `async def` function; write `async def {attr}(client, task)`"
         )
     try:
         inspect.signature(obj).bind(None, None)
     except TypeError:
-        raise ValueError(
+        raise ConfigError(
             f"{key}={path!r} must accept two arguments (client, task)"
         ) from None
     agent: AgentFunction = obj
@@ -75,17 +76,17 @@ def agent_result(value: Any) -> tuple[float, dict[str, float]]:
     metrics: dict[str, float] = {}
     if isinstance(value, dict):
         if "reward" not in value:
-            raise ValueError(
+            raise InvalidInputError(
                 f"the agent returned a dict without 'reward' (keys: {sorted(value)})"
             )
         raw_metrics = value.get("metrics") or {}
         if not isinstance(raw_metrics, dict):
-            raise ValueError(
+            raise InvalidInputError(
                 f"the agent's 'metrics' must be a dict of numbers, got {type(raw_metrics).__name__}"
             )
         for name, metric in raw_metrics.items():
             if not isinstance(metric, (bool, int, float)):
-                raise ValueError(
+                raise InvalidInputError(
                     f"the agent's metric {name!r} is {metric!r}, not a number"
                 )
             metrics[str(name)] = float(metric)
@@ -95,7 +96,7 @@ def agent_result(value: Any) -> tuple[float, dict[str, float]]:
         or not isinstance(value, (int, float))
         or not math.isfinite(float(value))
     ):
-        raise ValueError(
+        raise InvalidInputError(
             f"the agent returned {value!r}; return a finite float or {{'reward': float, 'metrics': {{...}}}}"
         )
     return float(value), metrics

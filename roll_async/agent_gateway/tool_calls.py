@@ -10,6 +10,7 @@ from typing import Any, Literal
 import jsonschema
 
 from roll_async.agent_gateway.errors import OpenAIError
+from roll_async.errors import ParseError
 
 ChoiceMode = Literal["none", "auto", "required", "function"]
 
@@ -223,7 +224,7 @@ class ToolCallParser:
                 )
             try:
                 if not isinstance(json.loads(arguments), dict):
-                    raise ValueError("arguments are not a JSON object")
+                    raise ParseError("arguments are not a JSON object")
             except ValueError as exc:
                 return ParsedReply(
                     text, [], f"the arguments of {name!r} do not parse: {exc}"

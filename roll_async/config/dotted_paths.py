@@ -54,19 +54,19 @@ def check_not_moved(path: str, key: str) -> None:
 
 
 def resolve_dotted(path: str, what: str) -> Any:
-    """The object ``package.module:attr.sub`` names; ValueError prefixed with ``what`` (the config key) otherwise."""
+    """The object ``package.module:attr.sub`` names; ConfigError prefixed with ``what`` (the config key) otherwise."""
     check_not_moved(path, what)
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"{what}: cannot import module {module_name!r}: {exc}"
         ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(
+            raise ConfigError(
                 f"{what}: module {module_name!r} has no attribute {attr!r}"
             )
         obj = getattr(obj, part)

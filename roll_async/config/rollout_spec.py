@@ -26,6 +26,7 @@ from roll_async.config.schema import (
     validate_config,
 )
 from roll_async.config.sections import staleness_bound
+from roll_async.errors import InvalidInputError
 
 RolloutRole = Literal["train", "val"]
 RolloutSection = Literal["train_env_manager", "val_env_manager"]
@@ -71,7 +72,7 @@ class RolloutSpec:
 def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
     """Check ``config`` (config mistakes fail here, before any actor or env starts) and resolve side ``role``."""
     if role not in ("train", "val"):
-        raise ValueError(f"role={role!r}: use 'train' or 'val'")
+        raise InvalidInputError(f"role={role!r}: use 'train' or 'val'")
     validate_config(config)
     train = role == "train"
     mode: Mode = config.mode if train else "sync"

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch._ops import _OpNamespace
 
+from roll_async.errors import UnsupportedHostError
+
 
 def _kernel_library() -> Path:
     """The x86 kernel library vLLM's ``CpuPlatform.import_kernels`` loads on this CPU."""
@@ -24,10 +26,10 @@ def _kernel_library() -> Path:
         name = "_C_AVX2"
     spec = importlib.util.find_spec("vllm")  # finds the package without importing it
     if spec is None or spec.origin is None:
-        raise RuntimeError("vLLM is not installed")
+        raise UnsupportedHostError("vLLM is not installed")
     found = sorted(Path(spec.origin).parent.glob(f"{name}.*so"))
     if not found:
-        raise RuntimeError(f"vLLM's kernel library {name} is missing")
+        raise UnsupportedHostError(f"vLLM's kernel library {name} is missing")
     return found[0]
 
 
@@ -36,7 +38,7 @@ def _check(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
     error = float((got.float() - expected).abs().max())
     scale = float(expected.abs().max()) + 1e-3
     if not error <= 0.05 * scale:
-        raise RuntimeError(
+        raise UnsupportedHostError(
             f"{name}: bfloat16 result off by {error:.3g} (scale {scale:.3g})"
         )
 

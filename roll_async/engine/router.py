@@ -17,7 +17,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from roll_async.errors import NoLiveReplicaError, ReplicaDeadError
+from roll_async.errors import InvalidInputError, NoLiveReplicaError, ReplicaDeadError
 from roll_async.runtime.ray_utils import actor_death_errors
 from roll_async.trajectory import GenerationRequest, GenerationResult
 
@@ -127,7 +127,7 @@ class Router:
         clock: Any = time.monotonic,
     ) -> None:
         if not replicas:
-            raise ValueError("Router needs at least one engine replica")
+            raise InvalidInputError("Router needs at least one engine replica")
         self.replicas = list(replicas)
         n = len(self.replicas)
         self._rotation_offset = rotation_offset

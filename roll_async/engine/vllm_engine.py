@@ -30,7 +30,14 @@ from roll_async.engine.engine_outputs import (
 from roll_async.engine.lora_adapters import AdapterVersions, LoraServing
 from roll_async.engine.weight_transport import resolve_bucket
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
-from roll_async.errors import ConfigError, EngineStartupError
+from roll_async.errors import (
+    ConfigError,
+    EngineStartupError,
+    InvalidInputError,
+    InvalidTypeError,
+    LifecycleError,
+    WeightSyncError,
+)
 from roll_async.prompts.images import input_only_logit_bias, model_is_vision_language
 from roll_async.runtime import node_files
 from roll_async.trajectory import GenerationRequest, GenerationResult
@@ -260,7 +267,9 @@ class VLLMEngine(ServesRequestsOverZmq):
 
     def _require_started(self) -> Any:
         if self._llm is None:
-            raise RuntimeError("engine is not started (call start()) or was shut down")
+            raise LifecycleError(
+                "engine is not started (call start()) or was shut down"
+            )
         return self._llm
 
     # -- generation ----------------------------------------------------------------
@@ -292,18 +301,20 @@ class VLLMEngine(ServesRequestsOverZmq):
     def _check_request(self, request: GenerationRequest) -> None:
         n_prompt = len(request.prompt_token_ids)
         if n_prompt == 0:
-            raise ValueError(f"request {request.request_id}: prompt_token_ids is empty")
+            raise InvalidInputError(
+                f"request {request.request_id}: prompt_token_ids is empty"
+            )
         if not isinstance(request.prompt_token_ids[0], int):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"request {request.request_id}: prompt_token_ids must be a list of int token ids, got "
                 f"{type(request.prompt_token_ids[0]).__name__} (pass tokenize output with return_dict=False)"
             )
         if request.max_tokens < 1:
-            raise ValueError(
+            raise InvalidInputError(
                 f"request {request.request_id}: max_tokens={request.max_tokens} must be >= 1"
             )
         if n_prompt + request.max_tokens > self._max_model_len:
-            raise ValueError(
+            raise InvalidInputError(
                 f"request {request.request_id}: prompt of {n_prompt} tokens + max_tokens={request.max_tokens} "
                 f"exceeds engine.max_model_len={self._max_model_len}; lower max_tokens "
                 f"(at most {max(0, self._max_model_len - n_prompt)}) or raise engine.max_model_len"
@@ -405,7 +416,7 @@ class VLLMEngine(ServesRequestsOverZmq):
     async def pause(self, mode: str = "abort") -> None:
         """Stop scheduling. abort: in-flight requests end now; wait: let them finish; keep: freeze them."""
         if mode not in PAUSE_MODES:
-            raise ValueError(
+            raise InvalidInputError(
                 f"pause mode {mode!r} is unknown; use one of {PAUSE_MODES}"
             )
         llm = self._require_started()
@@ -440,7 +451,7 @@ class VLLMEngine(ServesRequestsOverZmq):
         """
         llm = self._require_started()
         if version < self._weight_version:
-            raise ValueError(
+            raise InvalidInputError(
                 f"update_weights version={version} is older than the engine's version {self._weight_version}"
             )
         start = time.perf_counter()
@@ -497,7 +508,7 @@ class VLLMEngine(ServesRequestsOverZmq):
         """Label every later engine step ``version`` and drop all KV (and image embeddings) of older weights."""
         await llm.update_weight_version(str(version))
         if not await llm.reset_prefix_cache(reset_running_requests=True):
-            raise RuntimeError(
+            raise WeightSyncError(
                 f"vLLM could not reset its prefix cache after the update to version {version}; "
                 "KV computed under the old weights would be reused"
             )
@@ -518,7 +529,7 @@ class VLLMEngine(ServesRequestsOverZmq):
         """
         llm = self._require_started()
         if version < self._weight_version:
-            raise ValueError(
+            raise InvalidInputError(
                 f"advance_weight_version version={version} is older than the engine's {self._weight_version}"
             )
         await self._enter_version(llm, version)

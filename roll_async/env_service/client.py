@@ -19,7 +19,12 @@ import aiohttp
 
 from roll_async.env_service.fd_limit import raise_open_files_limit
 from roll_async.env_service.wire import API, NOT_APPLIED_KINDS, decode_observation
-from roll_async.errors import EnvServiceError, EnvServiceUnavailable
+from roll_async.errors import (
+    EnvServiceError,
+    EnvServiceUnavailable,
+    InvalidInputError,
+    LifecycleError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +67,7 @@ class EnvServiceClient:
         self, urls: Sequence[str], *, max_retries: int = 3, retry_backoff_s: float = 0.5
     ) -> None:
         if not urls:
-            raise ValueError("EnvServiceClient needs at least one URL")
+            raise InvalidInputError("EnvServiceClient needs at least one URL")
         self.urls = tuple(urls)
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
@@ -340,7 +345,7 @@ class RemoteEnv:
         self, action_text: str
     ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if self.env_id is None:
-            raise RuntimeError(
+            raise LifecycleError(
                 f"RemoteEnv({self.env_type}).step() called before reset()"
             )
         payload = await self._send_sequenced(

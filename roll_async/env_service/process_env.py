@@ -26,6 +26,8 @@ from multiprocessing import (
 )
 from typing import Any
 
+from roll_async.errors import RollAsyncError
+
 logger = logging.getLogger(__name__)
 
 #: How long a polite ``close`` may take before the child is killed.
@@ -35,7 +37,7 @@ _PRELOAD = ["roll_async.envs", "roll_async.env_service.process_env"]
 _context: Any = None
 
 
-class EnvProcessError(RuntimeError):
+class EnvProcessError(RollAsyncError, RuntimeError):
     """The env process died (crash, kill) or its env raised; the message says which."""
 
     def __init__(self, message: str, *, crashed: bool = False) -> None:

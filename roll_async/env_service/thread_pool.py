@@ -20,10 +20,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from roll_async.errors import (
+    CallTimeoutError,
+    InvalidInputError,
+    LifecycleError,
+    RollAsyncError,
+)
+
 logger = logging.getLogger(__name__)
 
 
-class NoFreeThread(TimeoutError):
+class NoFreeThread(RollAsyncError, TimeoutError):
     """A call waited its whole timeout with all ``max_threads`` threads busy; it never ran (the env was not called)."""
 
 
@@ -120,7 +127,7 @@ class EnvThreadPool:
         name: str = "env-server",
     ) -> None:
         if threads < 1 or max_threads < threads:
-            raise ValueError(
+            raise InvalidInputError(
                 f"threads={threads}, max_threads={max_threads}: need 1 <= threads <= max_threads"
             )
         self.threads, self.max_threads = int(threads), int(max_threads)
@@ -185,7 +192,7 @@ class EnvThreadPool:
                 timer = loop.call_later(left, check)
             elif work.abandon():
                 self.abandoned += 1
-                work.future.set_exception(TimeoutError())
+                work.future.set_exception(CallTimeoutError())
             # else it has just finished: its result is on its way to the loop
 
         timer = loop.call_later(timeout, check)
@@ -227,7 +234,7 @@ class EnvThreadPool:
     def _submit(self, work: _Work) -> None:
         with self._cond:
             if self._closed:
-                raise RuntimeError(f"{self.name} thread pool is shut down")
+                raise LifecycleError(f"{self.name} thread pool is shut down")
             self._queue.append(work)
             self._grow_locked()
             self._cond.notify()

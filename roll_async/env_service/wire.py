@@ -13,6 +13,7 @@ from typing import Any
 from PIL import Image
 
 from roll_async.envs.base import Observation
+from roll_async.errors import RollAsyncError
 
 # Endpoints (all JSON; ``timeout_s`` is optional and defaults to the server's ``--env-timeout-s``):
 #
@@ -53,7 +54,7 @@ ENV_FAILURE_KINDS = ("env_error", "timeout", "crashed")
 NOT_APPLIED_KINDS = ("bad_request", "busy", "out_of_sequence", "overloaded")
 
 
-class BadRequest(ValueError):
+class BadRequest(RollAsyncError, ValueError):
     """A malformed request; the server answers 400 with this message."""
 
 

@@ -15,11 +15,17 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from roll_async.envs.parsing import ActionParser, ParsedAction
+from roll_async.errors import (
+    ConfigError,
+    InvalidTypeError,
+    LifecycleError,
+    RollAsyncError,
+)
 
 RENDER_MODES = ("text", "vision")
 
 
-class InvalidAction(Exception):
+class InvalidAction(RollAsyncError):
     """Raised by an env's ``_apply`` when a well-tagged action breaks the task's rules (a format error)."""
 
 
@@ -57,13 +63,13 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         if self.render_mode not in RENDER_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"render_mode={self.render_mode!r} is not one of {list(RENDER_MODES)}"
             )
         if int(self.max_steps) < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
         if int(self.max_actions_per_turn) < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}"
             )
         self.max_steps = int(self.max_steps)
@@ -80,14 +86,14 @@ def build_config(config_cls: type, env_config: Any, env_name: str = "") -> Any:
     if dataclasses.is_dataclass(env_config) and not isinstance(env_config, type):
         env_config = dataclasses.asdict(env_config)
     if not hasattr(env_config, "keys"):
-        raise TypeError(
+        raise InvalidTypeError(
             f"env_config for {env_name or config_cls.__name__} must be a mapping, got {type(env_config).__name__}"
         )
     accepted = [f.name for f in dataclasses.fields(config_cls) if f.init]
     unknown = [k for k in env_config if k not in accepted]
     if unknown:
         who = env_name or config_cls.__name__
-        raise ValueError(
+        raise ConfigError(
             f"env_config key {unknown[0]!r} is not accepted by {who}; accepted keys: {', '.join(accepted)}"
         )
     return config_cls(**dict(env_config))
@@ -108,7 +114,7 @@ class BaseEnv:
     truncated, info)`` with ``info["metrics"]``. A malformed response is the model's
     mistake, not the program's: it costs ``format_penalty`` and is reported in the
     metrics, never raised. Calling ``step`` before ``reset`` or after the episode
-    ended is the caller's mistake and raises ``RuntimeError``.
+    ended is the caller's mistake and raises ``LifecycleError`` (a ``RuntimeError``).
 
     Everything random derives from the seed given to ``reset``, so one env object
     can be reused across episodes and a seed reproduces an episode exactly. Env
@@ -124,11 +130,13 @@ class BaseEnv:
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         if kwargs:
             if config is not None:
-                raise TypeError("pass either a config or keyword arguments, not both")
+                raise InvalidTypeError(
+                    "pass either a config or keyword arguments, not both"
+                )
             config = kwargs
         self.config = build_config(self.config_cls, config, type(self).__name__)
         if self.config.render_mode not in self.render_modes:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__} does not support render_mode={self.config.render_mode!r}; "
                 f"supported: {list(self.render_modes)}"
             )
@@ -181,12 +189,13 @@ class BaseEnv:
             holds the per-step metrics (``success``, ``action_is_valid``, ...).
 
         Raises:
-            RuntimeError: ``step`` was called before ``reset`` or after the episode ended.
+            LifecycleError: ``step`` was called before ``reset`` or after the episode ended (a
+                ``RuntimeError``).
         """
         if not self._started:
-            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+            raise LifecycleError(f"{type(self).__name__}.step() called before reset()")
         if self.done:
-            raise RuntimeError(
+            raise LifecycleError(
                 f"{type(self).__name__}.step() called after the episode ended; call reset()"
             )
         parsed = self._parse(action_text)

@@ -31,6 +31,7 @@ from roll_async.envs.sandbox import (
     run_python,
 )
 from roll_async.envs.tool_actions import decode_tool_calls, function_tool
+from roll_async.errors import ConfigError, DatasetError, ParseError, RollAsyncError
 
 DEFAULT_TASKS = Path(__file__).parent / "data" / "code_tasks.json"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -102,7 +103,7 @@ _os._exit(0)
 """
 
 
-class SubmissionRaised(Exception):
+class SubmissionRaised(RollAsyncError):
     """A call of the submission raised in the sandbox (or returned something not plain data)."""
 
 
@@ -122,7 +123,7 @@ class SplitTest:
 def split_test(test: str, function: str, task_id: str) -> SplitTest:
     """Split ``assert EXPR`` into the calls the sandbox evaluates and the check the parent evaluates.
 
-    Raises ``ValueError`` (one line naming the task) for any form that cannot be split this way: not a
+    Raises ``DatasetError`` (one line naming the task) for any form that cannot be split this way: not a
     single assert, a name the submission defines used other than as a call (``map(f, xs)``), a test
     that binds names (lambda, comprehension, ``:=``), or a test that calls nothing of the submission.
     """
@@ -135,16 +136,16 @@ def _split_test(test: str, function: str, task_id: str) -> SplitTest:
     try:
         module = ast.parse(test, mode="exec")
     except SyntaxError as exc:
-        raise ValueError(f"{where} is not valid Python ({exc.msg})") from None
+        raise DatasetError(f"{where} is not valid Python ({exc.msg})") from None
     if len(module.body) != 1 or not isinstance(module.body[0], ast.Assert):
-        raise ValueError(f"{where} must be one 'assert EXPR' statement")
+        raise DatasetError(f"{where} must be one 'assert EXPR' statement")
     expr = module.body[0].test
     for node in ast.walk(expr):
         if isinstance(
             node,
             ast.Lambda | ast.NamedExpr | ast.comprehension | ast.Await | ast.Yield,
         ):
-            raise ValueError(
+            raise DatasetError(
                 f"{where} binds names ({type(node).__name__}); only plain expressions can be split "
                 "into sandboxed calls and a trusted check"
             )
@@ -171,7 +172,7 @@ def _split_test(test: str, function: str, task_id: str) -> SplitTest:
 
         def visit_Name(self, node: ast.Name) -> ast.AST:
             if node.id in own:
-                raise ValueError(
+                raise DatasetError(
                     f"{where} uses {node.id!r} other than as a direct call; a test may only call the "
                     "submission's functions (their results are compared in the grader)"
                 )
@@ -179,7 +180,7 @@ def _split_test(test: str, function: str, task_id: str) -> SplitTest:
 
     check = ast.fix_missing_locations(ast.Expression(_Split().visit(expr)))
     if not calls:
-        raise ValueError(f"{where} calls none of the submission's functions")
+        raise DatasetError(f"{where} calls none of the submission's functions")
     return SplitTest(tuple(calls), compile(check, f"<test of {task_id}>", "eval"))
 
 
@@ -188,15 +189,15 @@ def decode_result(data: Any, depth: int = 0) -> Any:
 
     Only int, float (nan and inf included), bool, str, bytes, None, list, tuple, dict, set and
     frozenset come back, so a submission cannot hand the check an object whose ``__eq__`` lies;
-    anything else raises ``ValueError``.
+    anything else raises ``ParseError``.
     """
     if depth > MAX_RESULT_DEPTH or type(data) is not list or not data:
-        raise ValueError("malformed result")
+        raise ParseError("malformed result")
     tag, *rest = data
     if tag == "none" and not rest:
         return None
     if len(rest) != 1:
-        raise ValueError("malformed result")
+        raise ParseError("malformed result")
     (body,) = rest
     if tag == "bool" and type(body) is bool:
         return body
@@ -209,20 +210,20 @@ def decode_result(data: Any, depth: int = 0) -> Any:
     if tag == "bytes" and type(body) is str:
         return bytes.fromhex(body)
     if type(body) is not list:
-        raise ValueError("malformed result")
+        raise ParseError("malformed result")
     if tag == "dict":
         pairs = [
             (p[0], p[1]) if type(p) is list and len(p) == 2 else None for p in body
         ]
         if None in pairs:
-            raise ValueError("malformed result")
+            raise ParseError("malformed result")
         checked = cast("list[tuple[Any, Any]]", pairs)  # None was ruled out above
         return {
             decode_result(k, depth + 1): decode_result(v, depth + 1) for k, v in checked
         }
     kind = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}.get(tag)
     if kind is None:
-        raise ValueError(f"unknown result tag {tag!r}")
+        raise ParseError(f"unknown result tag {tag!r}")
     return kind(decode_result(item, depth + 1) for item in body)
 
 
@@ -259,11 +260,11 @@ class CodeEnvConfig(EnvConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.action_format not in ("tags", "tools"):
-            raise ValueError(
+            raise ConfigError(
                 f"code env: action_format must be tags or tools, got {self.action_format!r}"
             )
         if self.tasks_path is not None and not Path(self.tasks_path).is_file():
-            raise ValueError(f"tasks_path {self.tasks_path!r} is not a file")
+            raise ConfigError(f"tasks_path {self.tasks_path!r} is not a file")
         for name in (
             "cpu_s",
             "wall_s",
@@ -274,16 +275,16 @@ class CodeEnvConfig(EnvConfig):
             "max_observation_chars",
         ):
             if float(getattr(self, name)) <= 0:
-                raise ValueError(f"code env: {name}={getattr(self, name)} must be > 0")
+                raise ConfigError(f"code env: {name}={getattr(self, name)} must be > 0")
         self.task_ids = list(self.task_ids)
         if self.sandbox_isolation not in ("namespaces", "rlimits"):
-            raise ValueError(
+            raise ConfigError(
                 f"code env: sandbox_isolation={self.sandbox_isolation!r} must be namespaces or rlimits"
             )
         try:
             process_isolation(self.sandbox_isolation)
         except RuntimeError as exc:
-            raise ValueError(f"code env: env_config.{exc}") from None
+            raise ConfigError(f"code env: env_config.{exc}") from None
 
     @property
     def limits(self) -> SandboxLimits:
@@ -309,7 +310,7 @@ def load_tasks(
         by_id = {t["id"]: t for t in tasks}
         missing = [i for i in task_ids if i not in by_id]
         if missing:
-            raise ValueError(
+            raise DatasetError(
                 f"code env: task_ids {missing} are not in {path or DEFAULT_TASKS}"
             )
         tasks = [by_id[i] for i in task_ids]
@@ -392,7 +393,7 @@ def _results_of(stdout: str, count: int) -> list[Any]:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"bare {name} in a result")
+    raise ParseError(f"bare {name} in a result")
 
 
 def _check(test: SplitTest, values: list[Any]) -> bool:

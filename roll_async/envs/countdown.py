@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig, InvalidAction
+from roll_async.errors import ConfigError, ParseError, TaskGenerationError
 
 
 @dataclass
@@ -35,11 +36,11 @@ class CountdownConfig(EnvConfig):
             int(self.max_target),
         )
         if not 2 <= self.num_numbers <= 6:
-            raise ValueError(f"num_numbers must be in [2, 6], got {self.num_numbers}")
+            raise ConfigError(f"num_numbers must be in [2, 6], got {self.num_numbers}")
         if self.max_number < 2:
-            raise ValueError(f"max_number must be >= 2, got {self.max_number}")
+            raise ConfigError(f"max_number must be >= 2, got {self.max_number}")
         if self.max_target < 2:
-            raise ValueError(f"max_target must be >= 2, got {self.max_target}")
+            raise ConfigError(f"max_target must be >= 2, got {self.max_target}")
 
 
 class CountdownEnv(BaseEnv):
@@ -87,7 +88,7 @@ class CountdownEnv(BaseEnv):
                 self.numbers, self.target = numbers, target
                 self.last_value = None
                 return
-        raise RuntimeError(
+        raise TaskGenerationError(
             f"could not draw a countdown task with {cfg}; raise max_target or max_number"
         )
 
@@ -156,7 +157,7 @@ _TOKEN = re.compile(r"\s*(?:(\d+)|(.))")
 def parse_expression(text: str) -> tuple[Fraction, list[int]]:
     """Value and the integer literals of an expression of +, -, *, /, parentheses and non-negative integers.
 
-    Raises ValueError on anything else (unknown characters, unbalanced parentheses, division by zero).
+    Raises ParseError on anything else (unknown characters, unbalanced parentheses, division by zero).
     """
     text = text.replace("×", "*").replace("x", "*").replace("X", "*").replace("÷", "/")
     text = re.sub(r"=\s*-?\d+(\.\d+)?\s*$", "", text.strip())
@@ -164,14 +165,14 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
     for num, sym in _TOKEN.findall(text):
         if num:
             if len(num) > 6:
-                raise ValueError(f"number {num} is too long")
+                raise ParseError(f"number {num} is too long")
             tokens.append(num)
         elif sym in "+-*/()":
             tokens.append(sym)
         elif sym.strip():
-            raise ValueError(f"unexpected character {sym!r}")
+            raise ParseError(f"unexpected character {sym!r}")
     if not tokens:
-        raise ValueError("empty expression")
+        raise ParseError("empty expression")
     pos = 0
     used: list[int] = []
 
@@ -197,7 +198,7 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
             if op == "*":
                 value *= rhs
             elif rhs == 0:
-                raise ValueError("division by zero")
+                raise ParseError("division by zero")
             else:
                 value /= rhs
         return value
@@ -205,23 +206,23 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
     def factor() -> Fraction:
         tok = peek()
         if tok is None:
-            raise ValueError("expression ends early")
+            raise ParseError("expression ends early")
         if tok == "(":
             take()
             value = expr()
             if peek() != ")":
-                raise ValueError("missing ')'")
+                raise ParseError("missing ')'")
             take()
             return value
         if tok.isdigit():
             take()
             used.append(int(tok))
             return Fraction(int(tok))
-        raise ValueError(f"unexpected {tok!r}")
+        raise ParseError(f"unexpected {tok!r}")
 
     value = expr()
     if pos != len(tokens):
-        raise ValueError(f"unexpected {tokens[pos]!r}")
+        raise ParseError(f"unexpected {tokens[pos]!r}")
     return value, used
 
 

@@ -18,6 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from roll_async.envs.registry import make_env
+from roll_async.errors import (
+    DatasetError,
+    InvalidInputError,
+    InvalidTypeError,
+    MissingFileError,
+)
 
 SCHEMA = pa.schema(
     [
@@ -70,7 +76,7 @@ def make_env_dataset_rows(
     distinct modulo it, so up to ``num_tasks`` rows are distinct problems.
     """
     if num < 1:
-        raise ValueError(f"num must be >= 1, got {num}")
+        raise InvalidInputError(f"num must be >= 1, got {num}")
     env_config = dict(env_config or {})
     env = make_env(env_name, env_config)
     split_hook = getattr(type(env), "dataset_env_config", None)
@@ -134,12 +140,12 @@ def load_env_dataset(path: str | Path) -> list[EnvDatasetRow]:
     """Rows back from a file written by :func:`write_env_dataset` (or by VAGEN, whose env_config is a struct)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"env dataset {path} does not exist; write one with `roll-async make-env-dataset`"
         )
     table = pq.read_table(path)
     if "extra_info" not in table.column_names:
-        raise ValueError(
+        raise DatasetError(
             f"{path} has no extra_info column; columns: {table.column_names}"
         )
     sources = (
@@ -199,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         env_config = json.loads(args.env_config)
         if not isinstance(env_config, dict):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"--env-config must be a JSON object, got {args.env_config!r}"
             )
         rows = make_env_dataset_rows(

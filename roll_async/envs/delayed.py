@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from roll_async.envs.wrapper import EnvWrapper
+from roll_async.errors import ConfigError
 
 
 @dataclass
@@ -39,7 +40,7 @@ class DelayedEnvConfig:
             "max_step_latency_s",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(
+                raise ConfigError(
                     f"delayed env: {name}={getattr(self, name)} must be >= 0"
                 )
 

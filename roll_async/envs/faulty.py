@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_async.envs.wrapper import EnvWrapper
+from roll_async.errors import ConfigError
 
 FAULTS = ("hang", "crash", "segfault", "raise")
 
@@ -45,15 +46,15 @@ class FaultyEnvConfig:
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
-            raise ValueError(
+            raise ConfigError(
                 f"faulty env: fault={self.fault!r} is not one of {list(FAULTS)}"
             )
         if self.fault_on not in ("reset", "step"):
-            raise ValueError(
+            raise ConfigError(
                 f"faulty env: fault_on={self.fault_on!r}; use reset or step"
             )
         if not 0.0 <= float(self.fault_probability) <= 1.0:
-            raise ValueError(
+            raise ConfigError(
                 f"faulty env: fault_probability={self.fault_probability} must be within [0, 1]"
             )
 

@@ -16,6 +16,7 @@ from PIL import Image
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.render import draw_grid
+from roll_async.errors import ConfigError
 
 Pos = tuple[int, int]
 MOVES: dict[str, Pos] = {
@@ -57,11 +58,11 @@ class FrozenLakeConfig(EnvConfig):
         self.size = int(self.size)
         self.p = float(self.p)
         if self.size < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"size must be >= 2 (a 1x1 lake has the start on the goal), got {self.size}"
             )
         if not 0.0 < self.p <= 1.0:
-            raise ValueError(f"p (frozen probability) must be in (0, 1], got {self.p}")
+            raise ConfigError(f"p (frozen probability) must be in (0, 1], got {self.p}")
 
 
 class FrozenLakeEnv(BaseEnv):

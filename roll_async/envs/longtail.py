@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from roll_async.errors import ConfigError, LifecycleError
+
 #: Words observations are made of (tool-output-like, and known to the tiny model's tokenizer).
 _WORDS = (
     "result found page search query answer the a of item box goal step tool returned value row column "
@@ -49,7 +51,7 @@ class LongTailEnvConfig:
 
     def __post_init__(self) -> None:
         if int(self.min_turns) < 1 or int(self.max_turns) < int(self.min_turns):
-            raise ValueError(
+            raise ConfigError(
                 f"longtail env: need 1 <= min_turns <= max_turns, got min_turns={self.min_turns}, max_turns={self.max_turns}"
             )
         for name in (
@@ -62,15 +64,15 @@ class LongTailEnvConfig:
             "observation_words_sigma",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(
+                raise ConfigError(
                     f"longtail env: {name}={getattr(self, name)} must be >= 0"
                 )
         if not 0.0 <= self.slow_step_prob <= 1.0:
-            raise ValueError(
+            raise ConfigError(
                 f"longtail env: slow_step_prob={self.slow_step_prob} must be in [0, 1]"
             )
         if int(self.observation_words) < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"longtail env: observation_words={self.observation_words} must be >= 1"
             )
         self.min_turns, self.max_turns, self.observation_words = (
@@ -190,7 +192,7 @@ class LongTailEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.done:
-            raise RuntimeError(
+            raise LifecycleError(
                 "LongTailEnv.step() called before reset() or after the episode ended"
             )
         if self.target_turns is None:

@@ -71,6 +71,7 @@ from roll_async.envs.subprocess_pool import (
     close_at_exit,
     serve_json_lines,
 )
+from roll_async.errors import InvalidInputError, RollAsyncError
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -86,7 +87,7 @@ _UNIT_GROUP = re.compile(
 )
 
 
-class VerifierUnavailable(RuntimeError):
+class VerifierUnavailable(RollAsyncError, RuntimeError):
     """The verifier's helper could not start, died while checking, or broke the protocol: a grader failure.
 
     Raised, not graded: the env step fails and the episode ends ``env_error`` (re-run), since a 0 here
@@ -457,7 +458,7 @@ def verify_answer(
     """
     answers = [answers] if isinstance(answers, str) else list(answers)
     if not answers:
-        raise ValueError("verify_answer needs at least one answer")
+        raise InvalidInputError("verify_answer needs at least one answer")
     if sum(len(a) for a in answers) > MAX_ANSWER_CHARS:
         return VerifyOutcome(
             VerifyStatus.UNPARSED, f"longer than {MAX_ANSWER_CHARS} characters"

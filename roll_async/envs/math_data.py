@@ -18,6 +18,8 @@ from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
+from roll_async.errors import InvalidInputError, TaskGenerationError
+
 SHIPPED_TASKS = Path(__file__).parent / "data" / "math_tasks.jsonl"
 SHIPPED_NUM = 320
 SHIPPED_SEED = 0
@@ -212,7 +214,7 @@ TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {
 def generate_math_tasks(num: int, seed: int = 0) -> list[dict[str, str]]:
     """``num`` distinct problems cycling through the templates: ``{id, kind, split, problem, answer}`` rows."""
     if num < 1:
-        raise ValueError(f"num must be >= 1, got {num}")
+        raise InvalidInputError(f"num must be >= 1, got {num}")
     rng = random.Random(seed)
     kinds = list(TEMPLATES)
     rows: list[dict[str, str]] = []
@@ -221,7 +223,7 @@ def generate_math_tasks(num: int, seed: int = 0) -> list[dict[str, str]]:
     while len(rows) < num:
         attempts += 1
         if attempts > 100 * num:
-            raise RuntimeError(f"could not draw {num} distinct problems")
+            raise TaskGenerationError(f"could not draw {num} distinct problems")
         kind = kinds[len(rows) % len(kinds)]
         problem, answer = TEMPLATES[kind](rng)
         if problem in seen:

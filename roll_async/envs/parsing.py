@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from roll_async.errors import ConfigError
+
 
 @dataclass
 class ParsedAction:
@@ -45,15 +47,15 @@ class ActionParser:
         try:
             self.regex = re.compile(pattern, re.DOTALL)
         except re.error as e:
-            raise ValueError(
+            raise ConfigError(
                 f"action_pattern {pattern!r} is not a valid regex: {e}"
             ) from e
         if self.regex.groups < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"action_pattern {pattern!r} needs one capture group around the action"
             )
         if max_actions < 1:
-            raise ValueError(f"max_actions must be >= 1, got {max_actions}")
+            raise ConfigError(f"max_actions must be >= 1, got {max_actions}")
         self.pattern = pattern
         self.separator = separator
         self.max_actions = max_actions

@@ -32,6 +32,7 @@ from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
 from roll_async.envs.sokoban import SokobanEnv
 from roll_async.envs.wrapper import EnvWrapper
+from roll_async.errors import ConfigError, InvalidInputError, InvalidTypeError
 
 #: The one piece of module state: registered name -> env class.
 _REGISTRY: dict[str, type[Any]] = {
@@ -64,23 +65,24 @@ def register_env(name: str, cls: type | None = None, *, overwrite: bool = False)
         decorates.
 
     Raises:
-        ValueError: ``name`` is empty, contains ``:``, or is taken by another class.
-        TypeError: ``cls`` has no ``reset`` or ``step`` method.
+        InvalidInputError: ``name`` is empty, contains ``:``, or is taken by another class
+            (a ``ValueError``).
+        InvalidTypeError: ``cls`` has no ``reset`` or ``step`` method (a ``TypeError``).
     """
     if cls is None:
         return lambda c: register_env(name, c, overwrite=overwrite)
     if not name or ":" in name:
-        raise ValueError(
+        raise InvalidInputError(
             f"env name {name!r} must be non-empty and contain no ':' (that marks a dotted path)"
         )
     missing = [m for m in ("reset", "step") if not callable(getattr(cls, m, None))]
     if missing:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{cls!r} cannot be registered as env {name!r}: it has no {', '.join(missing)} method"
         )
     old = _REGISTRY.get(name)
     if old is not None and old is not cls and not overwrite:
-        raise ValueError(
+        raise InvalidInputError(
             f"env name {name!r} is already registered to {old.__module__}.{old.__qualname__}; pass overwrite=True"
         )
     _REGISTRY[name] = cls
@@ -101,11 +103,11 @@ def resolve_env_class(env_type: str) -> type[Any]:
     if ":" in env_type:
         obj = resolve_dotted(env_type, f"env_type {env_type!r}")
         if not isinstance(obj, type):
-            raise ValueError(
+            raise ConfigError(
                 f"env_type {env_type!r} names {obj!r}, which is not a class"
             )
         return obj
-    raise ValueError(
+    raise ConfigError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
         "or give a dotted path 'package.module:ClassName' or an adapter 'gymnasium:<EnvId>', "
         "'textarena:<EnvId>', 'reasoning_gym:<task>'"
@@ -113,7 +115,7 @@ def resolve_env_class(env_type: str) -> type[Any]:
 
 
 def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
-    """Build an env instance; bad names and unknown config keys raise ``ValueError`` saying what is accepted.
+    """Build an env instance; bad names and unknown config keys raise ``ConfigError`` saying what is accepted.
 
     A class with a dataclass ``config_cls`` (every :class:`~roll_async.envs.base.BaseEnv`) gets its
     ``env_config`` checked against that dataclass; any other class is called with ``**env_config``, its
@@ -129,8 +131,8 @@ def make_env(env_type: str, env_config: Mapping[str, Any] | None = None) -> Any:
         A new env instance, not yet reset.
 
     Raises:
-        ValueError: ``env_type`` names no env, or ``env_config`` has a key the env does not
-            accept (the message lists the accepted ones).
+        ConfigError: ``env_type`` names no env, or ``env_config`` has a key the env does not
+            accept (the message lists the accepted ones); a ``ValueError``.
     """
     if split_adapter_env_type(env_type) is not None:
         return make_adapter_env(env_type, dict(env_config or {}))
@@ -158,6 +160,6 @@ def _check_kwargs(
     ]
     for key in kwargs:
         if key not in accepted:
-            raise ValueError(
+            raise ConfigError(
                 f"env_config key {key!r} is not accepted by {env_type}; accepted keys: {', '.join(accepted) or '(none)'}"
             )

@@ -20,6 +20,7 @@ import numpy as np
 from roll_async.envs.base import BaseEnv, EnvConfig, InvalidAction
 from roll_async.envs.parsing import ParsedAction, wrap_with_pattern
 from roll_async.envs.tool_actions import decode_tool_calls, function_tool
+from roll_async.errors import ConfigError, DatasetError
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "retrieval_qa.json"
 _STOPWORDS = frozenset(
@@ -49,26 +50,26 @@ class RetrievalQAConfig(EnvConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.action_format not in ("tags", "tools"):
-            raise ValueError(
+            raise ConfigError(
                 f"action_format must be tags or tools, got {self.action_format!r}"
             )
         if self.split not in ("train", "val", "all"):
-            raise ValueError(f"split must be train, val or all, got {self.split!r}")
+            raise ConfigError(f"split must be train, val or all, got {self.split!r}")
         if self.reward_metric not in ("em", "f1"):
-            raise ValueError(
+            raise ConfigError(
                 f"reward_metric must be em or f1, got {self.reward_metric!r}"
             )
         if int(self.top_k) < 1 or int(self.max_searches) < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"top_k must be >= 1 and max_searches >= 0, got {self.top_k}, {self.max_searches}"
             )
         self.top_k, self.max_searches = int(self.top_k), int(self.max_searches)
         if self.corpus_path is not None and not Path(self.corpus_path).is_file():
-            raise ValueError(f"corpus_path {self.corpus_path!r} is not a file")
+            raise ConfigError(f"corpus_path {self.corpus_path!r} is not a file")
         try:
             re.compile(self.search_pattern)
         except re.error as e:
-            raise ValueError(
+            raise ConfigError(
                 f"search_pattern {self.search_pattern!r} is not a valid regex: {e}"
             ) from e
 
@@ -188,7 +189,7 @@ class RetrievalQAEnv(BaseEnv):
             if split == "all" or q.get("split", "train") == split
         ]
         if not self.questions:
-            raise ValueError(
+            raise DatasetError(
                 f"corpus {self.config.corpus_path or DEFAULT_CORPUS} has no questions in split {split!r}"
             )
         self.bm25 = BM25([f"{p['title']} {p['text']}" for p in self.passages])

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
+from roll_async.errors import ConfigError, UnsupportedHostError
+
 _NOBODY = 65534
 #: Per-run uids (root only): _UID_BASE + slot, slot < _UID_POOL, far above any login or container uid.
 _UID_BASE = 1_600_000_000
@@ -157,7 +159,7 @@ class SandboxLimits:
     disk_mb: int = 16
     #: Most files and directories the program may create there.
     max_files: int = 4096
-    #: ``namespaces``: a PID namespace per run, refused (RuntimeError) where it cannot be set up;
+    #: ``namespaces``: a PID namespace per run, refused (UnsupportedHostError) where it cannot be set up;
     #: ``rlimits``: process group and rlimits only; ``auto``: namespaces where they work.
     sandbox_isolation: str = "auto"
 
@@ -253,11 +255,11 @@ def namespace_problem() -> str | None:
 def process_isolation(mode: str = "auto") -> str:
     """``pidns`` or ``process_group``: what ``run_python`` uses for ``sandbox_isolation=mode``.
 
-    ``namespaces`` raises ``RuntimeError`` (one line: what is missing) where a PID namespace cannot be
+    ``namespaces`` raises ``UnsupportedHostError`` (one line: what is missing) where a PID namespace cannot be
     set up, rather than running with less isolation than asked for.
     """
     if mode not in ISOLATION_MODES:
-        raise ValueError(
+        raise ConfigError(
             f"sandbox_isolation={mode!r} is not one of {list(ISOLATION_MODES)}"
         )
     if mode == "rlimits":
@@ -266,7 +268,7 @@ def process_isolation(mode: str = "auto") -> str:
     if problem is None:
         return "pidns"
     if mode == "namespaces":
-        raise RuntimeError(
+        raise UnsupportedHostError(
             f"sandbox_isolation=namespaces needs {problem}; "
             "set sandbox_isolation: rlimits to accept process-group isolation"
         )
@@ -365,7 +367,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
       group is killed when the call ends; a process that calls ``setsid()``
       leaves the group and can outlive the call, and, without a uid of its own,
       can signal other runs. ``sandbox_isolation=namespaces`` where namespaces
-      are missing raises ``RuntimeError`` rather than weaken silently.
+      are missing raises ``UnsupportedHostError`` rather than weaken silently.
     * **Uid**: as root, each run drops to a uid of its own (``sandbox_uids()`` is
       ``per_run``: ``_UID_BASE`` + a slot held with a file lock while the run
       lasts, so concurrent runs, in any process on the host, never share one);

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig
+from roll_async.errors import ConfigError, TaskGenerationError
 
 MOVES: dict[str, tuple[int, int]] = {
     "Up": (-1, 0),
@@ -37,9 +38,9 @@ class SlidingPuzzleConfig(EnvConfig):
         self.size = int(self.size)
         self.num_scramble = int(self.num_scramble)
         if self.size < 2:
-            raise ValueError(f"size must be >= 2, got {self.size}")
+            raise ConfigError(f"size must be >= 2, got {self.size}")
         if self.num_scramble < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"num_scramble must be >= 1 (0 would start solved), got {self.num_scramble}"
             )
 
@@ -91,7 +92,7 @@ class SlidingPuzzleEnv(BaseEnv):
                 self.board = _slide(self.board, n, last)  # type: ignore[assignment]
             if tuple(self.board) != self.goal:
                 return
-        raise RuntimeError(
+        raise TaskGenerationError(
             f"scrambling kept returning the solved board (size={n}, num_scramble={self.config.num_scramble})"
         )
 

@@ -15,6 +15,7 @@ from PIL import Image
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.render import draw_grid
+from roll_async.errors import ConfigError, TaskGenerationError
 
 Pos = tuple[int, int]
 MOVES: dict[str, Pos] = {
@@ -58,7 +59,7 @@ class SokobanConfig(EnvConfig):
         super().__post_init__()
         dim = tuple(int(d) for d in self.dim_room)
         if len(dim) != 2 or min(dim) < 4:
-            raise ValueError(
+            raise ConfigError(
                 f"dim_room must be two sizes >= 4 (the border is wall), got {self.dim_room}"
             )
         self.dim_room = dim
@@ -66,14 +67,14 @@ class SokobanConfig(EnvConfig):
         interior = (dim[0] - 2) * (dim[1] - 2)
         most = max(0, interior // 3)
         if self.num_boxes < 1:
-            raise ValueError(f"num_boxes must be >= 1, got {self.num_boxes}")
+            raise ConfigError(f"num_boxes must be >= 1, got {self.num_boxes}")
         if self.num_boxes > most:
-            raise ValueError(
+            raise ConfigError(
                 f"num_boxes={self.num_boxes} does not fit in dim_room={list(dim)}: "
                 f"at most {most} boxes fit ({interior} inner cells, a third of them)"
             )
         if int(self.search_depth) < 1:
-            raise ValueError(f"search_depth must be >= 1, got {self.search_depth}")
+            raise ConfigError(f"search_depth must be >= 1, got {self.search_depth}")
         self.search_depth = int(self.search_depth)
 
 
@@ -122,7 +123,7 @@ class SokobanEnv(BaseEnv):
                 self.walls, self.targets, boxes, self.player = room
                 self.boxes = set(boxes)
                 return
-        raise RuntimeError(
+        raise TaskGenerationError(
             f"could not generate a Sokoban room with dim_room={list(cfg.dim_room)}, num_boxes={cfg.num_boxes}, "
             f"search_depth={cfg.search_depth} for seed {seed}; use a larger room or fewer boxes"
         )

@@ -22,14 +22,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from roll_async.errors import InvalidInputError, RollAsyncError
+
 _READY = {"ready": True}
 
 
-class PoolCallTimeout(Exception):
+class PoolCallTimeout(RollAsyncError):
     """The child did not answer within the call's time limit; it was killed."""
 
 
-class PoolWorkerFailed(Exception):
+class PoolWorkerFailed(RollAsyncError):
     """The child died, could not start, or answered something that is not a JSON line."""
 
 
@@ -139,7 +141,7 @@ class SubprocessPool:
         env: dict[str, str] | None = None,
     ) -> None:
         if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+            raise InvalidInputError(f"max_workers must be >= 1, got {max_workers}")
         self.command = list(command)
         self.max_workers = max_workers
         self.startup_timeout_s = startup_timeout_s

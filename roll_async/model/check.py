@@ -21,7 +21,7 @@ import torch
 
 from roll_async.config.schema import EngineConfig, TrainerConfig
 from roll_async.engine.vllm_engine import VLLMEngine
-from roll_async.errors import ChatTemplateError, EngineStartupError
+from roll_async.errors import ChatTemplateError, EngineStartupError, MissingFileError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
 from roll_async.sampling import SamplingSettings
 from roll_async.trainer.collate import collate_trajectories, padding_token_id
@@ -91,7 +91,7 @@ def read_chat_template(path: str | None) -> str | None:
         return None
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"model.chat_template={path!r} does not exist; point it at a Jinja chat template file"
         )
     return file.read_text()

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from roll_async.errors import MissingFileError, OutputExistsError
 from roll_async.model.check import read_chat_template
 from roll_async.trainer.checkpoint import (
     EXTRA_STATE_FILE,
@@ -45,20 +46,20 @@ RESUME_ONLY_PREFIX = RNG_FILE.split("{", 1)[0]
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
-    """The checkpoint of ``step`` (default: the newest) of a run directory; a one-line FileNotFoundError if none."""
+    """The checkpoint of ``step`` (default: the newest) of a run directory; a one-line MissingFileError if none."""
     root = Path(run_dir).expanduser()
     if is_checkpoint(root) and step is None:
         return root
     found = dict(list_checkpoints(root / "checkpoints") or list_checkpoints(root))
     if not found:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{str(run_dir)!r} holds no checkpoint (no step_N with {TRAINER_STATE_FILE} in it or in its "
             "checkpoints/); pass a run directory of roll-async train with checkpoint.save_interval > 0"
         )
     if step is None:
         return found[max(found)]
     if step not in found:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{str(run_dir)!r} has no checkpoint of step {step}; its checkpoints are of steps "
             f"{', '.join(str(s) for s in sorted(found))}"
         )
@@ -87,7 +88,7 @@ def export_checkpoint(
     checkpoint = find_checkpoint(run_dir, step)
     target = Path(out).expanduser().resolve()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise FileExistsError(
+        raise OutputExistsError(
             f"--out {str(out)!r} exists and is not empty; choose a new directory"
         )
     # RUN_DIR/checkpoints/step_N: the run's config.yaml is two levels up
@@ -101,7 +102,7 @@ def export_checkpoint(
         # a LoRA run's checkpoint holds the adapter: merge it into the base model
         if adapter:
             if base is None:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"{str(checkpoint)!r} holds a LoRA adapter but its {TRAINER_STATE_FILE} names no base model "
                     "(model_path)"
                 )

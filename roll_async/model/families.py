@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roll_async.errors import RollAsyncError
 from roll_async.model.tiny_build import (
     is_current_build,
     model_cache_dir,
@@ -463,7 +464,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-class UnknownFamilyError(ValueError):
+class UnknownFamilyError(RollAsyncError, ValueError):
     """``--family`` names no zoo family."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from roll_async.errors import MissingFileError
 from roll_async.model.families import FAMILIES, build_family_model
 from roll_async.model.tiny import build_tiny_model
 from roll_async.model.tiny_vl import build_tiny_vl_model
@@ -32,7 +33,7 @@ def resolve_model_path(path: str | None) -> str:
             choices = ", ".join(
                 ["tiny", "tiny-vl"] + [FAMILY_PREFIX + f for f in FAMILIES]
             )
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"model.path={path!r} names no offline tiny model; choose one of: {choices}"
             )
         return str(build_family_model(family))
@@ -40,13 +41,13 @@ def resolve_model_path(path: str | None) -> str:
     expanded = Path(path).expanduser()
     if expanded.exists():
         if not (expanded / "config.json").is_file():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"model.path={path!r} exists but has no config.json; point it at a Hugging Face model "
                 "directory (save_pretrained output) or leave it unset for the offline tiny model"
             )
         return str(expanded.resolve())
     if looks_local:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"model.path={path!r} does not exist; build the offline tiny model with "
             "`roll-async make-tiny-model` (and leave model.path unset) or point it at a local HF model directory"
         )

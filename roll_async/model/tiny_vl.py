@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from roll_async.errors import InvalidInputError
 from roll_async.model.tiny_build import (
     is_current_build,
     model_cache_dir,
@@ -71,7 +72,7 @@ def build_tiny_vl_model(
     )
 
     if image_size % (patch_size * 2):
-        raise ValueError(
+        raise InvalidInputError(
             f"image_size={image_size} must be a multiple of 2 * patch_size={2 * patch_size}"
         )
     out = Path(out_dir) if out_dir is not None else default_tiny_vl_model_dir()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roll_async.errors import ChatTemplateError
+from roll_async.errors import ChatTemplateError, InvalidInputError
 
 # load_tokenizer lives in roll_async.prompts.tokenizers; importable from here as before.
 from roll_async.prompts.tokenizers import load_tokenizer as load_tokenizer
@@ -399,10 +399,10 @@ class ChatPromptBuilder:
         call, since templates check that tool results answer a call (Mistral's alternation).
         """
         if not messages:
-            raise ValueError("continuation needs at least one message")
+            raise InvalidInputError("continuation needs at least one message")
         roles = [m.get("role") for m in messages]
         if "assistant" in roles:
-            raise ValueError(
+            raise InvalidInputError(
                 f"a continuation holds non-assistant messages only (got roles {roles})"
             )
         if after is not None and after.get("tool_calls"):

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from roll_async.errors import MissingFileError
 from roll_async.scheduler.layout import env_layout
 
 #: Curves drawn when the run has them: (chart title, [(metric key, label)]).
@@ -319,11 +320,11 @@ def _curves(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def load_report_data(run_dir: str | Path) -> ReportData:
-    """Read a run directory; raises FileNotFoundError naming what is missing."""
+    """Read a run directory; raises MissingFileError naming what is missing."""
     root = Path(run_dir)
     config_path = root / "config.yaml"
     if not config_path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{root} is not a run directory: it has no config.yaml (pass the output_dir of a run)"
         )
     config = yaml.safe_load(config_path.read_text()) or {}

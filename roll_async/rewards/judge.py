@@ -21,6 +21,7 @@ from roll_async.config.reward_rules import PROMPT_MARGIN_TOKENS, TINY_MODEL
 from roll_async.config.sections import EngineConfig, RewardConfig
 from roll_async.engine.engine_actor import engine_clients, launch_engines
 from roll_async.engine.router import EngineClient
+from roll_async.errors import EngineRequestError, InvalidInputError
 from roll_async.model import build_tiny_model
 from roll_async.prompts.prompt_builder import load_tokenizer
 from roll_async.rewards.episode_text import EpisodeText
@@ -97,7 +98,7 @@ class LLMJudge:
         caller: BoundedModelCaller | None = None,
     ) -> None:
         if not clients:
-            raise ValueError("LLMJudge needs at least one engine client")
+            raise InvalidInputError("LLMJudge needs at least one engine client")
         self.config = config
         self.clients = list(clients)
         self.tokenizer = tokenizer
@@ -195,7 +196,7 @@ class LLMJudge:
             finally:
                 self._in_flight[replica] -= 1
             if result.finish_reason in ("abort", "error"):
-                raise RuntimeError(
+                raise EngineRequestError(
                     f"judge request {request.request_id} ended {result.finish_reason}"
                 )
             reply = self.tokenizer.decode(

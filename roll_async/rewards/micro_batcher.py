@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from roll_async.errors import InvalidInputError
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -38,7 +40,7 @@ class MicroBatcher(Generic[Item, Result]):
         window_s: float,
     ) -> None:
         if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+            raise InvalidInputError("batch_size must be at least 1")
         self._run_batch = run_batch
         self.batch_size = batch_size
         self.window_s = window_s
@@ -105,7 +107,7 @@ class MicroBatcher(Generic[Item, Result]):
         try:
             results = await self._run_batch([item for item, _ in batch])
             if len(results) != len(batch):
-                raise RuntimeError(
+                raise InvalidInputError(
                     f"batch function returned {len(results)} results for {len(batch)} items"
                 )
         except asyncio.CancelledError:

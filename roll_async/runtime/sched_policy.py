@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
+from roll_async.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 #: Config value -> name of the ``os`` constant.
@@ -33,7 +35,7 @@ def apply_to_process(policy: str) -> str:
     elsewhere it is a no-op that says so.
     """
     if policy not in POLICIES:
-        raise ValueError(
+        raise ConfigError(
             f"scheduling policy {policy!r} is unknown; use one of {sorted(POLICIES)}"
         )
     constant = getattr(os, POLICIES[policy], None)

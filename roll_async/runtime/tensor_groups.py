@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from roll_async.errors import InvalidInputError
+
 
 def bytes_bounded_groups(
     named_tensors: Iterable[tuple[str, Any]], limit: int
@@ -20,7 +22,7 @@ def bytes_bounded_groups(
     feeds it weights as they are gathered holds one group at a time.
     """
     if limit <= 0:
-        raise ValueError(f"bucket_bytes={limit} must be > 0")
+        raise InvalidInputError(f"bucket_bytes={limit} must be > 0")
     current: dict[str, Any] = {}
     size = 0
     for name, tensor in named_tensors:

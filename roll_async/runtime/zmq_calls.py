@@ -24,7 +24,7 @@ from typing import Any, cast
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from roll_async.errors import CallConnectionLost, ZmqConnectError
+from roll_async.errors import CallConnectionLost, MethodNotServedError, ZmqConnectError
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class CallServer:
         identity, call_id = key
         try:
             if method not in self._methods:
-                raise AttributeError(
+                raise MethodNotServedError(
                     f"{type(self._target).__name__}.{method} is not served over ZMQ (serves {sorted(self._methods)})"
                 )
             reply = (_RESULT, call_id, await getattr(self._target, method)(*args))
@@ -251,7 +251,7 @@ class CallServer:
             except zmq.ZMQError:
                 await asyncio.sleep(0.01)
         else:
-            raise RuntimeError(f"call socket: {self.endpoint.tcp} did not come free")
+            raise ZmqConnectError(f"call socket: {self.endpoint.tcp} did not come free")
         self._socket = socket
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from roll_async.errors import ConfigError
 from roll_async.trajectory import Trajectory
 
 GroupFilter = Callable[[list[Trajectory]], bool]
@@ -44,6 +45,6 @@ def resolve_group_filter(name_or_fn: str | GroupFilter) -> GroupFilter:
     try:
         return GROUP_FILTERS[name_or_fn]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"group_filter={name_or_fn!r} is unknown; choose one of: {', '.join(GROUP_FILTERS)}"
         ) from None

@@ -12,6 +12,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from roll_async.errors import InvalidInputError
+
 # for hints only: the run report reads layouts without loading the config schema
 if TYPE_CHECKING:
     from roll_async.config.rollout_spec import RolloutSpec
@@ -35,7 +37,9 @@ def split_by_weights(total: int, weights: Sequence[int]) -> list[int]:
         return []
     weight_sum = sum(weights)
     if weight_sum <= 0:
-        raise ValueError(f"weights {list(weights)} must sum to a positive number")
+        raise InvalidInputError(
+            f"weights {list(weights)} must sum to a positive number"
+        )
     exact = [total * w / weight_sum for w in weights]
     parts = [int(x) for x in exact]
     order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - parts[i]), i))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from roll_async.config.field_checks import bounded, check_fields
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.config.schema import Mode, RedundancyKeep, ServeOrder
+from roll_async.errors import ConfigError
 from roll_async.scheduler.filters import GroupFilter, resolve_group_filter
 from roll_async.scheduler.layout import (
     env_groups_by_tag,
@@ -67,18 +68,18 @@ class QueueRules:
             QueueRules, self
         )  # every limit and word at once (redundancy_keep, counts >= 1)
         if self.mode == "sync" and self.staleness_bound != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"staleness_bound={self.staleness_bound} with mode='sync': sync mode serves every group at "
                 "the step it was made for; pass the rollout spec's bound (0 in sync mode)"
             )
         if len(self.partition) != len(self.tags):
-            raise ValueError(
+            raise ConfigError(
                 f"num_groups_partition={list(self.num_groups_partition)} needs one entry per tag "
                 f"{list(self.tags)}"
             )
         resolve_group_filter(self.group_filter)  # an unknown name fails here
         if self.group_filter == "zero_variance" and self.group_size < 2:
-            raise ValueError(
+            raise ConfigError(
                 "group_filter='zero_variance' needs group_size >= 2 (a single reward has no variance)"
             )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.env_managers.worker import EnvFactory, EnvManagerWorker
-from roll_async.errors import RolloutFatalError
+from roll_async.errors import InvalidInputError, RolloutFatalError
 from roll_async.metrics import replica_metrics
 from roll_async.rewards.reward_services import RewardService
 from roll_async.runtime import node_files, sched_policy
@@ -248,7 +248,9 @@ class RolloutScheduler:
         """``reward_services``: tag -> its running judge / reward model (``launch_reward_services``), owned by the
         caller; the tags of this side that have one get their episodes scored before the hand-over."""
         if not engine_handles:
-            raise ValueError("RolloutScheduler needs at least one engine actor handle")
+            raise InvalidInputError(
+                "RolloutScheduler needs at least one engine actor handle"
+            )
         self.spec = spec
         self.engine_handles = list(engine_handles)
         self.tokenizer_path = str(tokenizer_path)

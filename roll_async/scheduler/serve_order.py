@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar, get_args
 
 from roll_async.config.schema import ServeOrder as ServeOrderName
+from roll_async.errors import ConfigError
 
 SERVE_ORDERS: tuple[ServeOrderName, ...] = get_args(ServeOrderName)
 
@@ -124,9 +125,9 @@ class FirstCompleteOrder(Generic[GroupT]):
 
 
 def check_serve_order(name: str) -> None:
-    """Raise ValueError unless ``name`` is one of SERVE_ORDERS."""
+    """Raise ConfigError unless ``name`` is one of SERVE_ORDERS."""
     if name not in SERVE_ORDERS:
-        raise ValueError(f"serve_order={name!r}: use one of {', '.join(SERVE_ORDERS)}")
+        raise ConfigError(f"serve_order={name!r}: use one of {', '.join(SERVE_ORDERS)}")
 
 
 def make_serve_order(name: ServeOrderName, tags: Sequence[str]) -> ServeOrder[GroupT]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from roll_async.config.rollout_spec import RolloutSpec
+from roll_async.errors import ConfigError
 from roll_async.metrics import validation_metrics
 from roll_async.scheduler.layout import derive_seed, groups_per_tag
 from roll_async.scheduler.served_batch import ServedBatch
@@ -71,7 +72,7 @@ def _episodes_from_dataset(spec: RolloutSpec, path: str) -> list[EpisodeSpec]:
         else:
             matching = [t for t in tags if spec.custom_envs[t].env_type == row.env_name]
             if not matching:
-                raise ValueError(
+                raise ConfigError(
                     f"val_env_manager.dataset={path!r} row {row_index} is for env {row.env_name!r}, but no val tag "
                     f"({', '.join(tags)}) has env_type {row.env_name!r}; add such a tag to val_env_manager.tags"
                 )

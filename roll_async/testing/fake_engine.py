@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roll_async.engine.zmq_engine_client import ServesRequestsOverZmq
+from roll_async.errors import InvalidInputError, RollAsyncError
 from roll_async.trajectory import GenerationRequest, GenerationResult
 
 OutputFn = Callable[[GenerationRequest], list[int]]
 
 
-class FakeEngineError(RuntimeError):
+class FakeEngineError(RollAsyncError, RuntimeError):
     """An injected failure (``fail_requests``)."""
 
 
@@ -185,7 +186,9 @@ class FakeEngine(ServesRequestsOverZmq):
     async def pause(self, mode: str = "abort") -> None:
         """abort: in-flight requests return now; wait: let them finish; keep: freeze them. New ones wait."""
         if mode not in ("abort", "wait", "keep"):
-            raise ValueError(f"pause mode {mode!r} is unknown; use abort, wait or keep")
+            raise InvalidInputError(
+                f"pause mode {mode!r} is unknown; use abort, wait or keep"
+            )
         self._pause_mode = mode
         self._resumed.clear()
         if mode == "abort":

@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 
+from roll_async.errors import RollAsyncError
 from roll_async.trainer.parallel.process_group import free_port, init_rank, leave_group
+
+
+class SpawnedRankError(RollAsyncError, RuntimeError):
+    """A spawned rank failed or left no result; the message carries its traceback."""
 
 
 def _child(
@@ -63,11 +68,11 @@ def run_on_ranks(
         results = []
         for rank, out in enumerate(outs):
             if not os.path.exists(out):
-                raise RuntimeError(
+                raise SpawnedRankError(
                     f"rank {rank} exited without a result (timed out or crashed)"
                 )
             payload = torch.load(out, weights_only=False)
             if "error" in payload:
-                raise RuntimeError(f"rank {rank} failed:\n{payload['error']}")
+                raise SpawnedRankError(f"rank {rank} failed:\n{payload['error']}")
             results.append(payload["ok"])
     return results

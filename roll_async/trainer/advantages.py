@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from roll_async.errors import ConfigError, InvalidInputError
+
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
 
 
@@ -81,7 +83,7 @@ def compute_advantages(
     A group whose rewards are all equal also gets 0 (nothing to prefer).
     """
     if rewards.shape != group_index.shape or rewards.dim() != 1:
-        raise ValueError(
+        raise InvalidInputError(
             f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must be 1-D and the same shape"
         )
     if estimator == "grpo":
@@ -90,6 +92,6 @@ def compute_advantages(
         )
     if estimator == "rloo":
         return rloo_advantages(rewards, group_index)
-    raise ValueError(
+    raise ConfigError(
         f"advantage estimator {estimator!r} is unknown; use one of {', '.join(ADVANTAGE_ESTIMATORS)}"
     )

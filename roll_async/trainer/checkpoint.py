@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from roll_async.errors import CheckpointError, MissingFileError
 from roll_async.runtime.tensor_groups import bytes_bounded_groups
 from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.hf_names import checkpoint_state_dict, tied_parameter_names
@@ -210,7 +211,7 @@ def read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"checkpoint {str(directory)!r} holds no *.safetensors model weights"
         )
     weights: dict[str, torch.Tensor] = {}
@@ -230,7 +231,7 @@ def load_model_weights(model: Any, directory: str | os.PathLike[str]) -> None:
     result = model.load_state_dict(weights, strict=False)
     missing = set(result.missing_keys) - tied_parameter_names(model)
     if missing or result.unexpected_keys:
-        raise RuntimeError(
+        raise CheckpointError(
             f"checkpoint {str(directory)!r} does not match the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(result.unexpected_keys)[:5]}; was it written for another model?"
         )
@@ -242,7 +243,7 @@ def read_checkpoint_state(
     """``(trainer_state, extra_state)`` of a checkpoint directory."""
     path = Path(directory)
     if not is_checkpoint(path):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{str(path)!r} is not a checkpoint (no {TRAINER_STATE_FILE}); point resume_from at a run directory "
             "or one of its checkpoints/step_N directories"
         )
@@ -446,7 +447,7 @@ def resolve_resume_dir(path: str | os.PathLike[str]) -> Path:
         found = list_checkpoints(root)
         if found:
             return found[-1][1]
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"resume_from={str(path)!r}: no checkpoint found (looked for {TRAINER_STATE_FILE} in it, and for "
         "step_N checkpoints in it and in its checkpoints/ folder)"
     )

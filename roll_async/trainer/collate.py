@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from roll_async.errors import InvalidInputError
 from roll_async.sampling import SamplingSettings
 from roll_async.trajectory import Trajectory
 
@@ -130,22 +131,22 @@ def collate_trajectories(
     ``pad_token_id=None`` pads with 0 (padding is masked; :func:`padding_token_id` picks the tokenizer's id).
     """
     if not trajectories:
-        raise ValueError("cannot collate an empty batch")
+        raise InvalidInputError("cannot collate an empty batch")
     for t in trajectories:
         if not (len(t.token_ids) == len(t.response_mask) == len(t.logprobs)):
-            raise ValueError(
+            raise InvalidInputError(
                 f"trajectory {t.traj_id}: token_ids ({len(t.token_ids)}), response_mask ({len(t.response_mask)}) "
                 f"and logprobs ({len(t.logprobs)}) differ in length"
             )
         if t.token_versions and len(t.token_versions) != len(t.token_ids):
-            raise ValueError(
+            raise InvalidInputError(
                 f"trajectory {t.traj_id}: token_versions ({len(t.token_versions)}) and token_ids "
                 f"({len(t.token_ids)}) differ in length"
             )
     longest = max(len(t.token_ids) for t in trajectories)
     width = longest if pad_to is None else pad_to
     if width < longest:
-        raise ValueError(
+        raise InvalidInputError(
             f"pad_to={pad_to} is shorter than the longest trajectory ({longest} tokens)"
         )
     if pad_to_multiple_of:

@@ -30,7 +30,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from roll_async.config.sections import LoraConfig
-from roll_async.errors import ConfigError
+from roll_async.errors import CheckpointError, ConfigError
 from roll_async.trainer.hf_names import checkpoint_state_dict
 from roll_async.trainer.model_loading import empty_causal_lm
 
@@ -209,7 +209,7 @@ def load_adapter_weights(model: Any, directory: str | os.PathLike[str]) -> None:
 
     file = Path(directory) / ADAPTER_WEIGHTS_FILE
     if not file.is_file():
-        raise RuntimeError(
+        raise CheckpointError(
             f"checkpoint {str(directory)!r} holds no {ADAPTER_WEIGHTS_FILE}: it was not written by a LoRA run "
             "(trainer.lora.rank > 0); resume it with trainer.lora.rank=0, or start this LoRA run afresh"
         )
@@ -218,7 +218,7 @@ def load_adapter_weights(model: Any, directory: str | os.PathLike[str]) -> None:
     )
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if missing or result.unexpected_keys:
-        raise RuntimeError(
+        raise CheckpointError(
             f"checkpoint {str(directory)!r} does not match this LoRA model: missing {missing[:5]}, unexpected "
             f"{list(result.unexpected_keys)[:5]}; was it written with other trainer.lora settings?"
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from roll_async.errors import ConfigError, InvalidInputError
 from roll_async.sampling import SamplingSettings, sampling_logits
 from roll_async.trainer.collate import TrajectoryBatch
 
@@ -64,7 +65,9 @@ def token_logprobs(
     )
     logits = outputs.logits
     if score_mask is None and attention_mask is None:
-        raise ValueError("token_logprobs needs score_mask when attention_mask is None")
+        raise InvalidInputError(
+            "token_logprobs needs score_mask when attention_mask is None"
+        )
     mask = score_mask if score_mask is not None else attention_mask
     assert mask is not None  # checked above
     wanted = mask.bool()
@@ -202,7 +205,7 @@ def aggregate(
     if agg == "seq_mean":
         per_seq = (values * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
         return per_seq.sum() / normalizer.num_sequences
-    raise ValueError(
+    raise ConfigError(
         f"loss aggregation {agg!r} is unknown; use one of {', '.join(LOSS_AGGREGATIONS)}"
     )
 

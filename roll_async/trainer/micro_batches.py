@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from roll_async.errors import ConfigError
+from roll_async.errors import ConfigError, InvalidInputError
 from roll_async.sampling import SamplingSettings
 from roll_async.trainer.losses import TokenLogprobs, token_logprobs
 
@@ -55,7 +55,7 @@ def plan_micro_batches(
     """
     lengths = [int(n) for n in lengths]
     if any(n < 0 for n in lengths):
-        raise ValueError(f"row lengths must be >= 0, got {lengths}")
+        raise InvalidInputError(f"row lengths must be >= 0, got {lengths}")
     if max_tokens < 0:
         raise ConfigError(
             f"trainer.max_tokens_per_micro_batch={max_tokens}: must be >= 0 (0: micro_batch_size rows per pass)"
@@ -151,7 +151,7 @@ def packed_token_logprobs(
     positions = position_ids.index_select(0, index)[:, :width][valid]
     expected = torch.arange(width, device=device).expand(len(rows), width)[valid]
     if not torch.equal(positions, expected):
-        raise ValueError(
+        raise InvalidInputError(
             "packed_token_logprobs needs each row's position ids to be 0..L-1 over its L tokens (right "
             "padding, as collate_trajectories makes them); these rows' are not"
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from roll_async.errors import InvalidInputError
 from roll_async.sampling import SamplingSettings
 from roll_async.trainer.losses import token_logprobs
 
@@ -34,7 +35,7 @@ def score_generated_tokens(
     a weight sync they agree up to kernel noise.
     """
     if not prompt_token_ids:
-        raise ValueError(
+        raise InvalidInputError(
             "prompt_token_ids is empty: the first generated token needs a prefix to be scored"
         )
     if not output_token_ids:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from roll_async.envs import make_env
+from roll_async.errors import InvalidInputError, SftDivergedError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trainer.losses import token_logprobs
 
@@ -207,7 +208,7 @@ def run_sft(
     (``<|im_end|>`` in ChatML), so the model also learns to stop.
     """
     if not examples:
-        raise ValueError(
+        raise InvalidInputError(
             "run_sft got no examples; did every demonstration fail (check env solver and demo_fraction)?"
         )
     model = getattr(target, "model", target)
@@ -240,7 +241,7 @@ def run_sft(
         optimizer.zero_grad(set_to_none=True)
         loss = sft_loss(model, batch)
         if not torch.isfinite(loss):
-            raise FloatingPointError(
+            raise SftDivergedError(
                 f"SFT loss became {float(loss)} at step {len(losses)}; lower sft_warmup.lr"
             )
         # fsdp2 ranks each run the whole batch and sum their gradients: each backwards its 1/N share

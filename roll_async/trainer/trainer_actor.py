@@ -16,7 +16,7 @@ from typing import Any
 
 from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import pack_weight_buckets, put_buckets
-from roll_async.errors import ConfigError
+from roll_async.errors import ConfigError, LifecycleError
 from roll_async.runtime.ray_utils import unwrap_ray_error
 from roll_async.trainer.base import Trainer, TrainerHandle
 from roll_async.trainer.collate import TrajectoryBatch
@@ -92,7 +92,7 @@ class TrainerActor:
 
     def _trainer(self) -> InProcessTrainer:
         if self.trainer is None:
-            raise RuntimeError("TrainerActor: build() was not called")
+            raise LifecycleError("TrainerActor: build() was not called")
         return self.trainer
 
     def build(self, config: TrainerConfig, model_path: str) -> dict[str, Any]:

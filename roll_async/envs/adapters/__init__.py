@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.errors import ConfigError
 
 #: The pip extra that installs every adapter's library.
 ENVS_EXTRA = "roll-async[envs]"
@@ -26,7 +27,7 @@ def split_adapter_env_type(env_type: str) -> tuple[str, str] | None:
     if not sep or prefix not in ADAPTER_PREFIXES:
         return None
     if not name:
-        raise ValueError(
+        raise ConfigError(
             f"env_type {env_type!r} names no env after '{prefix}:'; e.g. '{prefix}:{_EXAMPLES[prefix]}'"
         )
     return prefix, name
@@ -55,11 +56,11 @@ def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:
 
 
 def import_optional(module: str, pip_name: str, env_type: str) -> Any:
-    """Import an adapter's library or raise a ValueError naming the extra that installs it."""
+    """Import an adapter's library or raise a ConfigError naming the extra that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ValueError(
+        raise ConfigError(
             f"env_type {env_type!r} needs the package {pip_name!r}, which is not installed ({exc}); "
             f"install it with: pip install '{ENVS_EXTRA}' (or pip install {pip_name})"
         ) from None
@@ -67,7 +68,7 @@ def import_optional(module: str, pip_name: str, env_type: str) -> Any:
 
 def unknown_name_error(
     kind: str, env_type: str, name: str, known: Iterable[str]
-) -> ValueError:
+) -> ConfigError:
     """'unknown <kind> id' with the closest registered names, so a typo is one edit away."""
     known = sorted(set(known))
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
@@ -79,4 +80,4 @@ def unknown_name_error(
         if close
         else f"{len(known)} ids are registered"
     )
-    return ValueError(f"env_type {env_type!r}: unknown {kind} id {name!r}; {hint}")
+    return ConfigError(f"env_type {env_type!r}: unknown {kind} id {name!r}; {hint}")

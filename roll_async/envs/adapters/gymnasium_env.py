@@ -14,6 +14,7 @@ from typing import Any
 from roll_async.config.dotted_paths import resolve_dotted
 from roll_async.envs.adapters import import_optional, unknown_name_error
 from roll_async.envs.parsing import ActionParser
+from roll_async.errors import ConfigError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -82,7 +83,7 @@ class GymnasiumEnv:
             spec = gym.spec(env_id)
         except gym.error.Error as exc:
             if isinstance(exc, gym.error.DeprecatedEnv):
-                raise ValueError(f"env_type 'gymnasium:{env_id}': {exc}") from None
+                raise ConfigError(f"env_type 'gymnasium:{env_id}': {exc}") from None
             raise unknown_name_error(
                 "gymnasium", f"gymnasium:{env_id}", env_id, gym.registry
             ) from None
@@ -92,13 +93,13 @@ class GymnasiumEnv:
         try:
             self.env = gym.make(env_id, **kwargs)
         except TypeError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type 'gymnasium:{env_id}': gymnasium.make rejected env_config {make_kwargs}: {exc}"
             ) from None
         space = self.env.action_space
         if not isinstance(space, gym.spaces.Discrete):
             self.env.close()
-            raise ValueError(
+            raise ConfigError(
                 f"env_type 'gymnasium:{env_id}' has action space {space}; the gymnasium adapter plays Discrete "
                 "action spaces (FrozenLake, Taxi, CliffWalking, Blackjack, ...)"
             )

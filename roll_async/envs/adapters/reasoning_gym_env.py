@@ -10,6 +10,7 @@ from typing import Any
 
 from roll_async.envs.adapters import import_optional, unknown_name_error
 from roll_async.envs.parsing import ActionParser
+from roll_async.errors import ConfigError, LifecycleError
 
 
 class ReasoningGymEnv:
@@ -45,7 +46,7 @@ class ReasoningGymEnv:
         if task not in DATASETS:
             raise unknown_name_error("reasoning-gym task", env_type, task, DATASETS)
         if int(max_attempts) < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type {env_type!r}: max_attempts must be >= 1, got {max_attempts}"
             )
         self._rg = rg
@@ -56,7 +57,7 @@ class ReasoningGymEnv:
         try:  # build once so a bad option fails at preflight, not in the first episode
             rg.create_dataset(task, seed=0, size=1, **self.dataset_kwargs)
         except (TypeError, ValueError, AssertionError) as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type {env_type!r}: env_config {self.dataset_kwargs} rejected: {exc}"
             ) from None
         self._dataset: Any = None
@@ -77,7 +78,7 @@ class ReasoningGymEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._entry is None:
-            raise RuntimeError(
+            raise LifecycleError(
                 f"reasoning_gym:{self.task}: step() before reset() or after the episode ended"
             )
         parsed = self.parser.parse(action_text)

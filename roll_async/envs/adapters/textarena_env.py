@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from roll_async.envs.adapters import import_optional, unknown_name_error
+from roll_async.errors import ConfigError, LifecycleError
 
 #: Game families that reach the network on make/reset, and why.
 NETWORKED_GAMES: dict[str, str] = {
@@ -64,7 +65,7 @@ class TextArenaEnv:
             raise unknown_name_error("TextArena", env_type, env_id, ENV_REGISTRY)
         family = env_id.split("-v")[0]
         if family in NETWORKED_GAMES and not allow_network:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type {env_type!r} {NETWORKED_GAMES[family]}, so it does not run offline; "
                 "set env_config.allow_network: true if this machine may reach the network"
             )
@@ -72,7 +73,7 @@ class TextArenaEnv:
         try:
             game = ta.make(env_id, **make_kwargs)
         except TypeError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type {env_type!r}: textarena.make rejected env_config {make_kwargs}: {exc}"
             ) from None
         while isinstance(
@@ -90,7 +91,7 @@ class TextArenaEnv:
         try:
             self.game.reset(num_players=1, seed=int(seed))
         except AssertionError as exc:
-            raise ValueError(
+            raise ConfigError(
                 f"env_type 'textarena:{self.env_id}' is not a single-player game ({exc}); the textarena adapter "
                 "plays single-player games such as GuessTheNumber-v0, Minesweeper-v0, TowerOfHanoi-v0"
             ) from None
@@ -102,7 +103,7 @@ class TextArenaEnv:
 
     def step(self, action_text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
-            raise RuntimeError(
+            raise LifecycleError(
                 f"textarena:{self.env_id}: step() after the game ended; call reset()"
             )
         self._invalid_this_turn = False

@@ -17,6 +17,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from roll_async.errors import InvalidInputError
 from roll_async.trainer.parallel.process_group import RankInfo
 
 T = TypeVar("T")
@@ -29,7 +30,7 @@ def assign_to_ranks(token_counts: Sequence[int], world_size: int) -> list[list[i
     each rank's list keeps plan order.
     """
     if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be >= 1")
+        raise InvalidInputError(f"world_size={world_size} must be >= 1")
     load = [0] * world_size
     shares: list[list[int]] = [[] for _ in range(world_size)]
     order = sorted(range(len(token_counts)), key=lambda i: (-token_counts[i], i))

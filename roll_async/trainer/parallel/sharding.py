@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from roll_async.errors import ConfigError, InvalidInputError
 from roll_async.trainer.parallel.process_group import RankInfo
 
 
@@ -34,7 +35,7 @@ def decoder_layer_classes(model: torch.nn.Module) -> set[str]:
             if names:
                 return set(names)
             candidate = getattr(candidate, "model", None)
-    raise ValueError(
+    raise ConfigError(
         f"{type(model).__name__} declares no _no_split_modules: cannot tell its decoder layers "
         "to shard them; use trainer.strategy=single"
     )
@@ -81,7 +82,7 @@ def fill_shards_from_main_rank(
     dict, so every buffer is broadcast from the main rank as well.
     """
     if info.is_main and source is None:
-        raise ValueError("the main rank must pass the loaded model as source")
+        raise InvalidInputError("the main rank must pass the loaded model as source")
     model.to_empty(device=info.device)
     set_model_state_dict(
         model,

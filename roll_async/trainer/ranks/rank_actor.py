@@ -16,6 +16,7 @@ import torch
 
 from roll_async.config.sections import TrainerConfig
 from roll_async.engine.weight_transport import DEFAULT_BUCKET_BYTES, iter_weight_buckets
+from roll_async.errors import LifecycleError
 from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.factory import loading_the_model
 from roll_async.trainer.grpo_trainer import GRPOTrainer
@@ -64,7 +65,7 @@ class TrainerRank:
 
     def _trainer(self) -> GRPOTrainer:
         if self.trainer is None:
-            raise RuntimeError("TrainerRank.join was not called")
+            raise LifecycleError("TrainerRank.join was not called")
         return self.trainer
 
     def train_step(self, batch: TrajectoryBatch, step: int) -> dict[str, float]:
