@@ -37,6 +37,7 @@ from roll_async.env_service.wire import (
     to_jsonable,
 )
 from roll_async.envs import registered_envs, resolve_env_class
+from roll_async.errors import ConfigError
 
 #: One operation of the API: a request body in, a response body out (BadRequest / CallFailed for errors).
 Operation = Callable[[Any], Awaitable[dict[str, Any]]]
@@ -75,7 +76,7 @@ class EnvServer:
         idle_timeout_s: float = 900.0,
     ) -> None:
         if isolation not in ISOLATION_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"isolation={isolation!r}; use one of {list(ISOLATION_MODES)}"
             )
         self.env_timeout_s = float(env_timeout_s)

@@ -23,6 +23,7 @@ from aiohttp import web
 from roll_async.env_service.env_host import ISOLATION_MODES
 from roll_async.env_service.fd_limit import raise_open_files_limit
 from roll_async.env_service.server import EnvServer
+from roll_async.errors import EnvServiceUnavailable
 
 #: Most requests aiohttp's listening socket queues before accepting (2,000 sessions may connect at once).
 LISTEN_BACKLOG = 4096
@@ -184,4 +185,4 @@ def launch_server_process(
             ).start()
             return process, url
     process.kill()
-    raise RuntimeError("env-server did not start: " + "".join(lines[-20:]))
+    raise EnvServiceUnavailable("env-server did not start: " + "".join(lines[-20:]))

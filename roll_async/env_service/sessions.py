@@ -17,11 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_async.errors import RollAsyncError
+
 #: Closed or dropped env ids remembered (why, and a failed call to answer again), newest kept.
 GONE_KEPT = 10_000
 
 
-class CallFailed(Exception):
+class CallFailed(RollAsyncError):
     """A call the server answers with an error: HTTP ``status`` and the wire's error ``kind``."""
 
     def __init__(self, status: int, kind: str, message: str) -> None:

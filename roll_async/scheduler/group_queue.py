@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from roll_async.config.rollout_spec import RolloutSpec
-from roll_async.errors import RolloutFatalError
+from roll_async.errors import InvalidInputError, LifecycleError, RolloutFatalError
 from roll_async.scheduler.batch_serving import BatchAccounts, BatchQuota
 from roll_async.scheduler.busy_window import BusyWindow
 from roll_async.scheduler.filters import resolve_group_filter
@@ -117,7 +117,7 @@ class GroupQueueManager:
     ) -> None:
         unknown = sorted({t for t in env_tags.values() if t not in rules.tags})
         if unknown:
-            raise ValueError(
+            raise InvalidInputError(
                 f"envs have tags {unknown} that are not in tags={list(rules.tags)}"
             )
         self.rules = rules
@@ -232,7 +232,9 @@ class GroupQueueManager:
         try:
             tag = self._env_tags[env_id]
         except KeyError:
-            raise KeyError(f"env_id {env_id} is not known to this scheduler") from None
+            raise InvalidInputError(
+                f"env_id {env_id} is not known to this scheduler"
+            ) from None
         self._stalled.clear(env_id)
         woken = False
         try:
@@ -369,7 +371,7 @@ class GroupQueueManager:
         the queue was made: the caller gives only the step.
         """
         if not self.rules.auto_create:
-            raise RuntimeError(
+            raise LifecycleError(
                 "this scheduler plays fixed rounds; call run_fixed_round() instead of get_batch()"
             )
         started = self._clock()
@@ -445,7 +447,7 @@ class GroupQueueManager:
         ignored (the scheduler numbers groups itself).
         """
         if self.rules.auto_create:
-            raise RuntimeError(
+            raise LifecycleError(
                 "run_fixed_round needs a scheduler built with auto_create=False"
             )
         started = self._clock()
@@ -453,7 +455,7 @@ class GroupQueueManager:
         groups = []
         for spec in episodes:
             if spec.tag not in self._pending.by_tag:
-                raise ValueError(
+                raise InvalidInputError(
                     f"episode tag {spec.tag!r} is not one of this scheduler's tags {self.tags}"
                 )
             groups.append(
@@ -482,7 +484,7 @@ class GroupQueueManager:
         if self._fatal is not None:
             raise self._fatal
         if self._closed:
-            raise RuntimeError("the rollout scheduler was shut down")
+            raise LifecycleError("the rollout scheduler was shut down")
 
     # -- control -----------------------------------------------------------------------
 

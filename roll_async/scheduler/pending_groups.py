@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from roll_async.errors import LifecycleError
 from roll_async.trajectory import Trajectory
 
 
@@ -120,7 +121,7 @@ class PendingGroups:
     def load_seed_state(self, state: Mapping[str, Any]) -> None:
         """Continue the seed sequence at ``state`` (what ``seed_state`` returned); only before any group exists."""
         if self.by_id:
-            raise RuntimeError(
+            raise LifecycleError(
                 "load_seed_state must run before the first group is created"
             )
         self.next_group_id = int(state["next_group_id"])
