@@ -37,7 +37,6 @@ from roll_async.env_managers.trajectory_bookkeeping import (
 from roll_async.env_managers.turn_generator import TurnGenerator
 from roll_async.errors import (
     ChatTemplateError,
-    ConfigError,
     EnvCallError,
     VisionInputError,
 )
@@ -374,7 +373,8 @@ class EnvManager:
             "reward": 0.0,
             "turn": 0,
         }
-        user_texts = [self._render("instruction_template", fields)]
+        env_config, tag = self.settings.custom_env, self.settings.tag
+        user_texts = [env_config.fill(tag, "instruction_template", fields)]
         turn_rewards = self._start_turn_rewards(trajectory)
         generated_per_turn: list[list[int]] = []
         try:
@@ -474,7 +474,7 @@ class EnvManager:
                 "reward": record.reward,
                 "turn": turn + 1,
             }
-            user_texts.append(self._render("observation_template", fields))
+            user_texts.append(env_config.fill(tag, "observation_template", fields))
             if env_tools is not None and tool_turn is not None:
                 delta_ids = env_tools.delta_ids(
                     generation.token_ids, tool_turn, record.observation, user_texts[-1]
@@ -569,16 +569,6 @@ class EnvManager:
         except ChatTemplateError:
             return  # the template cannot render this history from text at all; nothing to compare
         trajectory.metrics[PREFIX_MISMATCH] = float(differs)
-
-    def _render(self, template_name: str, fields: dict[str, Any]) -> str:
-        template: str = getattr(self.settings.custom_env, template_name)
-        try:
-            return template.format(**fields)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(
-                f"custom_envs.{self.settings.tag}.{template_name}={template!r} cannot be filled ({type(exc).__name__}: {exc}); "
-                f"it may use the fields {{{'}, {'.join(fields)}}} (write literal braces as {{{{ and }}}})"
-            ) from None
 
     def _fail(self, trajectory: Trajectory, exc: BaseException) -> Trajectory:
         trajectory.stop_reason = "env_error"

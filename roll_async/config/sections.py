@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from roll_async.config.field_checks import bounded
 from roll_async.config.reward_rules import RewardRules
+from roll_async.errors import ConfigError
 
 #: omegaconf's MISSING: OmegaConf.structured reads a field whose default is this string as required.
 #: Spelled here, not imported, so the dataclasses (and the trainer that takes them) import without
@@ -215,6 +216,18 @@ class CustomEnvConfig:
     isolation: Isolation = "none"
     #: A model that scores each finished episode of this tag (see the custom_envs.<Tag>.reward section); null: env reward only.
     reward: RewardConfig | None = None
+
+    def fill(self, tag: str, template_name: str, fields: dict[str, Any]) -> str:
+        """``instruction_template`` or ``observation_template`` filled with ``fields``; a template naming
+        another field raises ConfigError naming the key and the fields it may use."""
+        template: str = getattr(self, template_name)
+        try:
+            return template.format(**fields)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"custom_envs.{tag}.{template_name}={template!r} cannot be filled ({type(exc).__name__}: {exc}); "
+                f"it may use the fields {{{'}, {'.join(fields)}}} (write literal braces as {{{{ and }}}})"
+            ) from None
 
 
 @dataclass
