@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from roll_async.agent_gateway.server import AgentGateway
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
 from roll_async.engine.router import EngineClient
 from roll_async.env_managers.agent_session import (
@@ -140,7 +141,7 @@ class EnvManager:
         executor: Executor | None = None,
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
-        agent_gateway: Any = None,
+        agent_gateway: AgentGateway | None = None,
         agent_model_name: str = "",
         agent_tool_parser: str | None = None,
         observations: ObservationEncoder | None = None,

@@ -38,6 +38,7 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.rewards.reward_services import RewardService
 from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.runtime import node_files, sched_policy
@@ -73,7 +74,7 @@ def build_env_managers(
     *,
     scheduler: EpisodeScheduler,
     engine_for: Callable[[int], EngineClient],
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     env_factory: EnvFactory | None = None,
     executor: Executor | None = None,
     vision: VisionProcessor | None = None,

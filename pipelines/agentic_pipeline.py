@@ -50,6 +50,7 @@ from roll_async.pipelines.step_actions import (
 from roll_async.pipelines.step_state import RunProgress
 from roll_async.pipelines.train_step import TrainStep
 from roll_async.prompts.images import input_only_logit_bias
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.rewards.reward_services import (
     RewardService,
     launch_reward_services,
@@ -100,7 +101,7 @@ class AgenticPipeline:
         self.train_scheduler: RolloutScheduling | None = None
         self.val_scheduler: ValidationScheduler | None = None
         self.trainer: TrainerHandle | None = None
-        self.tokenizer: Any = None
+        self.tokenizer: ChatTokenizer | None = None
         self.model_path = ""
         self.start_step = 0
         self.resumed_seed_state: dict[str, Any] | None = None
@@ -155,6 +156,7 @@ class AgenticPipeline:
         warm = config.sft_warmup
         tag = config.train_env_manager.tags[0]
         spec = config.custom_envs[tag]
+        assert self.tokenizer is not None  # set by _preflight above
         examples = build_sft_examples(
             spec.env_type,
             dict(spec.env_config),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
 
 from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
@@ -17,12 +16,13 @@ from roll_async.envs import make_env
 from roll_async.model.paths import resolve_model_path
 from roll_async.prompts.images import observation_text
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.runtime.ray_utils import init_ray
 from roll_async.trajectory import GenerationRequest
 
 
 def env_prompt_ids(
-    config: PipelineConfig, tokenizer: Any, num_prompts: int
+    config: PipelineConfig, tokenizer: ChatTokenizer, num_prompts: int
 ) -> list[list[int]]:
     """First-turn prompt ids of the configured train tags, one per seed, built as EnvManagers build them."""
     tags = config.train_env_manager.tags

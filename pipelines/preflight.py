@@ -38,6 +38,7 @@ from roll_async.prompts.images import (
     observation_encoder,
 )
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer.checkpoint import read_checkpoint_state, resolve_resume_dir
 from roll_async.trainer.lora import (
     check_target_modules,
@@ -172,11 +173,11 @@ def check_vision(config: PipelineConfig, model_path: str) -> None:
                 close()
 
 
-def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:
+def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> ChatTokenizer:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer: ChatTokenizer = AutoTokenizer.from_pretrained(
             model_path, trust_remote_code=config.model.trust_remote_code
         )
     except Exception as exc:
@@ -196,7 +197,7 @@ def load_checked_tokenizer(config: PipelineConfig, model_path: str) -> Any:
     return tokenizer
 
 
-def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
+def check_chat_template(config: PipelineConfig, tokenizer: ChatTokenizer) -> None:
     """Render a mock three-turn conversation per used system prompt, so an unusable template fails here.
 
     The error names what the template does (drops assistant content, cannot render the role order, ...)
@@ -216,7 +217,7 @@ def check_chat_template(config: PipelineConfig, tokenizer: Any) -> None:
             raise ConfigError(f"model.path={config.model.path!r}: {exc}") from None
 
 
-def check_tool_parser(config: PipelineConfig, tokenizer: Any) -> None:
+def check_tool_parser(config: PipelineConfig, tokenizer: ChatTokenizer) -> None:
     """``model.tool_parser`` must name one of vLLM's tool parsers that fits the tokenizer (set only for agents)."""
     name = config.model.tool_parser
     if not name:

@@ -20,6 +20,7 @@ from roll_async.config.sections import CheckpointConfig, LoggingConfig
 from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.pipelines.console import format_train_line
 from roll_async.pipelines.step_state import RunProgress, StepBatch
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.run_output.run_dir import RunDirectory
 from roll_async.run_output.tracking import MetricsTracker
 from roll_async.scheduler.interface import RolloutScheduling
@@ -130,7 +131,7 @@ class StepLog(StepAction):
         config: LoggingConfig,
         tracker: MetricsTracker,
         run_dir: RunDirectory,
-        tokenizer: Any,
+        tokenizer: ChatTokenizer | None,
         fleet: EngineReplicaFleet | None,
         train_scheduler: RolloutScheduling | None,
         progress_bar: Any,

@@ -11,6 +11,7 @@ import jsonschema
 
 from roll_async.agent_gateway.errors import OpenAIError
 from roll_async.errors import ParseError
+from roll_async.prompts.tokenizers import ChatTokenizer
 
 ChoiceMode = Literal["none", "auto", "required", "function"]
 
@@ -162,7 +163,7 @@ def load_parser_class(name: str) -> Any:
 class ToolCallParser:
     """Parses reply text into tool calls with a vLLM tool parser (one fresh parser per reply: they keep state)."""
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
+    def __init__(self, name: str, tokenizer: ChatTokenizer) -> None:
         self.name = name
         self.tokenizer = tokenizer
         self._cls = load_parser_class(name)

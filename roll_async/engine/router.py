@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -124,7 +124,7 @@ class Router:
         load_poll_s: float = 0.25,
         rebalance_ratio: float = 2.0,
         rebalance_min_gap: int = 4,
-        clock: Any = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not replicas:
             raise InvalidInputError("Router needs at least one engine replica")

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import re
 import threading
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, cast
@@ -117,7 +118,7 @@ class SplitTest:
     """
 
     calls: tuple[str, ...]
-    check: Any  # a code object of mode "eval"
+    check: types.CodeType  # of mode "eval"
 
 
 def split_test(test: str, function: str, task_id: str) -> SplitTest:

@@ -20,9 +20,11 @@ from typing import Any
 import torch
 
 from roll_async.config.schema import EngineConfig, TrainerConfig
+from roll_async.engine.router import EngineClient
 from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.errors import ChatTemplateError, EngineStartupError, MissingFileError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.sampling import SamplingSettings
 from roll_async.trainer.collate import collate_trajectories, padding_token_id
 from roll_async.trainer.grpo_trainer import GRPOTrainer
@@ -98,7 +100,10 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 async def sample_conversation(
-    engine: Any, builder: Any, settings: CheckSettings, request_prefix: str = "check"
+    engine: EngineClient,
+    builder: ChatPromptBuilder,
+    settings: CheckSettings,
+    request_prefix: str = "check",
 ) -> SampledConversation:
     """Play ``settings.turns`` turns against ``engine`` (a VLLMEngine or EngineClient) the way an EnvManager does."""
     conversation = SampledConversation(user_texts=list(_USER_TURNS[: settings.turns]))
@@ -132,10 +137,10 @@ async def sample_conversation(
 
 
 def trainer_logprob_gap(
-    trainer: Any,
+    trainer: GRPOTrainer,
     conversation: SampledConversation,
     pad_token_id: int,
-    sampling: Any = None,
+    sampling: SamplingSettings | None = None,
 ) -> tuple[float, float, int]:
     """(max, mean) |engine - trainer| logprob over the generated tokens, and how many tokens were compared.
 
@@ -164,7 +169,9 @@ def trainer_logprob_gap(
     return float(gaps.max()), float(gaps.mean()), int(gaps.numel())
 
 
-def perturb_weights(model: Any, seed: int, scale: float = PERTURB_SCALE) -> None:
+def perturb_weights(
+    model: torch.nn.Module, seed: int, scale: float = PERTURB_SCALE
+) -> None:
     """Add seeded noise to every parameter, relative to its own magnitude (norm weights of 1 included)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -185,7 +192,7 @@ def _fails(check: str, detail: str, fix: str) -> CheckRow:
 
 
 def check_template(
-    tokenizer: Any, settings: CheckSettings
+    tokenizer: ChatTokenizer, settings: CheckSettings
 ) -> tuple[list[CheckRow], Any]:
     """The template rows and a ChatPromptBuilder (None when the template is unusable)."""
     try:

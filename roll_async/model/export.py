@@ -16,12 +16,12 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from roll_async.errors import MissingFileError, OutputExistsError
 from roll_async.model.check import read_chat_template
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer.checkpoint import (
     EXTRA_STATE_FILE,
     KL_REFERENCE_DIR,
@@ -117,7 +117,7 @@ def export_checkpoint(
             if adapter and entry.name in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE):
                 continue
             shutil.copy2(entry, tmp / entry.name)
-        tokenizer: Any = (
+        tokenizer: ChatTokenizer = (
             AutoTokenizer.from_pretrained(tmp)
             if (tmp / "tokenizer_config.json").is_file()
             else AutoTokenizer.from_pretrained(base)

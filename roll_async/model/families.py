@@ -24,6 +24,7 @@ from roll_async.model.tiny_build import (
     write_model_dir,
 )
 from roll_async.model.tiny_tokenizer import train_tokenizer
+from roll_async.prompts.tokenizers import ChatTokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -246,10 +247,14 @@ class Family:
     #: What the template does, in one line (README, check-model).
     summary: str = ""
     #: Builds the transformers config from the shared sizes and token ids.
-    make_config: Callable[[Any, Family, int, int], PretrainedConfig] | None = None
+    make_config: (
+        Callable[[ChatTokenizer, Family, int, int], PretrainedConfig] | None
+    ) = None
 
 
-def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[str, Any]:
+def _common(
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
+) -> dict[str, Any]:
     eos_ids = [
         tokenizer.convert_tokens_to_ids(t)
         for t in [family.eos_token, *family.extra_eos_tokens]
@@ -266,7 +271,7 @@ def _common(tokenizer: Any, family: Family, hidden: int, layers: int) -> dict[st
 
 # Each config maker imports transformers itself: it is heavy and needed only when a model is built.
 def _qwen2(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import Qwen2Config
 
@@ -278,7 +283,7 @@ def _qwen2(
 
 
 def _qwen3(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import Qwen3Config
 
@@ -290,7 +295,7 @@ def _qwen3(
 
 
 def _qwen3_moe(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import Qwen3MoeConfig
 
@@ -307,7 +312,7 @@ def _qwen3_moe(
 
 
 def _llama(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import LlamaConfig
 
@@ -319,7 +324,7 @@ def _llama(
 
 
 def _mistral(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import MistralConfig
 
@@ -332,7 +337,7 @@ def _mistral(
 
 
 def _gemma3(
-    tokenizer: Any, family: Family, hidden: int, layers: int
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
 ) -> PretrainedConfig:
     from transformers import Gemma3TextConfig
 
@@ -348,7 +353,9 @@ def _gemma3(
     )
 
 
-def _phi3(tokenizer: Any, family: Family, hidden: int, layers: int) -> PretrainedConfig:
+def _phi3(
+    tokenizer: ChatTokenizer, family: Family, hidden: int, layers: int
+) -> PretrainedConfig:
     from transformers import Phi3Config
 
     kwargs = _common(tokenizer, family, hidden, layers)

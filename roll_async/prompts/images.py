@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roll_async.config.sections import CustomEnvConfig
 from roll_async.errors import VisionInputError
+from roll_async.trajectory import Trajectory
 
 
 @dataclass
@@ -232,7 +234,7 @@ class ObservationEncoder:
         return self.vision.expand(token_ids, observation_images(observation))
 
     def engine_prompt(
-        self, trajectory: Any
+        self, trajectory: Trajectory
     ) -> tuple[list[int], dict[str, list[Any]] | None]:
         """The prompt ids and multimodal data a generate request carries for ``trajectory`` so far."""
         if self.vision is None or not trajectory.images:
@@ -243,13 +245,13 @@ class ObservationEncoder:
         return ids, {"image": list(trajectory.images)}
 
 
-def is_vision_tag(custom_env: Any) -> bool:
+def is_vision_tag(custom_env: CustomEnvConfig) -> bool:
     """Whether a ``custom_envs.<tag>`` entry renders images (``env_config.render_mode: vision``)."""
     return dict(custom_env.env_config).get("render_mode") == "vision"
 
 
 def observation_encoder(
-    custom_env: Any, vision: VisionProcessor | None
+    custom_env: CustomEnvConfig, vision: VisionProcessor | None
 ) -> ObservationEncoder:
     """The encoder for one tag: the VL processor in vision mode, plain text otherwise."""
     if not is_vision_tag(custom_env):
@@ -264,7 +266,7 @@ def observation_encoder(
 
 
 def append_images(
-    trajectory: Any, offset: int, observation: ExpandedObservation
+    trajectory: Trajectory, offset: int, observation: ExpandedObservation
 ) -> None:
     """Record an appended observation's images and their spans (shifted to trajectory positions)."""
     trajectory.images.extend(observation.images)
@@ -297,7 +299,7 @@ def compact_prompt(
 
 
 def save_trajectory_images(
-    trajectory: Any, directory: Path, relative_to: Path
+    trajectory: Trajectory, directory: Path, relative_to: Path
 ) -> list[str]:
     """Write a trajectory's images as ``<directory>/<traj_id>/image<k>.png``; returns paths relative to the run."""
     folder = Path(directory) / trajectory.traj_id

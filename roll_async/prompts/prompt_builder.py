@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roll_async.config.sections import ModelConfig
 from roll_async.errors import ChatTemplateError, InvalidInputError
 
 # load_tokenizer lives in roll_async.prompts.tokenizers; importable from here as before.
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.prompts.tokenizers import load_tokenizer as load_tokenizer
 
 if TYPE_CHECKING:
@@ -120,7 +122,7 @@ class ChatPromptBuilder:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: ChatTokenizer,
         system_prompt: str | None = None,
         *,
         chat_template: str | None = None,
@@ -156,7 +158,10 @@ class ChatPromptBuilder:
 
     @classmethod
     def for_model(
-        cls, tokenizer: Any, model: Any, system_prompt: str | None = None
+        cls,
+        tokenizer: ChatTokenizer,
+        model: ModelConfig,
+        system_prompt: str | None = None,
     ) -> ChatPromptBuilder:
         """A builder honouring ``model.chat_template`` (a file) and ``model.chat_template_kwargs`` of a ModelConfig."""
         template_file = getattr(model, "chat_template", None)

@@ -10,6 +10,7 @@ from typing import Any
 
 from roll_async.config.schema import PipelineConfig, config_to_yaml
 from roll_async.prompts.images import save_trajectory_images
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trajectory import Trajectory
 
 #: Vision trajectories per run whose images are kept as PNG (the first ones written).
@@ -64,7 +65,7 @@ class RunDirectory:
     def append_trajectories(
         self,
         trajectories: list[Trajectory],
-        tokenizer: Any | None = None,
+        tokenizer: ChatTokenizer | None = None,
         served_step: int | None = None,
         served_at: float | None = None,
     ) -> None:
@@ -98,7 +99,7 @@ class RunDirectory:
     def append_unserved(
         self,
         unserved: list[tuple[str, Trajectory]],
-        tokenizer: Any | None = None,
+        tokenizer: ChatTokenizer | None = None,
         step: int | None = None,
     ) -> None:
         """Episodes not trained on, one line each with ``fate`` (env_error, late, dropped_stale, filtered, dropped_errors,

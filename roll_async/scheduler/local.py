@@ -22,6 +22,7 @@ from roll_async.env_managers.worker import (
     build_env_managers,
 )
 from roll_async.errors import RolloutFatalError
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.scheduler.group_queue import GroupQueueManager
 from roll_async.scheduler.layout import rollout_layout
@@ -43,7 +44,7 @@ class LocalRolloutScheduler:
         spec: RolloutSpec,
         *,
         engines: EngineClient | Sequence[EngineClient],
-        tokenizer: Any,
+        tokenizer: ChatTokenizer,
         env_factory: EnvFactory | None = None,
         start_step: int = 0,
         version_base: int = 0,

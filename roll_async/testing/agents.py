@@ -8,8 +8,12 @@ from typing import Any
 
 import openai
 
+from roll_async.agent_gateway.task import AgentTask
 
-async def three_turn_agent(client: Any, task: Any) -> dict[str, Any]:
+
+async def three_turn_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """Three chat calls that extend one another (append-only history); reward 1.0."""
     served = [m.id for m in (await client.models.list()).data]
     assert served == [task.model], served
@@ -34,7 +38,7 @@ async def three_turn_agent(client: Any, task: Any) -> dict[str, Any]:
     return {"reward": 1.0, "metrics": {"turns_played": 3.0}}
 
 
-async def history_rewriting_agent(client: Any, task: Any) -> float:
+async def history_rewriting_agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
     """Call 1; call 2 replaces call 1's reply by a summary (a rewrite: new segment); call 3 extends call 2."""
     system = {"role": "system", "content": "You are a test agent."}
     first = [system, {"role": "user", "content": "Start."}]
@@ -60,7 +64,7 @@ async def history_rewriting_agent(client: Any, task: Any) -> float:
     return 0.5
 
 
-async def raising_agent(client: Any, task: Any) -> float:
+async def raising_agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
     """One call, then the agent's own code fails."""
     await client.chat.completions.create(
         model=task.model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4
@@ -68,7 +72,7 @@ async def raising_agent(client: Any, task: Any) -> float:
     raise RuntimeError("agent bug")
 
 
-async def idling_agent(client: Any, task: Any) -> float:
+async def idling_agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
     """One call, then the agent's own code hangs (longer than env_step_timeout_s)."""
     await client.chat.completions.create(
         model=task.model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4
@@ -77,7 +81,9 @@ async def idling_agent(client: Any, task: Any) -> float:
     return 0.0
 
 
-async def unservable_requests_agent(client: Any, task: Any) -> dict[str, Any]:
+async def unservable_requests_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """Sends requests the endpoint cannot serve; returns how each was answered (status codes), then plays one call."""
     statuses: dict[str, float] = {}
     messages = [{"role": "user", "content": "Hi."}]
@@ -184,7 +190,9 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
     )
 
 
-async def _tool_agent(client: Any, task: Any, stream: bool) -> dict[str, Any]:
+async def _tool_agent(
+    client: openai.AsyncOpenAI, task: AgentTask, stream: bool
+) -> dict[str, Any]:
     """Three calls with a function tool: every tool call gets a ``tool`` result, a plain reply a user turn."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a test agent."},
@@ -213,17 +221,21 @@ async def _tool_agent(client: Any, task: Any, stream: bool) -> dict[str, Any]:
     return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
 
 
-async def tool_agent(client: Any, task: Any) -> dict[str, Any]:
+async def tool_agent(client: openai.AsyncOpenAI, task: AgentTask) -> dict[str, Any]:
     """Three chat calls declaring a function tool; tool calls answered with tool results."""
     return await _tool_agent(client, task, stream=False)
 
 
-async def streaming_tool_agent(client: Any, task: Any) -> dict[str, Any]:
+async def streaming_tool_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """:func:`tool_agent` with ``stream=True`` (chunks put back together)."""
     return await _tool_agent(client, task, stream=True)
 
 
-async def responses_tool_agent(client: Any, task: Any) -> dict[str, Any]:
+async def responses_tool_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """:func:`tool_agent` through the Responses API: function_call items answered with function_call_output.
 
     Sent as the OpenAI Agents SDK's OpenAIResponsesModel sends it: a strict function tool (same schema as
@@ -269,7 +281,9 @@ async def responses_tool_agent(client: Any, task: Any) -> dict[str, Any]:
     return {"reward": 1.0, "metrics": {"tool_calls_seen": float(calls)}}
 
 
-async def tool_choice_agent(client: Any, task: Any) -> dict[str, Any]:
+async def tool_choice_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """One call with tool_choice=required; returns whether a call came back."""
     reply = await client.chat.completions.create(
         model=task.model,
@@ -288,7 +302,9 @@ async def tool_choice_agent(client: Any, task: Any) -> dict[str, Any]:
     }
 
 
-async def bad_tool_requests_agent(client: Any, task: Any) -> dict[str, Any]:
+async def bad_tool_requests_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """Requests the endpoint must refuse with a 400 naming the parameter; returns status + param per case."""
     messages = [{"role": "user", "content": "Hi."}]
     call = {
@@ -360,7 +376,9 @@ async def bad_tool_requests_agent(client: Any, task: Any) -> dict[str, Any]:
     return {"reward": 0.0, "metrics": metrics}
 
 
-async def streaming_responses_agent(client: Any, task: Any) -> dict[str, Any]:
+async def streaming_responses_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """One streamed Responses call with a function tool; returns what the event stream held."""
     tool = {"type": "function", **WEATHER_TOOL["function"]}
     kinds: list[str] = []
@@ -385,7 +403,9 @@ async def streaming_responses_agent(client: Any, task: Any) -> dict[str, Any]:
     }
 
 
-async def tool_choice_variants_agent(client: Any, task: Any) -> dict[str, Any]:
+async def tool_choice_variants_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """tool_choice none (tools declared, nothing parsed) then a named function (met)."""
     messages = [{"role": "user", "content": "Weather?"}]
     none = await client.chat.completions.create(
@@ -414,7 +434,9 @@ async def tool_choice_variants_agent(client: Any, task: Any) -> dict[str, Any]:
     }
 
 
-async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict[str, Any]:
+async def _agents_sdk_agent(
+    client: openai.AsyncOpenAI, task: AgentTask, model_class: str
+) -> dict[str, Any]:
     """A real OpenAI Agents SDK ``Agent`` with one ``@function_tool``, run by ``Runner.run`` (tracing off).
 
     ``task.env_config``: ``model_settings`` adds ``agents.ModelSettings`` fields (what the SDK then sends;
@@ -479,11 +501,15 @@ async def _agents_sdk_agent(client: Any, task: Any, model_class: str) -> dict[st
     return {"reward": 1.0, "metrics": metrics}
 
 
-async def agents_sdk_chat_agent(client: Any, task: Any) -> dict[str, Any]:
+async def agents_sdk_chat_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """The Agents SDK on ``OpenAIChatCompletionsModel`` over the session's client."""
     return await _agents_sdk_agent(client, task, "chat")
 
 
-async def agents_sdk_responses_agent(client: Any, task: Any) -> dict[str, Any]:
+async def agents_sdk_responses_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
     """The Agents SDK on its default model class (``OpenAIResponsesModel``) over the session's client."""
     return await _agents_sdk_agent(client, task, "responses")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from roll_async.prompts.tokenizers import ChatTokenizer
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -14,7 +15,7 @@ CHATML_TEMPLATE = (
 )
 
 
-def build_chatml_test_tokenizer(save_dir: str | Path | None = None) -> Any:
+def build_chatml_test_tokenizer(save_dir: str | Path | None = None) -> ChatTokenizer:
     """A byte-level BPE tokenizer (~350 tokens) with a ChatML template, trained in about a second, offline."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -31,7 +32,7 @@ def build_chatml_test_tokenizer(save_dir: str | Path | None = None) -> Any:
         "state s1t0 s2t1 s3t2 reward 0 1 2 3 4 5 6 7 8 9 the grid is ### #P# ...",
     ] * 20
     tok.train_from_iterator(corpus, trainer)
-    hf = PreTrainedTokenizerFast(
+    hf: ChatTokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",

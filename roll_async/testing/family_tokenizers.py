@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from roll_async.model.families import FAMILIES
+from roll_async.prompts.tokenizers import ChatTokenizer
 
 _CORPUS = (
     "user assistant system turn reply one two grid state <answer>Up</answer> You are an agent. "
@@ -14,7 +14,7 @@ _CORPUS = (
 
 
 @functools.cache
-def build_family_test_tokenizer(name: str) -> Any:
+def build_family_test_tokenizer(name: str) -> ChatTokenizer:
     """The family ``name``'s tokens and template on a 400-token BPE (cached per process)."""
     from tokenizers import (
         AddedToken,
@@ -40,7 +40,7 @@ def build_family_test_tokenizer(name: str) -> Any:
     tok.add_tokens(
         [AddedToken(t, special=False, normalized=False) for t in family.added_tokens]
     )
-    return PreTrainedTokenizerFast(
+    built: ChatTokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=family.eos_token,
         pad_token=family.pad_token,
@@ -48,3 +48,4 @@ def build_family_test_tokenizer(name: str) -> Any:
         chat_template=family.chat_template,
         clean_up_tokenization_spaces=False,
     )
+    return built

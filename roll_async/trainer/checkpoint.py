@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from roll_async.errors import CheckpointError, MissingFileError
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.runtime.tensor_groups import bytes_bounded_groups
 from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.hf_names import checkpoint_state_dict, tied_parameter_names
@@ -59,7 +60,7 @@ def write_checkpoint(
     *,
     model: Any,
     optimizer: torch.optim.Optimizer | None,
-    tokenizer: Any = None,
+    tokenizer: ChatTokenizer | None = None,
     trainer_state: dict[str, Any] | None = None,
     extra_state: dict[str, Any] | None = None,
     reference_model: Any = None,
@@ -138,7 +139,7 @@ def new_temp_sibling(target: Path) -> Path:
 
 def write_checkpoint_state(
     directory: Path,
-    tokenizer: Any,
+    tokenizer: ChatTokenizer | None,
     trainer_state: dict[str, Any] | None,
     extra_state: dict[str, Any] | None,
 ) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from roll_async.errors import InvalidInputError
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.sampling import SamplingSettings
 from roll_async.trajectory import Trajectory
 
@@ -82,7 +83,7 @@ class TrajectoryBatch:
             tensors["token_versions"] = self.token_versions
         return tensors
 
-    def to(self, device: Any) -> TrajectoryBatch:
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
         moved = {name: t.to(device) for name, t in self.tensors().items()}
         return TrajectoryBatch(
             **moved,
@@ -100,7 +101,7 @@ class TrajectoryBatch:
         )
 
 
-def padding_token_id(tokenizer: Any) -> int:
+def padding_token_id(tokenizer: ChatTokenizer | None) -> int:
     """The id to pad with: the tokenizer's pad token, else its EOS token, else 0.
 
     Padding is masked out of attention and loss, so any valid id serves; many

@@ -29,6 +29,7 @@ from roll_async.metrics import (
     TRAIN_TOKEN_LAG_MASKED_FRACTION,
     TRAIN_TOKEN_LAG_MAX,
 )
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.checkpoint import (
     load_trainer_checkpoint,
@@ -129,7 +130,7 @@ class GRPOTrainer:
         model_path: str | os.PathLike[str],
         *,
         trust_remote_code: bool = False,
-        tokenizer: Any = None,
+        tokenizer: ChatTokenizer | None = None,
         rank: RankInfo | None = None,
     ) -> None:
         if config.ppo_epochs < 1:
@@ -180,7 +181,7 @@ class GRPOTrainer:
         return self.policy.optimizer
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> ChatTokenizer | None:
         return self.policy.tokenizer
 
     @property

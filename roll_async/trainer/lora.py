@@ -24,7 +24,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -39,6 +39,9 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 #: The one adapter a LoRA run trains (peft's default name).
 ADAPTER_NAME = "default"
+
+#: A model passed through unchanged in type (a peft model stays one).
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
 def lora_enabled(config: LoraConfig) -> bool:
@@ -110,7 +113,7 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> Any:
     return get_peft_model(model, peft_config(config))
 
 
-def frozen_base_in(model: Any, dtype: torch.dtype) -> Any:
+def frozen_base_in(model: ModelT, dtype: torch.dtype) -> ModelT:
     """Cast the frozen (base) floating-point parameters to ``dtype``; the adapters stay float32.
 
     A frozen weight needs no float32 master copy: it never takes an optimizer
@@ -124,7 +127,7 @@ def frozen_base_in(model: Any, dtype: torch.dtype) -> Any:
     return model
 
 
-def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter weights under the names peft saves (``adapter_model.safetensors``), detached."""
     from peft import get_peft_model_state_dict
 
@@ -136,7 +139,9 @@ def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
     }
 
 
-def gathered_adapter_state_dict(model: Any, is_main: bool) -> dict[str, torch.Tensor]:
+def gathered_adapter_state_dict(
+    model: torch.nn.Module, is_main: bool
+) -> dict[str, torch.Tensor]:
     """fsdp2: :func:`adapter_state_dict` with every shard gathered, as CPU tensors on the main rank ({} elsewhere).
 
     Collective: every rank calls it (each adapter tensor is all-gathered in turn).
@@ -202,7 +207,9 @@ def adapters_off(model: Any) -> Iterator[None]:
         yield
 
 
-def load_adapter_weights(model: Any, directory: str | os.PathLike[str]) -> None:
+def load_adapter_weights(
+    model: torch.nn.Module, directory: str | os.PathLike[str]
+) -> None:
     """Copy a saved adapter (``adapter_model.safetensors``) into ``model`` in place (optimizer refs stay valid)."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file

@@ -9,7 +9,6 @@ formula) keep that correction and the batch aggregation in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -30,7 +29,7 @@ class TokenLogprobs:
 
 
 def token_logprobs(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None = None,

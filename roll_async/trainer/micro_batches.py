@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -96,7 +95,7 @@ def plan_micro_batches(
     return sorted(plan, key=lambda mb: mb.rows[0])
 
 
-def model_supports_packing(model: Any) -> bool:
+def model_supports_packing(model: torch.nn.Module) -> bool:
     """Whether ``model`` computes a packed sequence exactly as its rows one by one.
 
     True for a text-only HF model whose attention implementation honours the installed transformers'
@@ -118,7 +117,7 @@ def model_supports_packing(model: Any) -> bool:
 
 
 def packed_token_logprobs(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,

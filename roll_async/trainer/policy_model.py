@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from roll_async.config.sections import TrainerConfig
 from roll_async.config.validation import pure_low_precision_message
 from roll_async.errors import ConfigError
 from roll_async.prompts.images import VisionProcessor, model_is_vision_language
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer import lora as lora_adapters
 from roll_async.trainer.collate import TrajectoryBatch
 from roll_async.trainer.hf_names import checkpoint_state_dict, tied_parameter_names
@@ -90,7 +91,7 @@ class PolicyModel:
         model_path: str | os.PathLike[str],
         *,
         trust_remote_code: bool = False,
-        tokenizer: Any = None,
+        tokenizer: ChatTokenizer | None = None,
         rank: RankInfo | None = None,
     ) -> None:
         self.config = config
@@ -213,7 +214,7 @@ class PolicyModel:
 
     def forward(
         self,
-        model: Any,
+        model: torch.nn.Module,
         batch: TrajectoryBatch,
         mb: MicroBatch,
         score_mask: torch.Tensor,
@@ -281,7 +282,7 @@ class PolicyModel:
             enabled=self.compute_dtype != torch.float32 and self.rank is None,
         )
 
-    def reference_weights(self) -> Any:
+    def reference_weights(self) -> AbstractContextManager[None]:
         """The context the KL reference's forward runs in: the adapters off with LoRA, else nothing."""
         return lora_adapters.adapters_off(self.model) if self.lora else nullcontext()
 
@@ -366,13 +367,16 @@ class PolicyModel:
         return rank_memory(self.model, self.optimizer)
 
 
-def try_load_tokenizer(model_path: str, trust_remote_code: bool) -> Any:
+def try_load_tokenizer(
+    model_path: str, trust_remote_code: bool
+) -> ChatTokenizer | None:
     """The model's tokenizer, saved with checkpoints when there is one; None if the directory has none."""
     try:
         from transformers import AutoTokenizer  # heavy: loaded only when needed
 
-        return AutoTokenizer.from_pretrained(
+        tokenizer: ChatTokenizer = AutoTokenizer.from_pretrained(
             model_path, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError):
         return None
+    return tokenizer

@@ -8,8 +8,6 @@ the loss uses.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from roll_async.errors import InvalidInputError
@@ -19,7 +17,7 @@ from roll_async.trainer.losses import token_logprobs
 
 @torch.no_grad()
 def score_generated_tokens(
-    model: Any,
+    model: torch.nn.Module,
     prompt_token_ids: list[int],
     output_token_ids: list[int],
     sampling: SamplingSettings | None = None,

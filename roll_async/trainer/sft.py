@@ -17,6 +17,7 @@ import torch
 from roll_async.envs import make_env
 from roll_async.errors import InvalidInputError, SftDivergedError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer.losses import token_logprobs
 
 
@@ -49,7 +50,7 @@ def build_sft_examples(
     env_type: str,
     env_config: dict[str, Any] | None,
     seeds: Iterable[int],
-    tokenizer: Any,
+    tokenizer: ChatTokenizer,
     system_prompt: str | None,
     instruction_template: str = "{instruction}\n{observation}",
     observation_template: str = "{observation}",
@@ -165,7 +166,7 @@ def collate_sft(
     }
 
 
-def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def sft_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean negative log-likelihood over the batch's ``loss_mask`` tokens."""
     mask = batch["loss_mask"].bool()
     logp = token_logprobs(
