@@ -6,7 +6,9 @@ front-end only hears "EngineCore encountered an issue". This subclass runs in
 the EngineCore process (build_engine_args names it as vLLM's
 ``distributed_executor_backend`` where vLLM would use its multiprocess executor
 anyway) and records each worker that died by a signal before vLLM stops the
-rest, for its parent, the front-end (roll_async.engine.process_deaths).
+rest, for its parent, the front-end (roll_async.engine.process_deaths). It also
+forks those workers from the EngineCore process, which has no Ray, rather than
+spawning them (the spawn vLLM forces in the engine's Ray actor is inherited).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from multiprocessing.process import BaseProcess
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
 from roll_async.engine import process_deaths
+
+#: vLLM's setting for how its worker processes start (``spawn`` or ``fork``).
+WORKER_START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 def record_signal_deaths(procs: list[BaseProcess]) -> None:
@@ -42,3 +47,11 @@ class ExitRecordingExecutor(MultiprocExecutor):  # type: ignore[misc]  # vllm is
             record_signal_deaths(worker_procs)
         finally:
             MultiprocExecutor._ensure_worker_termination(worker_procs)
+
+    def _init_executor(self) -> None:
+        # This runs in the EngineCore process, which has neither Ray nor CUDA: its workers can be forked
+        # from it, as vLLM does outside Ray, instead of spawned (a fresh interpreter importing vLLM and
+        # torch again). "spawn" was forced in the engine's Ray actor, where it is needed, and inherited.
+        if os.environ.get(WORKER_START_METHOD) == "spawn":
+            os.environ[WORKER_START_METHOD] = "fork"
+        super()._init_executor()

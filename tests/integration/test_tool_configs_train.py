@@ -1,7 +1,7 @@
 """The shipped tool-using configs train end to end on the real CPU engine with the zoo Qwen2.5 (``tiny-qwen2_5``).
 
 ``configs/retrieval_qa_tools.yaml`` and ``configs/code_tools.yaml`` (envs that declare function tools,
-``action_format: tools``) each roll out and train 3 steps, and ``configs/agent_tool_calling.yaml`` (an
+``action_format: tools``) each roll out and train 2 steps, and ``configs/agent_tool_calling.yaml`` (an
 agent declaring a tool through the OpenAI client) trains one, all with small batches on one engine for
 the zoo model that the three runs share (each run gives it the trainer's weights first). A random-init
 model rarely writes a well-formed call, so the checks are on what every step must show: whole batches,
@@ -72,7 +72,7 @@ async def train(name: str, engine, tmp_path: Path, steps: int, *overrides: str):
 
 
 @pytest.mark.timeout(600)
-async def test_env_tool_configs_train_three_steps(zoo_engine, tmp_path):
+async def test_env_tool_configs_train_two_steps(zoo_engine, tmp_path):
     first_tool_name = {"retrieval_qa_tools": "search", "code_tools": "run_python"}
     for name, tag, tokens in (
         ("retrieval_qa_tools", "RetrievalQATools", 24),
@@ -82,7 +82,7 @@ async def test_env_tool_configs_train_three_steps(zoo_engine, tmp_path):
             name,
             zoo_engine,
             tmp_path,
-            3,
+            2,
             f"custom_envs.{tag}.max_steps=2",
             f"custom_envs.{tag}.max_tokens_per_step={tokens}",
         )

@@ -24,7 +24,7 @@ import pytest
 from pipelines.preflight import preflight
 from roll_async.config.schema import EngineConfig, PipelineConfig
 from roll_async.engine import cpu_bf16_probe as probe_module
-from roll_async.engine import engine_args, process_deaths
+from roll_async.engine import engine_args, exit_recording_executor, process_deaths
 from roll_async.engine.exit_recording_executor import ExitRecordingExecutor
 from roll_async.errors import ConfigError
 
@@ -178,3 +178,22 @@ def test_the_executor_records_a_worker_dead_by_sigill_for_its_parent():
         f"engine process VllmWorker-0 (pid {worker.pid}) died by SIGILL (illegal instruction"
     )
     assert not healthy.is_alive()
+
+
+def test_the_engine_core_forks_its_workers_though_its_ray_actor_had_to_spawn(
+    monkeypatch,
+):
+    """vLLM forces ``spawn`` in a Ray actor (the engine's host) and the EngineCore inherits it; the
+    EngineCore has no Ray, so the executor forks its workers from it (no second import of vLLM and torch)."""
+    from vllm.utils.system_utils import get_mp_context
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    started_with = []
+    monkeypatch.setenv(exit_recording_executor.WORKER_START_METHOD, "spawn")
+    monkeypatch.setattr(
+        MultiprocExecutor,
+        "_init_executor",
+        lambda self: started_with.append(get_mp_context().get_start_method()),
+    )
+    ExitRecordingExecutor._init_executor(object.__new__(ExitRecordingExecutor))
+    assert started_with == ["fork"]
