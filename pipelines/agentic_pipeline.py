@@ -39,7 +39,7 @@ from roll_async.errors import ConfigError
 from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.batch_sources import BatchSource, ReplaySource, RolloutSource
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
-from roll_async.pipelines.preflight import preflight, used_tags
+from roll_async.pipelines.preflight import import_user_code, preflight, used_tags
 from roll_async.pipelines.step_actions import (
     CheckpointAndExport,
     StepAction,
@@ -410,6 +410,9 @@ class AgenticPipeline:
         configure_console(config.logging.level)
         if config.replay.from_dir:
             self.replay_steps = saved_steps(config.replay.from_dir)
+        # User modules are imported here, on the loop's (main) thread, where one that sets a signal handler at
+        # import time can, and gets roll-async's Ctrl-C handling put back; in preflight's thread it could not.
+        import_user_code(config)
         await self.interrupt.race(asyncio.to_thread(self._preflight))
         # Before the trainer: ranks or a trainer actor start Ray, whose workers log into RUN_DIR/logs.
         self.run_dir = RunDirectory.create(config.output_dir, f"train-{config.mode}")

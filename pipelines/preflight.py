@@ -4,11 +4,15 @@ validate_config() covers rules between fields; this covers what only building th
 pieces can tell: an env_config an env rejects, a model path that does not exist,
 a tokenizer without a chat template, a template that cannot be used turn by turn, an
 architecture the trainer or vLLM cannot load. Each failure names the key and the fix.
+The user code a config names (env classes, agent functions, a custom trainer) is imported first, by
+:func:`import_user_code`, on the caller's thread; an error inside that code is a ``UserCodeError``
+(shown with its traceback), never a config error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +21,14 @@ from typing import Any
 from roll_async.agent_gateway.errors import OpenAIError
 from roll_async.agent_gateway.task import load_agent_function
 from roll_async.agent_gateway.tool_calls import ToolCallParser
+from roll_async.config.dotted_paths import calling_user_code, resolve_dotted
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
 from roll_async.engine.engine_args import engine_dtype
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
+from roll_async.envs.registry import names_user_class
 from roll_async.errors import (
     ChatTemplateError,
     ConfigError,
@@ -40,6 +46,7 @@ from roll_async.prompts.images import (
 from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
 from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.trainer.checkpoint import read_checkpoint_state, resolve_resume_dir
+from roll_async.trainer.factory import load_trainer_class
 from roll_async.trainer.lora import (
     check_target_modules,
     lora_enabled,
@@ -58,8 +65,39 @@ def used_tags(config: PipelineConfig) -> list[str]:
     return sorted(used)
 
 
+def import_user_code(config: PipelineConfig) -> None:
+    """Import every module of user code the config names: env classes of in-process tags, agents, ``trainer_cls``.
+
+    Call it on the main thread (``preflight`` does; the train pipeline calls it on its loop's thread before
+    preflight's worker thread): only there may a module set a signal handler at import time, and only there
+    can roll-async put its own SIGINT/SIGTERM handling back (``resolve_dotted``). The modules stay imported,
+    so later imports in any thread are lookups. Env servers' and isolated (``isolation: process``) tags'
+    envs are imported where they run, not here.
+    """
+    for tag in used_tags(config):
+        spec = config.custom_envs[tag]
+        if spec.agent:
+            load_agent_function(spec.agent, f"custom_envs.{tag}.agent")
+            continue
+        if spec.service_url or spec.isolation == "process":
+            continue
+        paths = [("env_type", spec.env_type)]
+        inner = spec.env_config.get("inner_env_type")
+        if isinstance(inner, str):
+            paths.append(("env_config.inner_env_type", inner))
+        for key, path in paths:
+            if names_user_class(path):
+                resolve_dotted(path, f"custom_envs.{tag}.{key}={path!r}")
+    if config.trainer.trainer_cls:
+        load_trainer_class(config.trainer.trainer_cls)
+
+
 def check_envs(config: PipelineConfig) -> None:
-    """Build and reset one env per used tag; any error names ``custom_envs.<tag>``."""
+    """Build and reset one env per used tag; any error names ``custom_envs.<tag>``.
+
+    An exception raised by a user env class (``env_type: package.module:Class``) while it is built or reset
+    is the user's: a ``UserCodeError`` naming ``custom_envs.<tag>.env_type``, with the original's traceback.
+    """
     for tag in used_tags(config):
         spec = config.custom_envs[tag]
         if spec.agent:
@@ -71,14 +109,30 @@ def check_envs(config: PipelineConfig) -> None:
         if spec.service_url or spec.isolation == "process":
             check_env_out_of_process(tag, spec, config)
             continue
-        try:
+        check_env_in_process(tag, spec, config)
+
+
+def check_env_in_process(
+    tag: str, spec: CustomEnvConfig, config: PipelineConfig
+) -> None:
+    """Build, reset and close one env of ``tag`` here; a user class's own exception is a ``UserCodeError``."""
+    key = f"custom_envs.{tag}.env_type={spec.env_type!r}"
+    user = names_user_class(spec.env_type)
+
+    def user_call(call: str) -> contextlib.AbstractContextManager[None]:
+        return calling_user_code(key, call) if user else contextlib.nullcontext()
+
+    try:
+        with user_call("its constructor with env_config"):
             env = make_env(spec.env_type, dict(spec.env_config))
+        with user_call(f"reset(seed={config.seed})"):
             env.reset(seed=config.seed)
-            close = getattr(env, "close", None)
-            if callable(close):
+        close = getattr(env, "close", None)
+        if callable(close):
+            with user_call("close()"):
                 close()
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"custom_envs.{tag}: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"custom_envs.{tag}: {exc}") from None
 
 
 def check_env_out_of_process(
@@ -360,6 +414,7 @@ def check_engine_dtypes(config: PipelineConfig) -> None:
 
 def preflight(config: PipelineConfig) -> tuple[str, Any]:
     """Run every pre-actor check; returns the resolved model path and its tokenizer."""
+    import_user_code(config)
     check_engine_dtypes(config)
     check_envs(config)
     check_rewards(config)

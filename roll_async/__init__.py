@@ -37,6 +37,7 @@ from roll_async.errors import (
     TaskGenerationError,
     TrainerRankTimeoutError,
     UnsupportedHostError,
+    UserCodeError,
     VisionInputError,
     WeightSyncError,
 )
@@ -84,6 +85,7 @@ __all__ = [
     # errors
     "RollAsyncError",
     "ConfigError",
+    "UserCodeError",
     "InvalidInputError",
     "InvalidTypeError",
     "ParseError",

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Literal
 
+from roll_async.errors import ConfigError, UserCodeError
+
 
 def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from roll_async.model.tiny_vl import build_tiny_vl_family
@@ -64,10 +66,10 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
 
     Loads and validates the config, resolves the model (building the offline tiny model if missing), checks
     its architecture, tokenizer, chat template and images, and builds one env per tag (the pipelines' own
-    ``preflight``). Prints one OK line and returns 0, or the error and 1.
+    ``preflight``). Prints one OK line and returns 0, or the error and 1 (an error raised by user code: its
+    traceback first).
     """
     from roll_async.config.schema import load_config
-    from roll_async.errors import ConfigError
     from roll_async.pipelines.preflight import preflight, used_tags
 
     try:
@@ -75,6 +77,9 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
         model_path, _ = preflight(config)
     except ConfigError as exc:
         print(f"roll-async: {args.config}: config error: {exc}", file=sys.stderr)
+        return 1
+    except UserCodeError as exc:
+        _print_user_code_error(exc, f"{args.config}: ")
         return 1
     except Exception as exc:
         # the check reports every failure as a result, not a traceback
@@ -98,6 +103,12 @@ def _check(args: argparse.Namespace, command: Literal["train", "rollout"]) -> in
         f"envs {', '.join(used_tags(config))}{rewards}, {work} (checked; nothing started)"
     )
     return 0
+
+
+def _print_user_code_error(exc: UserCodeError, where: str = "") -> None:
+    """The user's own traceback (from their first frame), then one line naming the config key that led to it."""
+    print(exc.user_traceback(), end="", file=sys.stderr)
+    print(f"roll-async: {where}error in user code: {exc}", file=sys.stderr)
 
 
 def _rerun_command(
@@ -378,8 +389,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from roll_async.errors import ConfigError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     _importable_from_working_directory()
@@ -392,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"roll-async: config error: {exc}", file=sys.stderr)
         return 2
+    except UserCodeError as exc:
+        # the user's bug, not the config's: their traceback, and 1 as for any failure (2 is a config error)
+        _print_user_code_error(exc)
+        return 1
     except FileNotFoundError as exc:
         print(f"roll-async: {exc}", file=sys.stderr)
         return 2

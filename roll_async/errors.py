@@ -6,6 +6,9 @@ are defined there.
 
 from __future__ import annotations
 
+import traceback
+from types import TracebackType
+
 
 class RollAsyncError(Exception):
     """Base of every error below."""
@@ -16,6 +19,49 @@ class RollAsyncError(Exception):
 
 class ConfigError(RollAsyncError, ValueError):
     """A config mistake; the message names the key and the fix."""
+
+
+# -- user code -------------------------------------------------------------------------------------------
+
+
+class UserCodeError(RollAsyncError):
+    """User code a config names (an env class, an agent, a trainer) raised while roll-async imported or called it.
+
+    Not a config mistake, so never shown as one: the original exception is the ``__cause__``, with its own
+    traceback (:meth:`user_traceback`), and the message names the config key that pointed at the code and the
+    original ``Type: message``. A path that names no module or attribute stays a :class:`ConfigError`.
+    """
+
+    def __init__(self, key: str, action: str, original: BaseException) -> None:
+        self.key = key
+        self.action = action
+        self.original = original
+        super().__init__(
+            f"{key}: {action} raised {type(original).__name__}: {original} "
+            "(an error in that code, not in the config; its traceback shows where)"
+        )
+
+    def __reduce__(self) -> tuple[type[UserCodeError], tuple[str, str, BaseException]]:
+        # pickled by its fields (a Ray actor may raise it), not by the one message Exception would pass
+        return (type(self), (self.key, self.action, self.original))
+
+    def user_traceback(self) -> str:
+        """The original exception with its traceback from the first frame outside roll-async: the user's frames."""
+        tb = self.original.__traceback__
+        first = tb
+        while first is not None and _roll_async_frame(first):
+            first = first.tb_next
+        return "".join(
+            traceback.format_exception(
+                type(self.original), self.original, first if first is not None else tb
+            )
+        )
+
+
+def _roll_async_frame(tb: TracebackType) -> bool:
+    """A frame of roll-async itself or of importlib (the import machinery between it and a user module)."""
+    module = str(tb.tb_frame.f_globals.get("__name__", ""))
+    return module.split(".")[0] in ("roll_async", "importlib")
 
 
 # -- inputs ----------------------------------------------------------------------------------------------

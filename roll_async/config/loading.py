@@ -1,9 +1,11 @@
 """Reading a config: YAML files with their ``defaults`` includes, ``key=value`` overrides, and clear errors.
 
-Loading order: the YAML's ``defaults`` list (paths relative to the YAML, merged first to last), then the
-YAML itself, then the overrides. A key that is not in the schema fails with a did-you-mean suggestion (or
-the sections where it exists), a wrong word for a ``Literal`` key with its choices, and the loaded config
-then passes :func:`~roll_async.config.validation.validate_config` before any actor starts.
+Loading order: the YAML's ``defaults`` list (merged first to last), then the YAML itself, then the overrides.
+An include is looked up next to the file that includes it, then in the repository's ready ``configs/`` (so
+``defaults: [base]`` works from a config anywhere); a missing one fails listing every path tried. A key that
+is not in the schema fails with a did-you-mean suggestion (or the sections where it exists), a wrong word
+for a ``Literal`` key with its choices, and the loaded config then passes
+:func:`~roll_async.config.validation.validate_config` before any actor starts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from roll_async.config.field_checks import check_fields, did_you_mean
 from roll_async.config.sections import CustomEnvConfig, PipelineConfig, RewardConfig
 from roll_async.config.validation import validate_config
 from roll_async.errors import ConfigError
+
+#: The repository's ``configs/``, where ``defaults: [base]`` finds ``base.yaml`` from a config anywhere. It sits
+#: next to the package in a source checkout (or an editable install); a wheel does not ship it.
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _schema_keys(node: Any) -> list[str]:
@@ -52,15 +58,39 @@ def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> DictCon
     for entry in defaults:
         if entry == "_self_":
             continue
-        base = path.parent / str(entry)
-        if base.suffix not in (".yaml", ".yml"):
-            base = base.with_suffix(".yaml")
+        base = _find_include(str(entry), path)
         # mappings merged into a mapping: a DictConfig
         merged = cast(
             DictConfig,
             OmegaConf.merge(merged, _load_yaml_with_defaults(base, seen + (path,))),
         )
     return cast(DictConfig, OmegaConf.merge(merged, raw))
+
+
+def _find_include(entry: str, including: Path) -> Path:
+    """The file a ``defaults`` entry names: next to ``including`` first, then in the shipped configs/."""
+    name = Path(entry)
+    if name.suffix not in (".yaml", ".yml"):
+        name = name.with_suffix(".yaml")
+    tried: list[
+        Path
+    ] = []  # one entry for an absolute name, or for a config inside configs/ itself
+    for folder in (including.parent, SHIPPED_CONFIGS):
+        candidate = (folder / name).resolve()
+        if candidate not in tried:
+            tried.append(candidate)
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    shipped = (
+        ""
+        if SHIPPED_CONFIGS.is_dir() or name.is_absolute()
+        else f" (roll-async's configs/ is not in this install, only in a source checkout: {SHIPPED_CONFIGS})"
+    )
+    raise ConfigError(
+        f"config {str(including)!r}: the include {entry!r} (defaults) was not found; looked for "
+        f"{', '.join(repr(str(c)) for c in tried)}{shipped}. Put it next to the config or fix the name"
+    )
 
 
 def _yaml_error_line(path: Path, exc: yaml.YAMLError) -> str:

@@ -93,6 +93,15 @@ def registered_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def names_user_class(env_type: str) -> bool:
+    """True when ``env_type`` is a ``package.module:Class`` path: user code, not a registered name or an adapter."""
+    return (
+        env_type not in _REGISTRY
+        and ":" in env_type
+        and split_adapter_env_type(env_type) is None
+    )
+
+
 def resolve_env_class(env_type: str) -> type[Any]:
     """The class for a registered name, an adapter prefix or a ``package.module:ClassName`` path."""
     if env_type in _REGISTRY:
@@ -153,6 +162,18 @@ def _check_kwargs(
     init: Callable[..., Any], kwargs: dict[str, Any], env_type: str
 ) -> None:
     params = list(inspect.signature(init).parameters.values())[1:]  # drop self
+    required = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and p.name not in kwargs
+    ]
+    if required:
+        # a config mistake, said here rather than as the TypeError the constructor call would raise
+        raise ConfigError(
+            f"{env_type} needs env_config key(s) {', '.join(required)}: its constructor has no default for them"
+        )
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return
     accepted = [
