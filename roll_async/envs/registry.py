@@ -28,6 +28,7 @@ from roll_async.envs.faulty import FaultyEnv
 from roll_async.envs.frozen_lake import FrozenLakeEnv
 from roll_async.envs.longtail import LongTailEnv
 from roll_async.envs.math_qa import MathQAEnv
+from roll_async.envs.multiplayer.registry import check_seats
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
 from roll_async.envs.sokoban import SokobanEnv
@@ -115,7 +116,9 @@ def resolve_env_class(env_type: str) -> type[Any]:
             raise ConfigError(
                 f"env_type {env_type!r} names {obj!r}, which is not a class"
             )
+        check_seats(env_type, "env_type", env_class=obj)
         return obj
+    check_seats(env_type, "env_type")
     raise ConfigError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
         "or give a dotted path 'package.module:ClassName' or an adapter 'gymnasium:<EnvId>', "

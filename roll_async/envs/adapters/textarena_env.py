@@ -20,7 +20,46 @@ NETWORKED_GAMES: dict[str, str] = {
     "WordSearch": "downloads NLTK word lists",
     "TwentyQuestions": "calls an LLM game master through OpenRouter",
     "GuessWho": "calls an LLM game master through OpenRouter",
+    "Codenames": "downloads NLTK word lists",
+    "DontSayIt": "downloads NLTK word lists",
+    "LetterAuction": "downloads NLTK word lists",
+    "SpellingBee": "downloads NLTK word lists",
+    "WordChains": "downloads NLTK word lists",
+    "Debate": "calls an LLM jury through OpenRouter",
+    "ScenarioPlanning": "calls an LLM jury through OpenRouter",
 }
+
+
+def load_textarena_game(
+    env_id: str, allow_network: bool, make_kwargs: dict[str, Any]
+) -> tuple[Any, Any]:
+    """``(textarena, game)``: the game object below TextArena's wrappers, refused when it reaches the network.
+
+    Shared by the single-player env and the multi-player game adapter, so both refuse the
+    same ids with the same lines.
+    """
+    env_type = f"textarena:{env_id}"
+    ta = import_optional("textarena", "textarena", env_type)
+    from textarena.envs.registration import ENV_REGISTRY
+
+    if env_id not in ENV_REGISTRY:
+        raise unknown_name_error("TextArena", env_type, env_id, ENV_REGISTRY)
+    family = env_id.split("-v")[0]
+    if family in NETWORKED_GAMES and not allow_network:
+        raise ConfigError(
+            f"env_type {env_type!r} {NETWORKED_GAMES[family]}, so it does not run offline; "
+            "set env_config.allow_network: true if this machine may reach the network"
+        )
+    try:
+        game = ta.make(env_id, **make_kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"env_type {env_type!r}: textarena.make rejected env_config {make_kwargs}: {exc}"
+        ) from None
+    # below the wrappers: the raw observation tuples
+    while isinstance(game, ta.Wrapper):
+        game = game.env
+    return ta, game
 
 
 class TextArenaEnv:
@@ -44,10 +83,12 @@ class TextArenaEnv:
       (``invalid_move`` this turn, ``invalid_moves`` so far in ``info["metrics"]``);
       TextArena itself ends the game after its error allowance.
 
-    Multi-player games are refused with a clear error. Some single-player games
-    reach the network (Wordle, Hangman, WordLadder and WordSearch download NLTK
-    word lists on first use; TwentyQuestions and GuessWho call an LLM through
-    OpenRouter): they are refused unless ``allow_network: true`` is given.
+    Multi-player games are refused here with a clear error (they are played through
+    the seat contract: :class:`~roll_async.envs.adapters.textarena_game.TextArenaGame`).
+    Some games reach the network (Wordle, Hangman, WordLadder and WordSearch download
+    NLTK word lists on first use; TwentyQuestions and GuessWho call an LLM through
+    OpenRouter; ``NETWORKED_GAMES`` lists them, multi-player ones included): they are
+    refused unless ``allow_network: true`` is given.
     Offline, checked: GuessTheNumber, Minesweeper, TowerOfHanoi, FrozenLake,
     Sudoku, Mastermind, LightsOut, Countdown, FifteenPuzzle, Sokoban, Crosswords,
     Bandit, Blackjack, RushHour, PegJump, Set, Secretary, 2048, Cryptarithm,
@@ -57,30 +98,8 @@ class TextArenaEnv:
     def __init__(
         self, env_id: str, *, allow_network: bool = False, **make_kwargs: Any
     ) -> None:
-        env_type = f"textarena:{env_id}"
-        ta = import_optional("textarena", "textarena", env_type)
-        from textarena.envs.registration import ENV_REGISTRY
-
-        if env_id not in ENV_REGISTRY:
-            raise unknown_name_error("TextArena", env_type, env_id, ENV_REGISTRY)
-        family = env_id.split("-v")[0]
-        if family in NETWORKED_GAMES and not allow_network:
-            raise ConfigError(
-                f"env_type {env_type!r} {NETWORKED_GAMES[family]}, so it does not run offline; "
-                "set env_config.allow_network: true if this machine may reach the network"
-            )
+        ta, self.game = load_textarena_game(env_id, allow_network, make_kwargs)
         self.env_id = env_id
-        try:
-            game = ta.make(env_id, **make_kwargs)
-        except TypeError as exc:
-            raise ConfigError(
-                f"env_type {env_type!r}: textarena.make rejected env_config {make_kwargs}: {exc}"
-            ) from None
-        while isinstance(
-            game, ta.Wrapper
-        ):  # below the wrappers: the raw observation tuples
-            game = game.env
-        self.game = game
         self._prompt_type = ta.ObservationType.PROMPT
         self._action_type = ta.ObservationType.PLAYER_ACTION
         self.invalid_moves = 0
@@ -93,7 +112,8 @@ class TextArenaEnv:
         except AssertionError as exc:
             raise ConfigError(
                 f"env_type 'textarena:{self.env_id}' is not a single-player game ({exc}); the textarena adapter "
-                "plays single-player games such as GuessTheNumber-v0, Minesweeper-v0, TowerOfHanoi-v0"
+                "plays single-player games such as GuessTheNumber-v0, Minesweeper-v0, TowerOfHanoi-v0; "
+                "multi-player games are played through roll_async.envs.multiplayer.make_game"
             ) from None
         self._count_invalid_moves()
         self.invalid_moves = 0

@@ -1,0 +1,47 @@
+"""Games with seats: the contract for N players taking turns (one observation per seat, per-seat rewards), two built-in games, scripted players and the registry that builds games by name.
+
+Only the games exist so far: a ``custom_envs`` tag still plays one seat, and nothing
+schedules the seats of one game across episodes yet.
+"""
+
+from roll_async.envs.multiplayer.base import (
+    Game,
+    GameOutcome,
+    SeatObservation,
+    TurnResult,
+)
+from roll_async.envs.multiplayer.kuhn_poker import KuhnPoker
+from roll_async.envs.multiplayer.match import play_match
+from roll_async.envs.multiplayer.players import (
+    HEURISTICS,
+    Player,
+    kuhn_poker_heuristic,
+    random_player,
+    tic_tac_toe_heuristic,
+)
+from roll_async.envs.multiplayer.referee import GameConfig
+from roll_async.envs.multiplayer.registry import (
+    check_seats,
+    make_game,
+    registered_games,
+)
+from roll_async.envs.multiplayer.tic_tac_toe import TicTacToe
+
+__all__ = [
+    "HEURISTICS",
+    "Game",
+    "GameConfig",
+    "GameOutcome",
+    "KuhnPoker",
+    "Player",
+    "SeatObservation",
+    "TicTacToe",
+    "TurnResult",
+    "check_seats",
+    "kuhn_poker_heuristic",
+    "make_game",
+    "play_match",
+    "random_player",
+    "registered_games",
+    "tic_tac_toe_heuristic",
+]
