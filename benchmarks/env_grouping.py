@@ -855,7 +855,7 @@ async def _ceiling_for(
 async def start_engine(bench: BenchConfig) -> BenchContext:
     from roll_async.config.schema import EngineConfig
     from roll_async.model.paths import resolve_model_path
-    from roll_async.prompts.prompt_builder import load_tokenizer
+    from roll_async.prompts.tokenizers import load_tokenizer
 
     model_path = resolve_model_path(bench.model)
     tokenizer = load_tokenizer(model_path)

@@ -188,7 +188,7 @@ async def run_one(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.sim_engine import SimEngine
     from roll_async.config.rollout_spec import rollout_spec
     from roll_async.model.paths import resolve_model_path
-    from roll_async.prompts.prompt_builder import load_tokenizer
+    from roll_async.prompts.tokenizers import load_tokenizer
     from roll_async.runtime.gc_tuning import tune_gc_for_env_loops
     from roll_async.scheduler.local import LocalRolloutScheduler
 

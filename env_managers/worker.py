@@ -37,8 +37,8 @@ from roll_async.prompts.images import (
     is_vision_tag,
     observation_encoder,
 )
-from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
-from roll_async.prompts.tokenizers import ChatTokenizer
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import ChatTokenizer, load_tokenizer
 from roll_async.rewards.reward_services import RewardService
 from roll_async.rewards.scorer import EpisodeRewardScorer
 from roll_async.runtime import node_files, sched_policy

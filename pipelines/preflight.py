@@ -43,8 +43,8 @@ from roll_async.prompts.images import (
     model_is_vision_language,
     observation_encoder,
 )
-from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
-from roll_async.prompts.tokenizers import ChatTokenizer
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import ChatTokenizer, load_tokenizer
 from roll_async.trainer.checkpoint import read_checkpoint_state, resolve_resume_dir
 from roll_async.trainer.factory import load_trainer_class
 from roll_async.trainer.lora import (

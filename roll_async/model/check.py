@@ -23,8 +23,8 @@ from roll_async.config.schema import EngineConfig, TrainerConfig
 from roll_async.engine.router import EngineClient
 from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.errors import ChatTemplateError, EngineStartupError, MissingFileError
-from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
-from roll_async.prompts.tokenizers import ChatTokenizer
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import ChatTokenizer, load_tokenizer
 from roll_async.sampling import SamplingSettings
 from roll_async.trainer.collate import collate_trajectories, padding_token_id
 from roll_async.trainer.grpo_trainer import GRPOTrainer

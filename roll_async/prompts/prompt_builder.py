@@ -17,10 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from roll_async.config.sections import ModelConfig
 from roll_async.errors import ChatTemplateError, InvalidInputError
-
-# load_tokenizer lives in roll_async.prompts.tokenizers; importable from here as before.
 from roll_async.prompts.tokenizers import ChatTokenizer
-from roll_async.prompts.tokenizers import load_tokenizer as load_tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

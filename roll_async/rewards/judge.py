@@ -23,8 +23,7 @@ from roll_async.engine.engine_actor import engine_clients, launch_engines
 from roll_async.engine.router import EngineClient
 from roll_async.errors import EngineRequestError, InvalidInputError
 from roll_async.model import build_tiny_model
-from roll_async.prompts.prompt_builder import load_tokenizer
-from roll_async.prompts.tokenizers import ChatTokenizer
+from roll_async.prompts.tokenizers import ChatTokenizer, load_tokenizer
 from roll_async.rewards.episode_text import EpisodeText
 from roll_async.rewards.model_call import BoundedModelCaller, ModelScore, RewardCounters
 from roll_async.trajectory import GenerationRequest

@@ -77,7 +77,7 @@ async def family(request):
     """(name, model path, engine, trainer, tokenizer) for one family; the engine starts once, in this process
     (no Ray actor: one process less to start on a loaded machine)."""
     from roll_async.engine.vllm_engine import VLLMEngine
-    from roll_async.prompts.prompt_builder import load_tokenizer
+    from roll_async.prompts.tokenizers import load_tokenizer
     from roll_async.trainer.grpo_trainer import GRPOTrainer
 
     name = request.param

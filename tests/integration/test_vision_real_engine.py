@@ -21,7 +21,8 @@ from roll_async.config.schema import (
 from roll_async.env_managers.env_manager import EnvManager, EnvManagerSettings
 from roll_async.envs import make_env
 from roll_async.prompts.images import ObservationEncoder, VisionProcessor
-from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import load_tokenizer
 from roll_async.trajectory import EpisodeSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

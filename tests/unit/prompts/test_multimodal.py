@@ -21,7 +21,8 @@ from roll_async.prompts.images import (
     VisionProcessor,
     compact_prompt,
 )
-from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
+from roll_async.prompts.tokenizers import load_tokenizer
 from roll_async.testing.fake_engine import FakeEngine
 from roll_async.trajectory import EpisodeSpec
 

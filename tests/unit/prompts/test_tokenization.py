@@ -154,7 +154,7 @@ def test_works_with_the_project_tiny_model_tokenizer(tokenizer):
 def test_load_tokenizer_fast_path_matches_auto_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 
-    from roll_async.prompts.prompt_builder import load_tokenizer
+    from roll_async.prompts.tokenizers import load_tokenizer
 
     fast = load_tokenizer(str(tiny_model_path))
     auto = AutoTokenizer.from_pretrained(tiny_model_path)

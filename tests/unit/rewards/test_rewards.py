@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from roll_async import metrics
 from roll_async.errors import ConfigError
-from roll_async.prompts.prompt_builder import load_tokenizer
+from roll_async.prompts.tokenizers import load_tokenizer
 from roll_async.rewards import (
     EpisodeRewardScorer,
     EpisodeText,

@@ -9,7 +9,7 @@ import pytest
 
 from roll_async.engine.vllm_engine import VLLMEngine
 from roll_async.errors import EngineStartupError
-from roll_async.prompts.prompt_builder import load_tokenizer
+from roll_async.prompts.tokenizers import load_tokenizer
 from roll_async.runtime.node_files import local_dir, model_files, tokenizer_files
 from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 

@@ -403,7 +403,8 @@ def test_a_vision_language_model_falls_back_to_padded_budget_micro_batches(caplo
     from roll_async.envs import make_env
     from roll_async.model.tiny_vl import build_tiny_vl_model
     from roll_async.prompts.images import ObservationEncoder, VisionProcessor
-    from roll_async.prompts.prompt_builder import ChatPromptBuilder, load_tokenizer
+    from roll_async.prompts.prompt_builder import ChatPromptBuilder
+    from roll_async.prompts.tokenizers import load_tokenizer
 
     path = str(build_tiny_vl_model())
     builder = ChatPromptBuilder(load_tokenizer(path), "You solve puzzles.")
