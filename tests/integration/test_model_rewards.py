@@ -207,8 +207,10 @@ async def test_a_per_turn_judge_scores_each_stepped_turn(
 async def test_a_judge_that_never_answers_is_timed_out_and_the_episodes_arrive(
     tmp_path, engine, tiny_model_path, judge_handles
 ):
-    # 700 tokens cannot come back in 20 ms: every call times out (and its request is aborted).
-    reward = judge_config(timeout_s=0.02, max_tokens=700)
+    # No answer comes back within 1 ms, not even one that ends at its first token (the judge is a Ray
+    # actor hosting vLLM: one request's round trip is longer): every call times out and is aborted.
+    # (20 ms was not enough: a reply of EOS alone came back in time on a quiet machine.)
+    reward = judge_config(timeout_s=0.001, max_tokens=700)
     config = math_config(tmp_path)
     service = RewardService(tag="Math", config=reward, handles=judge_handles)
     batch, batch_metrics, counters = await rollout_with_judge(
