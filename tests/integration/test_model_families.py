@@ -64,8 +64,14 @@ class RecordingClient:
         self.calls: list[tuple[GenerationRequest, GenerationResult]] = []
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result = await self.engine.generate(request)
+        result = self.rewrite(request, await self.engine.generate(request))
         self.calls.append((request, result))
+        return result
+
+    def rewrite(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> GenerationResult:
+        """What the caller gets instead of the engine's result (and what is recorded): the result itself."""
         return result
 
     async def abort(self, request_ids: list[str]) -> None:
@@ -306,30 +312,26 @@ TOOL_FAMILIES = ("qwen2_5", "llama3", "mistral")
 AGENTS = ("tool_agent", "streaming_tool_agent", "responses_tool_agent")
 
 
-class ForcingRecorder:
+class ForcingRecorder(RecordingClient):
     """The family's engine as an EngineClient: records every call; a first call's output is the forced tool call."""
 
     def __init__(self, engine, forced: list[int]) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.forced = forced
-        self.calls: list[tuple[GenerationRequest, GenerationResult]] = []
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result = await self.engine.generate(request)
-        if "-t0-" in request.request_id and result.finish_reason != "abort":
-            n = len(self.forced)
-            result = dataclasses.replace(
-                result,
-                output_token_ids=list(self.forced),
-                logprobs=[-1.0] * n,
-                token_versions=[result.weight_version] * n,
-                finish_reason="stop",
-            )
-        self.calls.append((request, result))
-        return result
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.engine.abort(request_ids)
+    def rewrite(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> GenerationResult:
+        if "-t0-" not in request.request_id or result.finish_reason == "abort":
+            return result
+        n = len(self.forced)
+        return dataclasses.replace(
+            result,
+            output_token_ids=list(self.forced),
+            logprobs=[-1.0] * n,
+            token_versions=[result.weight_version] * n,
+            finish_reason="stop",
+        )
 
 
 def _agent_config(agent: str) -> PipelineConfig:
