@@ -243,3 +243,7 @@ class ZmqConnectError(RollAsyncError, RuntimeError):
 class CallConnectionLost(RollAsyncError, ConnectionError):
     """A call's connection to a live actor dropped before its answer came: the answer went to the old
     connection and is lost, so the call fails instead of waiting forever; an idempotent call may be retried."""
+
+
+class WorkspaceError(RollAsyncError, RuntimeError):
+    """An agent's workspace (a container or a local sandbox) died, stopped answering or could not start."""

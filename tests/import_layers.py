@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # what the loop drives: generation, training, rewards, models, env hosting, agents
     ("engine", "trainer", "rewards", "model", "env_service", "agent_gateway"),
     # building blocks
-    ("envs", "prompts", "runtime", "run_output"),
+    ("envs", "workspaces", "prompts", "runtime", "run_output"),
     # shared types and settings
     ("config", "trajectory", "metrics", "sampling"),
     # the errors every room raises
