@@ -50,7 +50,15 @@ class AgentEpisodeRunner:
 
     Stop reasons: ``terminated`` (the agent returned); ``max_steps`` /
     ``max_length`` (the session refused a call over ``custom_envs.<Tag>.max_steps``
-    or ``sequence_length``; the agent may still return a reward, else it is 0).
+    or ``sequence_length``). Such an episode is kept truncated, as env episodes
+    that reach a limit are: the last segment up to the refused call is token-exact
+    and trainable. An agent that catches the refusal (an OpenAI 400 with code
+    ``context_length_exceeded`` / ``max_steps_exceeded``) and returns keeps its
+    reward and metrics. One that lets it propagate (what agent frameworks do) has
+    no return value to keep: its reward is 0 and the episode is flagged
+    ``agent_unrewarded_limit`` (``rollout/agent_unrewarded_limits``), so an
+    overrun penalty is never silent; a later call that the session serves (the
+    agent trimmed its history) clears the limit.
     :meth:`run` raises :class:`AgentEpisodeError` (the caller records an
     ``env_error``) when the agent raised, returned something that is not a reward,
     made no model call, or spent longer than ``env_step_timeout_s`` between model
@@ -97,6 +105,7 @@ class AgentEpisodeRunner:
         await gateway.ensure_started()
 
         sampling_overrides = 0
+        unrewarded_limit = 0.0
 
         async def generate(
             prompt: list[int], max_tokens: int, sampling: Sampling, call: int
@@ -162,6 +171,7 @@ class AgentEpisodeRunner:
                 _fill(trajectory, session)
                 raise
             reward, metrics, stop_reason = 0.0, {}, session.limit_reason
+            unrewarded_limit = 1.0
         except ValueError as exc:  # agent_result: not a reward
             _fill(trajectory, session)
             raise AgentEpisodeError(str(exc)) from exc
@@ -182,6 +192,7 @@ class AgentEpisodeRunner:
         trajectory.metrics = {
             **_session_metrics(session),
             "agent_sampling_overrides": float(sampling_overrides),
+            "agent_unrewarded_limit": unrewarded_limit,
             **metrics,
         }
         trajectory.finished_at = time.time()
@@ -257,6 +268,7 @@ def _session_metrics(session: AgentSession) -> dict[str, float]:
         "agent_segments": float(len(session.segments)),
         "agent_segment_breaks": float(session.segment_breaks),
         "agent_dropped_generated_tokens": float(dropped),
+        "agent_echoes_by_meaning": float(session.echoes_by_meaning),
         "agent_tool_calls": float(session.tool_calls),
         "agent_tool_parse_errors": float(session.tool_parse_errors),
         "agent_tool_choice_unmet": float(session.tool_choice_unmet),

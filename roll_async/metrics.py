@@ -57,6 +57,10 @@ AGENT_TOOL_PARSE_ERRORS = "rollout/agent_tool_parse_errors"
 AGENT_TOOL_CHOICE_UNMET = "rollout/agent_tool_choice_unmet"
 #: Agent sessions: parsed tool calls returned to agents (summed).
 AGENT_TOOL_CALLS = "rollout/agent_tool_calls"
+#: Agent sessions: extending calls whose echoed assistant turns matched by meaning, not bytes (summed).
+AGENT_ECHOES_BY_MEANING = "rollout/agent_echoes_by_meaning"
+#: Agent episodes cut by max_steps / sequence_length whose agent raised instead of returning: reward 0 (summed).
+AGENT_UNREWARDED_LIMITS = "rollout/agent_unrewarded_limits"
 #: Share of checked trajectories whose ids differ from a fresh render of their text (template rewrites history).
 PREFIX_MISMATCH_RATE = "rollout/prefix_mismatch_rate"
 #: Per-trajectory flag (Trajectory.metrics key) set by EnvManagers on every PREFIX_CHECK_EVERY_EPISODES-th episode.
@@ -298,6 +302,12 @@ def rollout_metrics(
         ),
         AGENT_TOOL_CALLS: float(
             sum(t.metrics.get("agent_tool_calls", 0.0) for t in batch)
+        ),
+        AGENT_ECHOES_BY_MEANING: float(
+            sum(t.metrics.get("agent_echoes_by_meaning", 0.0) for t in batch)
+        ),
+        AGENT_UNREWARDED_LIMITS: float(
+            sum(t.metrics.get("agent_unrewarded_limit", 0.0) for t in batch)
         ),
         PREFIX_MISMATCH_RATE: mean(
             [t.metrics[PREFIX_MISMATCH] for t in batch if PREFIX_MISMATCH in t.metrics]

@@ -156,7 +156,7 @@ def parse_messages(raw: Any) -> list[Message]:
         role = "system" if message["role"] == "developer" else message["role"]
         normalised: Message = {"role": role, "content": _text(message, i)}
         if role == "assistant" and message.get("tool_calls"):
-            normalised["tool_calls"] = _tool_calls(message["tool_calls"], i)
+            normalised["tool_calls"] = normalise_tool_calls(message["tool_calls"], i)
             call_ids.update(c["id"] for c in normalised["tool_calls"])
         elif message.get("tool_calls"):
             raise OpenAIError(
@@ -202,7 +202,8 @@ def _text(message: dict[str, Any], i: int) -> str:
     return content
 
 
-def _tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+def normalise_tool_calls(raw: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as ``{id, type, function: {name, arguments: JSON text}}``; OpenAIError names ``messages[i]``."""
     if not isinstance(raw, list):
         raise OpenAIError(
             400, f"messages[{i}].tool_calls must be a list", param="messages"
@@ -240,17 +241,26 @@ def render_form(messages: list[Message]) -> list[Message]:
         if "tool_calls" not in message:
             rendered.append(message)
             continue
-        calls = []
-        for call in message["tool_calls"]:
-            try:
-                arguments = json.loads(call["function"]["arguments"] or "{}")
-            except ValueError:
-                arguments = call["function"]["arguments"]
-            calls.append(
-                {**call, "function": {**call["function"], "arguments": arguments}}
-            )
+        calls = [
+            {
+                **call,
+                "function": {
+                    **call["function"],
+                    "arguments": parsed_arguments(call["function"]["arguments"]),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
         rendered.append({**message, "tool_calls": calls})
     return rendered
+
+
+def parsed_arguments(arguments: str) -> Any:
+    """A tool call's JSON-text arguments as the object they encode (the text itself when it is not JSON)."""
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return arguments
 
 
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:

@@ -23,6 +23,7 @@ from roll_async.agent_gateway.chat_request import (
     parse_chat_request,
     render_form,
 )
+from roll_async.agent_gateway.echo import compare_history
 from roll_async.agent_gateway.errors import OpenAIError
 from roll_async.agent_gateway.tool_calls import (
     ParsedReply,
@@ -111,10 +112,14 @@ class Reply:
 class AgentSession:
     """The model endpoint of one episode (see the module docstring).
 
-    A call *extends* the conversation when its messages are exactly the previous
-    call's messages, then the assistant message that call returned (role, text
-    and tool calls, as returned), then one or more non-assistant messages (user
-    or ``tool`` results), with the same tools declared. Its prompt is then the
+    A call *extends* the conversation when its messages are the previous call's
+    messages, then the assistant message that call returned, then one or more
+    non-assistant messages (user or ``tool`` results), with the same tools
+    declared. Assistant messages are compared by meaning, not bytes
+    (:mod:`~roll_async.agent_gateway.echo`: arguments as parsed JSON, content up
+    to surrounding whitespace, calls by id), since frameworks re-serialise what
+    they received and the echoed turn is never re-rendered; such echoes are
+    counted (``echoes_by_meaning``). Its prompt is then the
     previous prompt ids + the generated ids as the engine returned them + the
     template's turn closure + the template delta for the new messages
     (``ChatPromptBuilder.closure_ids_after`` and ``continuation_ids``): nothing
@@ -138,7 +143,8 @@ class AgentSession:
     session cannot serve faithfully raise :class:`OpenAIError` (an OpenAI-style
     error response). When the episode's limits are reached (``max_steps``
     calls, or no room left under ``sequence_length``) the call gets an error too
-    and the session records why, so the episode ends with that stop reason.
+    and the session records why, so the episode ends with that stop reason
+    (unless a later call is served: the agent shortened its history).
     """
 
     def __init__(
@@ -173,6 +179,8 @@ class AgentSession:
         self.tool_choice_unmet = 0
         #: Parsed tool calls returned to the agent.
         self.tool_calls = 0
+        #: Extending calls whose echoed assistant turns matched by meaning, not bytes (re-serialised by the agent).
+        self.echoes_by_meaning = 0
         #: ``max_steps`` or ``max_length`` once a limit refused a call.
         self.limit_reason: str | None = None
         self.busy = False
@@ -262,7 +270,7 @@ class AgentSession:
         )
         prompts = await self._prompts_for(request, tools_key)
         segment = self.segments[-1] if self.segments else None
-        new_messages = self._extension(segment, messages, tools_key)
+        new_messages, by_meaning = self._extension(segment, messages, tools_key)
         now = self._clock()
         starts_segment = segment is None or new_messages is None
         try:
@@ -306,6 +314,8 @@ class AgentSession:
         except Exception as exc:  # the engine failed after its retries: the episode runner re-raises it
             self.engine_error = exc
             raise
+        self.echoes_by_meaning += by_meaning
+        self.limit_reason = None  # a call served after a refusal: the agent recovered (trimmed its history)
         if starts_segment:
             self.segment_breaks += 1 if self.segments else 0
             self.segments.append(segment)
@@ -404,15 +414,17 @@ class AgentSession:
     @staticmethod
     def _extension(
         segment: Segment | None, messages: list[Message], tools_key: str
-    ) -> list[Message] | None:
-        """The new messages when ``messages`` extends the segment's last call, else None (a new segment)."""
+    ) -> tuple[list[Message] | None, bool]:
+        """The new messages when ``messages`` extends the segment's last call, else None (a new segment); and
+        whether the sent history matched by meaning only (see :func:`~roll_async.agent_gateway.echo.compare_history`)."""
         if segment is None or not segment.turns or segment.tools_key != tools_key:
-            return None
+            return None, False
         head = segment.messages + [segment.reply_message]
-        if len(messages) <= len(head) or messages[: len(head)] != head:
-            return None
         new = messages[len(head) :]
-        return None if any(m["role"] == "assistant" for m in new) else new
+        if not new or any(m["role"] == "assistant" for m in new):
+            return None, False
+        match = compare_history(messages[: len(head)], head)
+        return (None, False) if match == "differs" else (new, match == "meaning")
 
     @staticmethod
     def _strip_stop(text: str, finish_reason: str, stop: list[str]) -> str:

@@ -64,6 +64,40 @@ async def history_rewriting_agent(client: openai.AsyncOpenAI, task: AgentTask) -
     return 0.5
 
 
+async def overrunning_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
+    """Append-only calls until the endpoint refuses one over ``sequence_length``. ``task.env_config``: ``catch``
+    returns a reward (0.5) and metrics after the refusal; ``recover`` then makes one more call with a short
+    history (a summary: a new segment); neither lets the refusal's error propagate, as frameworks do."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Talk."}]
+    for _ in range(task.max_steps):
+        try:
+            reply = await client.chat.completions.create(
+                model=task.model, messages=messages, max_tokens=task.max_tokens
+            )
+        except openai.BadRequestError as exc:
+            if not task.env_config.get("catch"):
+                raise
+            code = (exc.body or {}).get("code")
+            if task.env_config.get("recover"):
+                summary = [{"role": "user", "content": "Summary: we talked."}]
+                await client.chat.completions.create(
+                    model=task.model, messages=summary, max_tokens=task.max_tokens
+                )
+            return {
+                "reward": 0.5,
+                "metrics": {
+                    "refused_for_length": float(code == "context_length_exceeded")
+                },
+            }
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "More."},
+        ]
+    return {"reward": 1.0, "metrics": {"refused_for_length": 0.0}}
+
+
 async def raising_agent(client: openai.AsyncOpenAI, task: AgentTask) -> float:
     """One call, then the agent's own code fails."""
     await client.chat.completions.create(
@@ -190,8 +224,20 @@ async def _chat(client: Any, stream: bool, **kwargs: Any) -> Any:
     )
 
 
+def _reserialised(message: dict[str, Any], city: str | None) -> dict[str, Any]:
+    """An echoed reply with its arguments written back compactly, as pydantic-ai does (``{"city":"Paris"}``);
+    ``city`` replaces the argument (a genuine rewrite of the call)."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        arguments = json.loads(call["function"]["arguments"])
+        arguments["city"] = city or arguments["city"]
+        compact = json.dumps(arguments, separators=(",", ":"))
+        calls.append({**call, "function": {**call["function"], "arguments": compact}})
+    return {**message, "tool_calls": calls} if calls else message
+
+
 async def _tool_agent(
-    client: openai.AsyncOpenAI, task: AgentTask, stream: bool
+    client: openai.AsyncOpenAI, task: AgentTask, stream: bool, reserialise: bool = False
 ) -> dict[str, Any]:
     """Three calls with a function tool: every tool call gets a ``tool`` result, a plain reply a user turn."""
     messages: list[dict[str, Any]] = [
@@ -208,7 +254,10 @@ async def _tool_agent(
             tools=[WEATHER_TOOL],
             max_tokens=64,
         )
-        messages.append(_assistant_message(choice.message))
+        echoed = _assistant_message(choice.message)
+        if reserialise:
+            echoed = _reserialised(echoed, task.env_config.get("rewrite_city"))
+        messages.append(echoed)
         for call in choice.message.tool_calls or []:
             calls += 1
             assert choice.finish_reason == "tool_calls"
@@ -224,6 +273,14 @@ async def _tool_agent(
 async def tool_agent(client: openai.AsyncOpenAI, task: AgentTask) -> dict[str, Any]:
     """Three chat calls declaring a function tool; tool calls answered with tool results."""
     return await _tool_agent(client, task, stream=False)
+
+
+async def reserialising_tool_agent(
+    client: openai.AsyncOpenAI, task: AgentTask
+) -> dict[str, Any]:
+    """:func:`tool_agent` echoing its tool calls with compact arguments (``task.env_config["rewrite_city"]``:
+    with that city instead, a rewrite)."""
+    return await _tool_agent(client, task, stream=False, reserialise=True)
 
 
 async def streaming_tool_agent(

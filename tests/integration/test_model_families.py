@@ -17,13 +17,17 @@ Per family (one engine, started once and shared by the family's tests):
   every episode is forced by a test hook: the real engine runs on the real prompt, then the recording
   client replaces its output by the family's tool-call text tokenized, plus the end-of-turn token
   (``TOOL_CALL_REPLIES``). The later calls are the engine's own output (parsed too; a random reply is
-  returned as content). Every check is on the ids the engine received and the outputs handed back.
+  returned as content). Every check is on the ids the engine received and the outputs handed back;
+- on the qwen2_5 engine, one tool episode per agent framework (OpenAI Agents SDK, pydantic-ai, LangGraph,
+  smolagents; both calls forced), each one token-exact segment although the frameworks re-serialise the
+  tool-call turn they send back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import uuid
 
 import pytest
@@ -313,21 +317,23 @@ AGENTS = ("tool_agent", "streaming_tool_agent", "responses_tool_agent")
 
 
 class ForcingRecorder(RecordingClient):
-    """The family's engine as an EngineClient: records every call; a first call's output is the forced tool call."""
+    """The family's engine as an EngineClient: records every call; call k of an episode (k < len(forced)) gets
+    ``forced[k]`` as its output (the first: the tool call)."""
 
-    def __init__(self, engine, forced: list[int]) -> None:
+    def __init__(self, engine, forced: list[list[int]]) -> None:
         super().__init__(engine)
         self.forced = forced
 
     def rewrite(
         self, request: GenerationRequest, result: GenerationResult
     ) -> GenerationResult:
-        if "-t0-" not in request.request_id or result.finish_reason == "abort":
+        turn = int(re.search(r"-t(\d+)-r\d+$", request.request_id).group(1))
+        if turn >= len(self.forced) or result.finish_reason == "abort":
             return result
-        n = len(self.forced)
+        n = len(self.forced[turn])
         return dataclasses.replace(
             result,
-            output_token_ids=list(self.forced),
+            output_token_ids=list(self.forced[turn]),
             logprobs=[-1.0] * n,
             token_versions=[result.weight_version] * n,
             finish_reason="stop",
@@ -342,7 +348,7 @@ def _agent_config(agent: str) -> PipelineConfig:
         custom_envs={
             "Agent": CustomEnvConfig(
                 env_type="agent",
-                agent=f"roll_async.testing.agents:{agent}",
+                agent=agent if ":" in agent else f"roll_async.testing.agents:{agent}",
                 max_steps=4,
                 max_tokens_per_step=24,
             )
@@ -356,13 +362,18 @@ def _agent_config(agent: str) -> PipelineConfig:
     return config
 
 
-async def _episode(family, agent: str):
+async def _episode(family, agent: str, forced_texts: tuple[str, ...] = ()):
+    """One episode of ``agent`` on the family's engine; its first calls' outputs are ``forced_texts`` (default:
+    the family's tool call), each tokenized and ended by the end-of-turn token."""
     from roll_async.scheduler.local import LocalRolloutScheduler
 
     name, _, engine, _, tokenizer = family
     eos = tokenizer.convert_tokens_to_ids(FAMILIES[name].eos_token)
-    forced = tokenizer.encode(TOOL_CALL_REPLIES[name], add_special_tokens=False)
-    client = ForcingRecorder(engine, forced + [eos])
+    forced = [
+        tokenizer.encode(text, add_special_tokens=False) + [eos]
+        for text in forced_texts or (TOOL_CALL_REPLIES[name],)
+    ]
+    client = ForcingRecorder(engine, forced)
     scheduler = LocalRolloutScheduler(
         rollout_spec(_agent_config(agent), "train"), engines=client, tokenizer=tokenizer
     )
@@ -421,3 +432,46 @@ async def test_a_function_tool_agent_is_token_exact(family, agent):
     generated = [t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m]
     assert generated == sum((r.output_token_ids for _, r in calls), [])
     assert len(trajectory.token_versions) == len(trajectory.token_ids)
+
+
+#: Framework -> its agent (roll_async/testing): the OpenAI Agents SDK, pydantic-ai, LangGraph, smolagents.
+FRAMEWORK_AGENTS = {
+    "agents_sdk": "agents_sdk_chat_agent",
+    "pydantic_ai": "roll_async.testing.framework_agents:pydantic_ai_agent",
+    "langgraph": "roll_async.testing.framework_agents:langgraph_agent",
+    "smolagents": "roll_async.testing.framework_agents:smolagents_agent",
+}
+
+
+@pytest.mark.parametrize("family", ["qwen2_5"], indirect=True)
+async def test_agent_frameworks_stay_one_token_exact_segment(family):
+    """Each framework's tool episode on the qwen2_5 engine (the real tokenizer, template, hermes parser and
+    engine; the module's engine, no new one): call 1 forced to the tool call, call 2 to the final reply
+    (``sunny``; smolagents: its final_answer call), since a random model writes neither. The frameworks send
+    their own re-serialisations back (pydantic-ai: compact arguments; smolagents: a ``Calling tools:`` text)
+    and every episode is one segment whose ids are the engine's prompts and outputs."""
+    name = family[0]
+    for framework, agent in FRAMEWORK_AGENTS.items():
+        final = (
+            '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "sunny"}}\n</tool_call>'
+            if framework == "smolagents"
+            else "sunny"
+        )
+        trajectory, metrics, calls, _ = await _episode(
+            family, agent, (TOOL_CALL_REPLIES[name], final)
+        )
+        assert trajectory.stop_reason == "terminated", (framework, trajectory.error)
+        got = trajectory.metrics
+        assert got["tool_ran_for_paris"] == 1.0, framework
+        assert got["finished_sunny"] == 1.0, framework
+        assert metrics["rollout/agent_segment_breaks"] == 0.0, framework
+        assert got["agent_dropped_generated_tokens"] == 0.0, framework
+        assert len(calls) == 2, framework
+        (first, first_out), (last, last_out) = calls
+        head = first.prompt_token_ids + first_out.output_token_ids
+        assert last.prompt_token_ids[: len(head)] == head, framework
+        assert trajectory.token_ids == last.prompt_token_ids + last_out.output_token_ids
+        generated = [
+            t for t, m in zip(trajectory.token_ids, trajectory.response_mask) if m
+        ]
+        assert generated == first_out.output_token_ids + last_out.output_token_ids

@@ -211,6 +211,41 @@ async def test_calls_over_max_steps_end_the_episode_with_max_steps(tokenizer):
     )
 
 
+@pytest.mark.parametrize("mode", ["catch", "raise", "recover"])
+async def test_an_agent_over_sequence_length_is_kept_truncated(tokenizer, mode):
+    """The call that leaves no room under sequence_length is refused (400 context_length_exceeded) and the
+    episode is kept up to it, stop reason max_length, as env episodes at the limit are. An agent that
+    catches the refusal keeps its reward and metrics; one that lets it propagate has none to keep: reward 0,
+    flagged agent_unrewarded_limit. A later served call (the agent shortened its history) clears the limit."""
+    config = agent_config("overrunning_agent", max_steps=20)
+    config.sequence_length = 96
+    config.custom_envs["Agent"].env_config = {
+        "catch": mode != "raise",
+        "recover": mode == "recover",
+    }
+    engine = FakeEngine(tokens_per_request=16)
+    trajectory, _ = await play_one(config, engine, tokenizer)
+    assert trajectory.error is None
+    got = trajectory.metrics
+    if mode == "recover":
+        assert trajectory.stop_reason == "terminated" and got["agent_segments"] == 2.0
+        assert trajectory.token_ids[: len(engine.prompts[-1])] == engine.prompts[-1]
+    else:
+        assert trajectory.stop_reason == "max_length"
+        # the last served call, its reply cut to fit: the sequence is full, nothing after it
+        assert trajectory.token_ids[: len(engine.prompts[-1])] == engine.prompts[-1]
+        assert len(trajectory.token_ids) == config.sequence_length
+    assert trajectory.num_turns >= 1
+    if mode == "raise":
+        assert trajectory.episode_reward == 0.0 and "refused_for_length" not in got
+        assert got["agent_unrewarded_limit"] == 1.0
+    else:
+        assert trajectory.episode_reward == 0.5 and got["refused_for_length"] == 1.0
+        assert got["agent_unrewarded_limit"] == 0.0
+    batch = metrics.rollout_metrics([trajectory], step=0)
+    assert batch[metrics.AGENT_UNREWARDED_LIMITS] == float(mode == "raise")
+
+
 def test_agent_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="env_type: agent and agent"):
         validate_config(
