@@ -32,6 +32,7 @@ from roll_async.envs.registry import names_user_class
 from roll_async.errors import (
     ChatTemplateError,
     ConfigError,
+    EnvLibraryError,
     EnvServiceError,
     EnvServiceUnavailable,
     VisionInputError,
@@ -131,7 +132,7 @@ def check_env_in_process(
         if callable(close):
             with user_call("close()"):
                 close()
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, EnvLibraryError) as exc:
         raise ConfigError(f"custom_envs.{tag}: {exc}") from None
 
 

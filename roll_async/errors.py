@@ -154,6 +154,12 @@ class EnvServiceUnavailable(RollAsyncError, RuntimeError):
     """No env server of a tag answers (transport errors after the retries); the rollout cannot go on."""
 
 
+class EnvLibraryError(RollAsyncError, RuntimeError):
+    """An env library's env (GEM, OpenEnv) raised while it was built, reset or stepped, or its server broke the
+    session; the message names the env_type, the call and the library's error. In a rollout the episode ends
+    ``env_error``; at ``--check`` the message names the ``custom_envs`` tag."""
+
+
 class TaskGenerationError(RollAsyncError, RuntimeError):
     """An env could not draw a task with its config (no solvable room, too few distinct problems); the message names the keys."""
 

@@ -122,7 +122,7 @@ def resolve_env_class(env_type: str) -> type[Any]:
     raise ConfigError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
         "or give a dotted path 'package.module:ClassName' or an adapter 'gymnasium:<EnvId>', "
-        "'textarena:<EnvId>', 'reasoning_gym:<task>'"
+        "'textarena:<EnvId>', 'reasoning_gym:<task>', 'gem:<env_id>', 'openenv:<url or module:Class>'"
     )
 
 

@@ -1,9 +1,10 @@
-"""Adapters for env libraries users already have, as registry prefixes (``gymnasium:<EnvId>``, ``textarena:<EnvId>``, ``reasoning_gym:<task>``); the libraries are optional (``pip install 'roll-async[envs]'``) and imported only when such an env is built, so a missing one is a one-line error naming the extra."""
+"""Adapters for env libraries users already have, as registry prefixes (``gymnasium:<EnvId>``, ``textarena:<EnvId>``, ``reasoning_gym:<task>``, ``gem:<env_id>``, ``openenv:<url or module:Class>``); the libraries are optional (``pip install 'roll-async[envs]'``, ``[gem]``, ``[openenv]``) and imported only when such an env is built, so a missing one is a one-line error naming the extra."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,8 @@ ADAPTER_PREFIXES: dict[str, str] = {
     "gymnasium": "roll_async.envs.adapters.gymnasium_env:GymnasiumEnv",
     "textarena": "roll_async.envs.adapters.textarena_env:TextArenaEnv",
     "reasoning_gym": "roll_async.envs.adapters.reasoning_gym_env:ReasoningGymEnv",
+    "gem": "roll_async.envs.adapters.gem_env:GemEnv",
+    "openenv": "roll_async.envs.adapters.openenv_env:OpenEnvEnv",
 }
 
 
@@ -37,6 +40,8 @@ _EXAMPLES = {
     "gymnasium": "FrozenLake-v1",
     "textarena": "GuessTheNumber-v0",
     "reasoning_gym": "basic_arithmetic",
+    "gem": "game:GuessTheNumber-v0-easy",
+    "openenv": "http://127.0.0.1:8000' or 'openenv:my_envs.server:MyEnvironment",
 }
 
 
@@ -55,15 +60,25 @@ def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:
     return adapter_class(prefix)(name, **env_config)
 
 
-def import_optional(module: str, pip_name: str, env_type: str) -> Any:
+def import_optional(
+    module: str, pip_name: str, env_type: str, extra: str = ENVS_EXTRA
+) -> Any:
     """Import an adapter's library or raise a ConfigError naming the extra that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
             f"env_type {env_type!r} needs the package {pip_name!r}, which is not installed ({exc}); "
-            f"install it with: pip install '{ENVS_EXTRA}' (or pip install {pip_name})"
+            f"install it with: pip install '{extra}' (or pip install {pip_name})"
         ) from None
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line (a library's multi-line message, NLTK's boxed LookupError, folded)."""
+    text = " ".join(re.sub(r"\*{3,}", " ", str(exc)).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def unknown_name_error(
