@@ -100,7 +100,7 @@ class AgentEpisodeRunner:
                 f"custom_envs.{settings.tag}.agent is set but this EnvManager has no agent gateway"
             )
         agent_fn = load_agent_function(
-            cfg.agent or "", f"custom_envs.{settings.tag}.agent"
+            cfg.agent_function or "", f"custom_envs.{settings.tag}.agent"
         )
         await gateway.ensure_started()
 
@@ -146,6 +146,7 @@ class AgentEpisodeRunner:
             seed=spec.seed,
             env_config={**dict(cfg.env_config), **(spec.env_config_override or {})},
             tag=spec.tag,
+            env_type=cfg.env_type,
             group_id=spec.group_id,
             episode_id=spec.episode_id,
             model=session.model_name,

@@ -210,7 +210,7 @@ class EnvManager:
                 stats=self.stats,
                 clock=clock,
             )
-            if settings.custom_env.agent
+            if settings.custom_env.agent_function
             else None
         )
 

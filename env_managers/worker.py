@@ -90,7 +90,7 @@ def build_env_managers(
     # One loopback chat endpoint per worker, for the agent tags (started on the first agent episode).
     agent_gateway = (
         AgentGateway()
-        if any(spec.custom_envs[tag].agent for _, tag in env_specs)
+        if any(spec.custom_envs[tag].agent_function for _, tag in env_specs)
         else None
     )
     builders: dict[str, ChatPromptBuilder] = {}

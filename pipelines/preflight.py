@@ -24,10 +24,12 @@ from roll_async.agent_gateway.tool_calls import ToolCallParser
 from roll_async.config.dotted_paths import calling_user_code, resolve_dotted
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
+from roll_async.config.sections import VERIFIERS_PREFIX
 from roll_async.engine.engine_args import engine_dtype
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
+from roll_async.envs.adapters.verifiers_env import load_verifiers_env
 from roll_async.envs.registry import names_user_class
 from roll_async.errors import (
     ChatTemplateError,
@@ -77,8 +79,9 @@ def import_user_code(config: PipelineConfig) -> None:
     """
     for tag in used_tags(config):
         spec = config.custom_envs[tag]
-        if spec.agent:
-            load_agent_function(spec.agent, f"custom_envs.{tag}.agent")
+        if spec.agent_function:
+            load_agent_function(spec.agent_function, f"custom_envs.{tag}.agent")
+            load_verifiers_tag(tag, spec)
             continue
         if spec.service_url or spec.isolation == "process":
             continue
@@ -93,6 +96,15 @@ def import_user_code(config: PipelineConfig) -> None:
         load_trainer_class(config.trainer.trainer_cls)
 
 
+def load_verifiers_tag(tag: str, spec: CustomEnvConfig) -> None:
+    """Load a ``verifiers:<env id>`` tag's environment here (the main thread, where its signal handlers are
+    undone): one that cannot load, or a missing verifiers, fails at load naming the key. No-op for other tags."""
+    if spec.env_type.startswith(VERIFIERS_PREFIX):
+        load_verifiers_env(
+            spec.env_type, dict(spec.env_config), f"custom_envs.{tag}.env_type"
+        )
+
+
 def check_envs(config: PipelineConfig) -> None:
     """Build and reset one env per used tag; any error names ``custom_envs.<tag>``.
 
@@ -101,9 +113,10 @@ def check_envs(config: PipelineConfig) -> None:
     """
     for tag in used_tags(config):
         spec = config.custom_envs[tag]
-        if spec.agent:
+        if spec.agent_function:
             try:
-                load_agent_function(spec.agent, f"custom_envs.{tag}.agent")
+                load_agent_function(spec.agent_function, f"custom_envs.{tag}.agent")
+                load_verifiers_tag(tag, spec)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             continue

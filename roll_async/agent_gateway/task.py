@@ -32,6 +32,7 @@ class AgentTask:
         model: The served model id, to pass as ``model=`` to the client.
         max_tokens: The token cap of one model call (the tag's ``max_tokens_per_step``).
         max_steps: How many model calls the episode may make (the tag's ``max_steps``).
+        env_type: The tag's ``env_type`` (``agent``, or ``verifiers:<env id>`` for the built-in verifiers agent).
     """
 
     seed: int
@@ -42,6 +43,7 @@ class AgentTask:
     model: str = ""
     max_tokens: int = 0
     max_steps: int = 0
+    env_type: str = "agent"
 
 
 #: ``async def agent(client, task)``: the client is whatever the agent's code calls the endpoint with (an openai

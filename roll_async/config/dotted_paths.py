@@ -104,7 +104,7 @@ def import_user_module(module_name: str, what: str) -> ModuleType:
         )
     action = f"importing module {module_name!r}"
     try:
-        with _interrupt_handlers_kept(what, module_name):
+        with interrupt_handlers_kept(what, module_name):
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
@@ -129,7 +129,7 @@ def calling_user_code(key: str, call: str) -> Iterator[None]:
 
 
 @contextmanager
-def _interrupt_handlers_kept(what: str, module_name: str) -> Iterator[None]:
+def interrupt_handlers_kept(what: str, module_name: str) -> Iterator[None]:
     """On the main thread, put back any SIGINT/SIGTERM handler the import replaced (and say so).
 
     Off the main thread nothing can replace them: ``signal.signal`` raises there, and that error is the module's.

@@ -14,6 +14,11 @@ from roll_async.config.field_checks import bounded
 from roll_async.config.reward_rules import RewardRules
 from roll_async.errors import ConfigError
 
+#: ``env_type: verifiers:<env id>``: a verifiers environment, played by :data:`VERIFIERS_AGENT`.
+VERIFIERS_PREFIX = "verifiers:"
+#: The built-in agent function of verifiers tags.
+VERIFIERS_AGENT = "roll_async.agent_gateway.verifiers_agent:verifiers_agent"
+
 #: omegaconf's MISSING: OmegaConf.structured reads a field whose default is this string as required.
 #: Spelled here, not imported, so the dataclasses (and the trainer that takes them) import without
 #: omegaconf: benchmarks.gpu_trainer runs on GPU nodes that have torch, transformers and peft alone.
@@ -186,7 +191,8 @@ class RewardConfig(RewardRules):
 class CustomEnvConfig:
     """One ``custom_envs.<Tag>`` entry: which env to build and how it talks to the model."""
 
-    #: Registered env name (e.g. sokoban, gymnasium:FrozenLake-v1), ``package.module:Class``, or agent.
+    #: Registered env name (e.g. sokoban, gymnasium:FrozenLake-v1), ``package.module:Class``, agent, or
+    #: ``verifiers:<env id>`` (a verifiers environment, played as an agent session; env_config: its arguments).
     env_type: str = MISSING
     #: Keyword arguments of the env's constructor.
     env_config: dict[str, Any] = field(default_factory=dict)
@@ -216,6 +222,19 @@ class CustomEnvConfig:
     isolation: Isolation = "none"
     #: A model that scores each finished episode of this tag (see the custom_envs.<Tag>.reward section); null: env reward only.
     reward: RewardConfig | None = None
+
+    @property
+    def agent_function(self) -> str | None:
+        """The ``pkg.module:function`` that plays this tag's episodes as an agent session, None for env tags.
+
+        ``env_type: verifiers:<env id>`` is an agent session too: its built-in agent runs the verifiers
+        environment's rollout against the session's endpoint (``roll_async.agent_gateway.verifiers_agent``).
+        """
+        if self.agent:
+            return self.agent
+        if self.env_type.startswith(VERIFIERS_PREFIX):
+            return VERIFIERS_AGENT
+        return None
 
     def fill(self, tag: str, template_name: str, fields: dict[str, Any]) -> str:
         """``instruction_template`` or ``observation_template`` filled with ``fields``; a template naming

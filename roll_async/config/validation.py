@@ -99,7 +99,7 @@ def validate_config(config: PipelineConfig) -> None:
             check_not_moved(env.agent, f"custom_envs.{tag}.agent")
         if env.reward is not None:
             env.reward.validate(tag)
-            if env.reward.per_turn and env.agent:
+            if env.reward.per_turn and env.agent_function:
                 raise ConfigError(
                     f"custom_envs.{tag}.reward.per_turn=true needs env steps to score; an agent session "
                     "returns one reward at its end: set per_turn to false (the finished episode is scored)"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from roll_async.config.dotted_paths import resolve_dotted
+from roll_async.config.sections import VERIFIERS_PREFIX
 from roll_async.envs.adapters import (
     adapter_class,
     make_adapter_env,
@@ -99,6 +100,7 @@ def names_user_class(env_type: str) -> bool:
     return (
         env_type not in _REGISTRY
         and ":" in env_type
+        and not env_type.startswith(VERIFIERS_PREFIX)
         and split_adapter_env_type(env_type) is None
     )
 
@@ -107,6 +109,11 @@ def resolve_env_class(env_type: str) -> type[Any]:
     """The class for a registered name, an adapter prefix or a ``package.module:ClassName`` path."""
     if env_type in _REGISTRY:
         return _REGISTRY[env_type]
+    if env_type.startswith(VERIFIERS_PREFIX):
+        raise ConfigError(
+            f"env_type {env_type!r} is a verifiers environment, played as an agent session of a custom_envs "
+            "tag (its rollout drives the model itself); it has no env class to build here"
+        )
     adapter = split_adapter_env_type(env_type)
     if adapter is not None:
         return adapter_class(adapter[0])
@@ -122,7 +129,8 @@ def resolve_env_class(env_type: str) -> type[Any]:
     raise ConfigError(
         f"unknown env_type {env_type!r}; registered envs: {', '.join(registered_envs())}; "
         "or give a dotted path 'package.module:ClassName' or an adapter 'gymnasium:<EnvId>', "
-        "'textarena:<EnvId>', 'reasoning_gym:<task>', 'gem:<env_id>', 'openenv:<url or module:Class>'"
+        "'textarena:<EnvId>', 'reasoning_gym:<task>', 'gem:<env_id>', 'openenv:<url or module:Class>', "
+        "'verifiers:<module or env id>'"
     )
 
 

@@ -57,6 +57,9 @@ SIMULATED_FOREIGN_FAILURES: dict[str, str] = {
     "roll_async/testing/scripted_envs.py::ScriptedEnv._maybe_fail": "plays a user env's crash",
     "roll_async/testing/scripted_envs.py::ScriptedEnv._reset_now": "plays a user env's crash",
     "roll_async/envs/faulty.py::FaultyEnv._maybe_fault": "injects a user env's crash",
+    "roll_async/testing/verifiers_envs.py::load_environment": "plays a verifiers env module that cannot load",
+    "roll_async/testing/verifiers_envs.py::load_environment.TwoTurnEnv.env_response": "plays a verifiers env's crash mid-episode",
+    "roll_async/testing/verifiers_v1_taskset.py::ChatHarness.launch": "plays a verifiers harness's crash mid-episode",
 }
 
 #: Exception classes of the library kept outside RollAsyncError: ``file::class`` -> why.

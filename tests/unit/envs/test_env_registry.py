@@ -16,6 +16,7 @@ from roll_async.envs import (
     registered_envs,
     registry,
 )
+from roll_async.errors import ConfigError
 
 BUILTIN_NAMES = {
     "sokoban",
@@ -177,3 +178,10 @@ def test_construction_is_cheap_and_lazy():
     assert env.bm25 is None and isinstance(env, BaseEnv)
     env.reset(0)
     assert env.bm25 is not None
+
+
+def test_a_verifiers_env_type_is_an_agent_session_not_an_env_class():
+    env_type = "verifiers:some_env"
+    assert not registry.names_user_class(env_type)  # not imported as pkg.module:Class
+    with pytest.raises(ConfigError, match="played as an agent session"):
+        make_env(env_type, {})
