@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -140,11 +141,11 @@ def check_env_in_process(
         with user_call("its constructor with env_config"):
             env = make_env(spec.env_type, dict(spec.env_config))
         with user_call(f"reset(seed={config.seed})"):
-            env.reset(seed=config.seed)
+            _settle(env.reset(seed=config.seed))
         close = getattr(env, "close", None)
         if callable(close):
             with user_call("close()"):
-                close()
+                _settle(close())
     except (ValueError, TypeError, EnvLibraryError) as exc:
         raise ConfigError(f"custom_envs.{tag}: {exc}") from None
 
@@ -181,6 +182,11 @@ def check_env_out_of_process(
         ) from None
     finally:
         env.kill("preflight done")
+
+
+def _settle(result: Any) -> Any:
+    """An env call's result; an ``async def`` env's coroutine is run to completion first."""
+    return _run_blocking(result) if inspect.isawaitable(result) else result
 
 
 def _run_blocking(coroutine: Any) -> Any:

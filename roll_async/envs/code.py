@@ -2,7 +2,7 @@
 
 Coding agents run code, read what it printed and try again before they submit;
 this env gives that loop on small function-writing tasks, with every run and
-the submission's part of grading inside :func:`roll_async.envs.sandbox.run_python`
+the submission's part of grading inside :func:`roll_async.workspaces.sandbox.run_python`
 so a submission cannot touch the host, see the tests or produce its own verdict:
 the sandbox only returns what the tests' calls returned, and the verdict is
 computed here (:func:`grade`).
@@ -25,14 +25,14 @@ import numpy as np
 
 from roll_async.envs.base import BaseEnv, EnvConfig
 from roll_async.envs.parsing import ParsedAction
-from roll_async.envs.sandbox import (
+from roll_async.envs.tool_actions import decode_tool_calls, function_tool
+from roll_async.errors import ConfigError, DatasetError, ParseError, RollAsyncError
+from roll_async.workspaces.sandbox import (
     SandboxLimits,
     SandboxResult,
     process_isolation,
     run_python,
 )
-from roll_async.envs.tool_actions import decode_tool_calls, function_tool
-from roll_async.errors import ConfigError, DatasetError, ParseError, RollAsyncError
 
 DEFAULT_TASKS = Path(__file__).parent / "data" / "code_tasks.json"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -245,7 +245,7 @@ class CodeEnvConfig(EnvConfig):
     memory_mb: int = 256
     max_output_bytes: int = 16 * 1024
     max_processes: int = 32
-    #: The program's private writable space in MiB (roll_async.envs.sandbox: a tmpfs where it can mount one).
+    #: The program's private writable space in MiB (roll_async.workspaces.sandbox: a tmpfs where it can mount one).
     disk_mb: int = 16
     #: Characters of stdout/stderr shown to the model per run.
     max_observation_chars: int = 1200
@@ -255,7 +255,7 @@ class CodeEnvConfig(EnvConfig):
     #: tags: fenced blocks to run, ``<answer>`` to submit; tools: the ``run_python`` and ``submit`` function tools.
     action_format: str = "tags"
     #: namespaces: each run in its own PID, mount and network namespace (root and ``unshare``; refused at
-    #: load where missing); rlimits: process group, rlimits and a temp dir only (see roll_async.envs.sandbox).
+    #: load where missing); rlimits: process group, rlimits and a temp dir only (see roll_async.workspaces.sandbox).
     sandbox_isolation: Literal["namespaces", "rlimits"] = "namespaces"
 
     def __post_init__(self) -> None:
@@ -434,7 +434,7 @@ class CodeEnv(BaseEnv):
     status; cut to ``max_observation_chars``), or submits its final solution inside
     ``<answer>...</answer>`` (a fenced block inside the tags is fine), which ends
     the episode: the task's tests run against it and grade it. Whichever comes
-    first in a response counts. Code runs in :func:`roll_async.envs.sandbox.run_python`
+    first in a response counts. Code runs in :func:`roll_async.workspaces.sandbox.run_python`
     (CPU time, memory, process, output limits; no network; a PID namespace per run
     with ``sandbox_isolation: namespaces``), so a submission cannot touch the host
     or another episode. Each test is one ``assert EXPR`` whose calls of the

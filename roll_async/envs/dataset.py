@@ -7,6 +7,8 @@ same across runs and machines; ``roll-async make-env-dataset`` writes one.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import json
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from roll_async.envs.registry import make_env
+from roll_async.envs.registry import make_env, resolve_env_class
 from roll_async.errors import (
     DatasetError,
     InvalidInputError,
@@ -81,11 +83,11 @@ def make_env_dataset_rows(
     env = make_env(env_name, env_config)
     split_hook = getattr(type(env), "dataset_env_config", None)
     if split_hook is not None:
-        env.close()
+        _close(env)
         env_config = split_hook(env_config, split)
         env = make_env(env_name, env_config)
     num_tasks = getattr(env, "num_tasks", None)
-    env.close()
+    _close(env)
     modulo = num_tasks if isinstance(num_tasks, int) and 0 < num <= num_tasks else None
     rng = np.random.default_rng(seed)
     seeds: list[int] = []
@@ -100,6 +102,17 @@ def make_env_dataset_rows(
         EnvDatasetRow(env_name, dict(env_config), s, split, data_source or env_name)
         for s in seeds
     ]
+
+
+def _close(env: Any) -> None:
+    """Close an env built only to check its config (an ``async def close`` is run to completion)."""
+    result = env.close() if callable(getattr(env, "close", None)) else None
+    if inspect.isawaitable(result):
+        asyncio.run(_await(result))
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def write_env_dataset(path: str | Path, rows: list[EnvDatasetRow]) -> Path:
@@ -208,10 +221,15 @@ def main(args: argparse.Namespace) -> int:
             raise InvalidTypeError(
                 f"--env-config must be a JSON object, got {args.env_config!r}"
             )
+        # an env whose tasks live in files (swe) writes them next to the parquet and names them in its config
+        files_hook = getattr(resolve_env_class(args.env), "dataset_files", None)
+        if files_hook is not None:
+            env_config = files_hook(env_config, Path(args.out))
         rows = make_env_dataset_rows(
             args.env, args.num, args.seed, args.split, env_config, args.data_source
         )
-    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+    # json.JSONDecodeError is a ValueError; OSError: the task files could not be written (a folder in the way)
+    except (ValueError, TypeError, OSError) as e:
         print(f"make-env-dataset: {e}", file=sys.stderr)
         return 2
     out = write_env_dataset(args.out, rows)

@@ -33,6 +33,7 @@ from roll_async.envs.multiplayer.registry import check_seats
 from roll_async.envs.retrieval_qa import RetrievalQAEnv
 from roll_async.envs.sliding_puzzle import SlidingPuzzleEnv
 from roll_async.envs.sokoban import SokobanEnv
+from roll_async.envs.swe.env import SweEnv
 from roll_async.envs.wrapper import EnvWrapper
 from roll_async.errors import ConfigError, InvalidInputError, InvalidTypeError
 
@@ -48,6 +49,7 @@ _REGISTRY: dict[str, type[Any]] = {
     "faulty": FaultyEnv,
     "code": CodeEnv,
     "math": MathQAEnv,
+    "swe": SweEnv,
 }
 
 

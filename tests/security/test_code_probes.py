@@ -25,10 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from roll_async.envs import make_env, sandbox
+from roll_async.envs import make_env
 from roll_async.envs.code import grade, load_tasks
-from roll_async.envs.sandbox import SandboxLimits, namespace_problem, run_python
 from roll_async.envs.tool_actions import encode_tool_calls
+from roll_async.workspaces import sandbox
+from roll_async.workspaces.sandbox import SandboxLimits, namespace_problem, run_python
 
 NAMESPACES = namespace_problem() is None
 MODE = "namespaces" if NAMESPACES else "rlimits"

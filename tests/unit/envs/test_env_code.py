@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from roll_async.envs import make_env, sandbox
+from roll_async.envs import make_env
 from roll_async.envs.code import (
     decode_result,
     extract_code,
@@ -24,7 +24,8 @@ from roll_async.envs.code import (
     load_tasks,
     split_test,
 )
-from roll_async.envs.sandbox import (
+from roll_async.workspaces import sandbox
+from roll_async.workspaces.sandbox import (
     SandboxLimits,
     namespace_problem,
     network_isolation,

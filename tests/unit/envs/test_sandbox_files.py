@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from roll_async.envs import sandbox
-from roll_async.envs.sandbox import SandboxLimits, file_isolation, run_python
+from roll_async.workspaces import sandbox
+from roll_async.workspaces.sandbox import SandboxLimits, file_isolation, run_python
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=20)
 #: World-writable places on a Linux host where one program could leave data for the next.

@@ -52,6 +52,7 @@ fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
 cpu_s, memory, fsize, nproc, guard_net, tmpfs_bytes, tmpfs_files, uid, status_fd, pidns = (
     int(x) for x in sys.argv[1:11])
 deadline = float(sys.argv[11])
+writable, workdir = sys.argv[12], sys.argv[13]  # a shell run's workspace: left writable, its cwd
 if tmpfs_bytes:
     # In our own mount namespace (unshare --mount, as root): every mount read-only, then one size-limited
     # tmpfs on /tmp, also bound on /var/tmp and /dev/shm: the only writable place, gone when the run ends.
@@ -83,7 +84,10 @@ if tmpfs_bytes:
     if pidns:
         # /proc of this PID namespace: only this run's processes, and not the supervisor (hidepid)
         _mount(b"proc", "/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2")
-    os.chdir("/tmp")
+    if writable:  # bound on itself, then that one mount made writable again (nosuid, nodev)
+        _mount(writable.encode(), writable, None, MS_BIND, None)
+        _mount(None, writable, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None)
+    os.chdir(workdir or "/tmp")
     del ctypes, libc, _mount, points
 if os.getuid() == 0:
     for name in %(preload)r:
@@ -315,6 +319,8 @@ def _command(
     tmpfs_bytes: int,
     pidns: bool,
     deadline: float,
+    writable: str = "",
+    workdir: str = "",
 ) -> list[str]:
     namespaces = ["--pid", "--fork", "--kill-child"] if pidns else []
     if tmpfs_bytes:
@@ -342,6 +348,8 @@ def _command(
         str(status_fd),
         str(int(pidns)),
         repr(deadline),
+        writable,
+        workdir,
     ]
 
 

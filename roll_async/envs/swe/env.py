@@ -1,0 +1,318 @@
+"""``env_type: swe``: an agent fixes a repository or a shell setup in a real shell, scored by hidden tests.
+
+SWE and terminal tasks train the skill of acting in a system through commands, reading their
+output and stopping when done, which single-answer envs cannot. Each episode gets its own
+workspace from the configured runtime (``runtime: local``, the namespace sandbox, or ``docker``),
+starting from the task's files; the model acts through function tools or one fenced bash block per
+reply; the episode ends at ``submit``, at ``max_steps`` or when the task's agent time runs out,
+and then :func:`~roll_async.envs.swe.verifier.run_verifier` scores it. The env's calls are
+``async`` (the rollout awaits them), so one process drives many shells at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from roll_async.envs.base import EnvConfig, build_config
+from roll_async.envs.swe.actions import (
+    ActionFormat,
+    Command,
+    ParsedTurn,
+    clip,
+    instruction_text,
+    parse_text,
+    parse_tools,
+    swe_tools,
+)
+from roll_async.envs.swe.harbor import load_harbor_tasks
+from roll_async.envs.swe.shipped import shipped_tasks_dir, write_task_set
+from roll_async.envs.swe.swe_rows import load_swe_rows, swe_columns
+from roll_async.envs.swe.task_spec import TaskSpec
+from roll_async.envs.swe.verifier import RewardMode, VerifierResult, run_verifier
+from roll_async.errors import ConfigError, DatasetError, LifecycleError
+from roll_async.workspaces.factory import RUNTIME_KINDS, make_runtime
+from roll_async.workspaces.interface import (
+    RuntimeKind,
+    Workspace,
+    WorkspaceRuntime,
+    WorkspaceSpec,
+)
+
+
+@dataclass
+class SweConfig(EnvConfig):
+    """``custom_envs.<Tag>.env_config`` of ``env_type: swe``."""
+
+    max_steps: int = 30
+    format_penalty: float = 0.0
+    #: A Harbor task folder (or a folder of them), or a JSONL/parquet file of SWE rows; None: the shipped set.
+    tasks_path: str | None = None
+    #: ``auto``: a folder is Harbor, a file is SWE rows.
+    task_format: Literal["auto", "harbor", "swe"] = "auto"
+    #: SWE rows: field -> column name overrides (see ``swe_rows.SweColumns``).
+    columns: dict[str, str] = field(default_factory=dict)
+    #: Only these task ids (Harbor: the folder name or [task] name; SWE: instance_id).
+    task_ids: list[str] | None = None
+    action_format: ActionFormat = "tools"
+    runtime: RuntimeKind = "local"
+    #: The runtime's own settings (local: ``workspaces.local.LocalRuntimeConfig``).
+    runtime_config: dict[str, Any] = field(default_factory=dict)
+    #: Longest one command may run (also cut to the agent time left).
+    command_timeout_s: float = 60.0
+    #: The agent's whole time; None: the task's ``[agent] timeout_sec``.
+    agent_timeout_s: float | None = None
+    #: Each observation is cut to this many characters, head and tail kept.
+    max_observation_chars: int = 6000
+    #: Tool calls run per turn; more are dropped and counted.
+    max_calls_per_turn: int = 4
+    #: SWE rows: ``binary`` (1 only if every FAIL_TO_PASS and PASS_TO_PASS test passes) or ``fraction``.
+    reward: RewardMode = "binary"
+    #: SWE rows: extra pytest arguments; ``--noconftest`` keeps a conftest.py the agent wrote out of the tests.
+    verifier_pytest_args: str = "--noconftest"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = {
+            "task_format": (self.task_format, ("auto", "harbor", "swe")),
+            "action_format": (self.action_format, ("tools", "text")),
+            "runtime": (self.runtime, RUNTIME_KINDS),
+            "reward": (self.reward, ("binary", "fraction")),
+        }
+        for key, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ConfigError(
+                    f"env_config.{key}={value!r} is not one of {list(allowed)}"
+                )
+        for key in ("command_timeout_s", "max_observation_chars", "max_calls_per_turn"):
+            if float(getattr(self, key)) <= 0:
+                raise ConfigError(
+                    f"env_config.{key} must be > 0, got {getattr(self, key)!r}"
+                )
+        if self.agent_timeout_s is not None and float(self.agent_timeout_s) <= 0:
+            raise ConfigError(
+                f"env_config.agent_timeout_s must be > 0, got {self.agent_timeout_s!r}"
+            )
+        if self.tasks_path is not None and not Path(self.tasks_path).exists():
+            raise ConfigError(
+                f"env_config.tasks_path={self.tasks_path!r} does not exist; give a Harbor task folder or a "
+                "JSONL/parquet file of SWE rows, or leave it unset for the shipped tasks"
+            )
+        swe_columns(self.columns)
+
+
+def load_tasks(config: SweConfig) -> list[TaskSpec]:
+    """The tasks ``config`` names, in a fixed order, filtered by ``task_ids``."""
+    fmt = config.task_format
+    if config.tasks_path is None:
+        root = shipped_tasks_dir()
+        path = root / "swe" / "tasks.jsonl" if fmt == "swe" else root / "harbor"
+    else:
+        path = Path(config.tasks_path)
+    if fmt == "auto":
+        fmt = "harbor" if path.is_dir() else "swe"
+    tasks = (
+        load_harbor_tasks(path)
+        if fmt == "harbor"
+        else load_swe_rows(path, swe_columns(config.columns))
+    )
+    if config.task_ids is not None:
+        known = {t.task_id: t for t in tasks}
+        missing = [i for i in config.task_ids if i not in known]
+        if missing:
+            raise DatasetError(
+                f"env_config.task_ids: {missing[0]!r} is not a task of {path}; some ids: "
+                f"{', '.join(sorted(known)[:5])}"
+            )
+        tasks = [known[i] for i in config.task_ids]
+    return tasks
+
+
+class SweEnv:
+    """An agent in a shell; see the module docstring. One episode at a time per instance."""
+
+    config_cls: ClassVar[type] = SweConfig
+
+    def __init__(
+        self, config: SweConfig | dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        self.config: SweConfig = build_config(
+            SweConfig, config or kwargs or None, "swe"
+        )
+        self._tasks: list[TaskSpec] | None = None
+        self._runtime: WorkspaceRuntime | None = None
+        self.workspace: Workspace | None = None
+        self.task: TaskSpec | None = None
+        self.done = True
+        self.num_steps = 0
+        self.deadline = 0.0
+        self.verdict: VerifierResult | None = None
+        self._counts: dict[str, float] = {}
+
+    # -- tasks ---------------------------------------------------------------------------------
+    @property
+    def tasks(self) -> list[TaskSpec]:
+        if self._tasks is None:
+            self._tasks = load_tasks(self.config)
+        return self._tasks
+
+    @property
+    def num_tasks(self) -> int:
+        """Distinct tasks; ``make-env-dataset`` keeps its seeds distinct modulo this."""
+        return len(self.tasks)
+
+    @classmethod
+    def dataset_files(cls, env_config: dict[str, Any], out: Path) -> dict[str, Any]:
+        """``make-env-dataset --env swe``: write the shipped tasks next to the parquet and point the rows at them."""
+        if env_config.get("tasks_path"):
+            return env_config
+        folder = out.parent / f"{out.stem}_tasks"
+        write_task_set(folder)
+        sub = "swe/tasks.jsonl" if env_config.get("task_format") == "swe" else "harbor"
+        return {**env_config, "tasks_path": str((folder / sub).resolve())}
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return swe_tools() if self.config.action_format == "tools" else None
+
+    # -- episode -------------------------------------------------------------------------------
+    async def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        """Start the task ``seed`` picks (``seed % num_tasks``) in a fresh workspace."""
+        await self._close_workspace()
+        task = self.tasks[int(seed) % len(self.tasks)]
+        if self._runtime is None:
+            self._runtime = make_runtime(
+                self.config.runtime, self.config.runtime_config
+            )
+        spec = WorkspaceSpec(
+            image=task.image,
+            files=task.files,
+            dockerfile=task.dockerfile,
+            cpus=task.cpus,
+            memory_mb=task.memory_mb,
+            network=task.network,
+            disk_mb=task.storage_mb,
+        )
+        self.workspace = await self._runtime.start(spec)
+        self.task, self.done, self.num_steps, self.verdict = task, False, 0, None
+        self._counts = {"commands": 0.0, "command_timeouts": 0.0, "format_errors": 0.0}
+        agent_s = self.config.agent_timeout_s or task.agent_timeout_s
+        self.deadline = time.monotonic() + float(agent_s)
+        info: dict[str, Any] = {
+            "instruction": instruction_text(
+                task.instruction, self.config.action_format, self.config.max_steps
+            ),
+            "seed": int(seed),
+            "task_id": task.task_id,
+        }
+        tools = self.tools()
+        if tools:
+            info["tools"] = tools
+        return "Your working directory is ready.", info
+
+    async def step(
+        self, action_text: str
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run the reply's commands; at submit, max_steps or the agent deadline, verify and give the reward."""
+        if self.done or self.workspace is None or self.task is None:
+            raise LifecycleError(
+                "SweEnv.step() called before reset() or after the episode ended; call reset()"
+            )
+        self.num_steps += 1
+        cfg = self.config
+        parsed: ParsedTurn = (
+            parse_tools(action_text, cfg.max_calls_per_turn)
+            if cfg.action_format == "tools"
+            else parse_text(action_text)
+        )
+        parts: list[str] = []
+        submitted = False
+        reward = 0.0
+        if parsed.error:
+            self._counts["format_errors"] += 1
+            reward += cfg.format_penalty
+            parts.append(f"Invalid action: {parsed.error}")
+        for command in parsed.commands:
+            if command.kind == "submit":
+                submitted = True
+                break
+            if time.monotonic() >= self.deadline:
+                break
+            parts.append(await self._run(command, len(parsed.commands) > 1))
+        if parsed.dropped:
+            parts.append(
+                f"({parsed.dropped} tool calls past the limit of {cfg.max_calls_per_turn} were not run)"
+            )
+        out_of_time = time.monotonic() >= self.deadline
+        terminated = submitted
+        truncated = not submitted and (out_of_time or self.num_steps >= cfg.max_steps)
+        if terminated or truncated:
+            self.verdict = await run_verifier(
+                self.workspace,
+                self.task,
+                reward_mode=cfg.reward,
+                pytest_args=cfg.verifier_pytest_args,
+            )
+            reward += self.verdict.reward
+            self.done = True
+            why = (
+                "submitted"
+                if submitted
+                else "out of time"
+                if out_of_time
+                else "out of turns"
+            )
+            parts.append(f"Episode over ({why}). {self.verdict.detail}.")
+            await self._close_workspace()
+        info = {
+            "metrics": self._metrics(not parsed.error),
+            "format_error": parsed.error or None,
+        }
+        observation = "\n\n".join(parts) or "(no output)"
+        return observation, float(reward), terminated, truncated, info
+
+    async def _run(self, command: Command, labelled: bool) -> str:
+        """One command as the agent, its output cut to the observation budget."""
+        assert self.workspace is not None
+        timeout = min(
+            self.config.command_timeout_s, max(0.1, self.deadline - time.monotonic())
+        )
+        result = await self.workspace.exec(
+            command.shell, timeout_s=timeout, user="agent"
+        )
+        self._counts["commands"] += 1
+        if result.timed_out:
+            self._counts["command_timeouts"] += 1
+            head = f"[timed out after {timeout:.0f} s]"
+        else:
+            head = f"[exit code {result.exit_code}]"
+        if labelled:
+            head = f"{command.label}: {head}"
+        return clip(
+            f"{head}\n{result.output}".rstrip(), self.config.max_observation_chars
+        )
+
+    def _metrics(self, valid: bool) -> dict[str, float | bool]:
+        verdict = self.verdict
+        metrics: dict[str, float | bool] = {
+            "action_is_valid": valid,
+            "success": bool(verdict and verdict.passed),
+            **self._counts,
+        }
+        if verdict is not None:
+            metrics["verifier_seconds"] = verdict.seconds
+            metrics["verifier_timed_out"] = verdict.timed_out
+        return metrics
+
+    async def _close_workspace(self) -> None:
+        workspace, self.workspace = self.workspace, None
+        if workspace is not None:
+            await workspace.close()
+
+    async def close(self) -> None:
+        """Close the episode's workspace and the runtime; safe to call twice."""
+        await self._close_workspace()
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.shutdown()

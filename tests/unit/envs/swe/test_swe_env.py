@@ -1,0 +1,250 @@
+"""``env_type: swe`` on the local runtime: episodes in both action formats, the reward, and the oracle over every shipped task.
+
+The oracle runs each task's reference solution through the bash tool (Harbor format) and through a
+fenced block (SWE rows) and must score 1; submitting without a change must score 0, in both formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from roll_async.envs import make_env
+from roll_async.envs.swe.actions import clip, parse_text, parse_tools
+from roll_async.envs.swe.env import SweEnv
+from roll_async.envs.swe.shipped import SHIPPED_TASKS
+from roll_async.envs.tool_actions import encode_tool_calls
+from roll_async.errors import ConfigError, DatasetError, LifecycleError
+from roll_async.testing.workspace_runtimes import skip_reason
+
+pytestmark = pytest.mark.skipif(
+    skip_reason("local") is not None, reason=str(skip_reason("local"))
+)
+SUBMIT_TOOL = encode_tool_calls([{"name": "submit", "arguments": {}}])
+
+
+def bash(command: str) -> str:
+    return encode_tool_calls([{"name": "bash", "arguments": {"command": command}}])
+
+
+def editor(**arguments: Any) -> str:
+    return encode_tool_calls([{"name": "str_replace_editor", "arguments": arguments}])
+
+
+@pytest.fixture
+async def env_factory() -> AsyncIterator[Any]:
+    made: list[SweEnv] = []
+
+    def build(**config: Any) -> SweEnv:
+        env = make_env("swe", config)
+        made.append(env)
+        return env
+
+    yield build
+    for env in made:
+        await env.close()
+
+
+def seed_of(name: str) -> int:
+    return [t.name for t in SHIPPED_TASKS].index(name)
+
+
+async def test_tools_episode_edits_with_the_editor_and_scores_one(
+    env_factory: Any,
+) -> None:
+    env = env_factory(task_ids=["calc_add"])
+    observation, info = await env.reset(0)
+    assert "add(2, 3)" in info["instruction"] and [
+        t["function"]["name"] for t in info["tools"]
+    ] == ["bash", "str_replace_editor", "submit"]
+    obs, reward, terminated, truncated, step_info = await env.step(
+        editor(command="view", path="calc.py")
+    )
+    assert (
+        "     1\tdef add(a, b):" in obs
+        and reward == 0
+        and not (terminated or truncated)
+    )
+    obs, *_ = await env.step(
+        editor(command="str_replace", path="calc.py", old_str="x", new_str="y")
+    )
+    assert "occurs 0 times" in obs
+    obs, *_ = await env.step(
+        editor(
+            command="str_replace",
+            path="calc.py",
+            old_str="return a - b\n\n\ndef sub",
+            new_str="return a + b\n\n\ndef sub",
+        )
+    )
+    assert "edited calc.py" in obs
+    obs, *_ = await env.step(
+        editor(command="create", path="notes/n.txt", file_text="hi\n")
+    )
+    assert "created" in obs
+    obs, reward, terminated, truncated, step_info = await env.step(SUBMIT_TOOL)
+    assert (reward, terminated, truncated) == (1.0, True, False), obs
+    assert step_info["metrics"]["success"] is True and "submitted" in obs
+    with pytest.raises(LifecycleError):
+        await env.step(SUBMIT_TOOL)
+
+
+async def test_text_format_and_format_errors(env_factory: Any) -> None:
+    env = env_factory(
+        action_format="text", task_ids=["greet_script"], format_penalty=-0.1
+    )
+    _, info = await env.reset(3)
+    assert "tools" not in info and "```bash" in info["instruction"]
+    obs, reward, *_, step_info = await env.step("no block here")
+    assert (
+        reward == pytest.approx(-0.1)
+        and "exactly one" in obs
+        and step_info["metrics"]["action_is_valid"] is False
+    )
+    obs, *_ = await env.step("```bash\necho one\n```\n```bash\necho two\n```")
+    assert "found 2" in obs
+    obs, *_ = await env.step("Let me look.\n```bash\ncat greet.sh\n```")
+    assert "[exit code 0]" in obs and 'echo "Hello World"' in obs
+    obs, reward, terminated, *_ = await env.step("```bash\nsubmit\n```")
+    assert terminated and reward == 0.0 and "Episode over (submitted)" in obs
+
+
+async def test_max_steps_and_the_agent_deadline_end_the_episode_with_a_verdict(
+    env_factory: Any,
+) -> None:
+    env = env_factory(max_steps=2, task_ids=["calc_add"])
+    await env.reset(0)
+    *_, truncated, _ = await env.step(bash("true"))
+    assert not truncated
+    obs, reward, terminated, truncated, _ = await env.step(bash("true"))
+    assert (reward, terminated, truncated) == (
+        0.0,
+        False,
+        True,
+    ) and "out of turns" in obs
+
+    env = env_factory(agent_timeout_s=2, command_timeout_s=30, task_ids=["calc_add"])
+    await env.reset(0)
+    started = time.monotonic()
+    obs, reward, terminated, truncated, info = await env.step(bash("sleep 60"))
+    assert (
+        truncated
+        and reward == 0.0
+        and "out of time" in obs
+        and time.monotonic() - started < 30
+    )
+    assert info["metrics"]["command_timeouts"] == 1
+
+
+async def test_observations_are_cut_to_the_budget(env_factory: Any) -> None:
+    env = env_factory(max_observation_chars=300, task_ids=["calc_add"])
+    await env.reset(0)
+    obs, *_ = await env.step(bash("echo FIRST; seq 1 5000; echo LAST"))
+    assert (
+        obs.startswith("[exit code 0]\nFIRST")
+        and obs.endswith("LAST")
+        and "characters cut" in obs
+    )
+    assert len(obs) < 400
+
+
+async def test_fraction_reward_counts_the_tests_that_pass(env_factory: Any) -> None:
+    env = env_factory(
+        task_format="swe", reward="fraction", task_ids=["roll-async__calc_add"]
+    )
+    await env.reset(0)
+    *_, reward_none, _, _, _ = await env.step(SUBMIT_TOOL)
+    assert reward_none == pytest.approx(0.5), (
+        "test_sub passes before the fix, test_add does not"
+    )
+
+
+def test_config_errors_name_the_key(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="runtime"):
+        make_env("swe", {"runtime": "podman"})
+    with pytest.raises(ConfigError, match="tasks_path"):
+        make_env("swe", {"tasks_path": str(tmp_path / "none")})
+    with pytest.raises(DatasetError, match="task_ids"):
+        _ = make_env("swe", {"task_ids": ["nope"]}).num_tasks
+
+
+def test_action_parsers() -> None:
+    turn = parse_tools(
+        encode_tool_calls([{"name": "bash", "arguments": {"command": "ls"}}] * 3), 2
+    )
+    assert [c.shell for c in turn.commands] == ["ls", "ls"] and turn.dropped == 1
+    assert parse_tools("plain text", 4).error.startswith("no tool call")
+    assert (
+        "unknown tool"
+        in parse_tools(encode_tool_calls([{"name": "rm", "arguments": {}}]), 4).error
+    )
+    assert (
+        parse_text("```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```")
+        .commands[0]
+        .kind
+        == "submit"
+    )
+    assert parse_text("```sh\nls -la\n```").commands[0].shell == "ls -la"
+    assert (
+        clip("a" * 10, 20) == "a" * 10
+        and clip("ab" * 50, 20).count("characters cut") == 1
+    )
+
+
+async def _episode(
+    fmt: str, task_format: str, seed: int, oracle: bool
+) -> tuple[str, float, str]:
+    env = make_env("swe", {"action_format": fmt, "task_format": task_format})
+    try:
+        await env.reset(seed)
+        assert env.task is not None and env.task.solution
+        total = 0.0
+        if oracle:
+            action = (
+                bash(env.task.solution)
+                if fmt == "tools"
+                else f"```bash\n{env.task.solution}```"
+            )
+            obs, reward, *_ = await env.step(action)
+            assert "[exit code 0]" in obs, obs
+            total += reward
+        obs, reward, terminated, *_ = await env.step(
+            SUBMIT_TOOL if fmt == "tools" else "```bash\nsubmit\n```"
+        )
+        assert terminated
+        return env.task.task_id, total + reward, obs
+    finally:
+        await env.close()
+
+
+@pytest.mark.slow
+async def test_oracle_scores_one_and_doing_nothing_zero_on_every_shipped_task() -> None:
+    n = len(SHIPPED_TASKS)
+    plans = [
+        ("tools", "harbor", True),
+        ("text", "swe", True),
+        ("tools", "swe", False),
+        ("text", "harbor", False),
+    ]
+    gate = asyncio.Semaphore(12)
+
+    async def one(
+        plan: tuple[str, str, bool], seed: int
+    ) -> tuple[tuple[str, str, bool], str, float, str]:
+        async with gate:
+            return (plan, *await _episode(plan[0], plan[1], seed, plan[2]))
+
+    results = await asyncio.gather(
+        *(one(plan, seed) for plan in plans for seed in range(n))
+    )
+    wrong = [
+        (plan, task, reward, obs[-200:])
+        for plan, task, reward, obs in results
+        if reward != float(plan[2])
+    ]
+    assert not wrong
+    assert len({(plan, task) for plan, task, *_ in results}) == 4 * n
