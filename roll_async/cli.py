@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Literal
 
 from roll_async.errors import ConfigError, UserCodeError
@@ -225,6 +227,19 @@ def _cmd_env_server(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _cmd_build_image(args: argparse.Namespace) -> int:
+    """scripts/docker_setup.sh from the source checkout: dockerd installed and answering, the base image built."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "docker_setup.sh"
+    if not script.is_file():
+        print(
+            f"roll-async: {script} is missing: build-image runs from a source checkout of roll-async",
+            file=sys.stderr,
+        )
+        return 2
+    env = {**os.environ, "ROLL_ASYNC_SWE_IMAGE": args.image}
+    return subprocess.run(["bash", str(script)], env=env, check=False).returncode
+
+
 def _add_check_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
@@ -384,6 +399,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_env_server_arguments(p)
     p.set_defaults(func=_cmd_env_server)
+
+    p = sub.add_parser(
+        "build-image",
+        help="for the docker workspace runtime: install and start dockerd if needed and build the offline "
+        "base image from Debian packages (scripts/docker_setup.sh; idempotent)",
+    )
+    p.add_argument(
+        "--image",
+        default="roll-async/swe-base:1",
+        help="the base image's name (default: roll-async/swe-base:1)",
+    )
+    p.set_defaults(func=_cmd_build_image)
 
     return parser
 
