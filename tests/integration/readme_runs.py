@@ -73,6 +73,11 @@ COVERAGE: dict[str, str] = {
     "roll-async train configs/default.yaml trainer.strategy=fsdp2 trainer.num_ranks=2": f"{CONFIGS}::test_fsdp2_on_two_ranks",
     "roll-async train configs/sokoban.yaml --check": CHECKED,
     "roll-async train CONFIG --check": CHECKED,
+    "roll-async rollout configs/gymnasium_frozen_lake.yaml --check": CHECKED,
+    "roll-async rollout configs/gem_guess_the_number.yaml --check": CHECKED,
+    "roll-async rollout configs/openenv_guess.yaml --check": CHECKED,
+    "roll-async train configs/verifiers_qa.yaml --check": CHECKED,
+    "roll-async train configs/agent_frameworks.yaml --check": CHECKED,
 }
 
 
