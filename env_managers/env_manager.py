@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,8 +28,10 @@ from roll_async.env_managers.env_status import (
     PhaseReporter,
 )
 from roll_async.env_managers.env_tools import EnvTools, EnvToolsError
+from roll_async.env_managers.game_episode import FrozenSeat, GameEpisodeRunner
 from roll_async.env_managers.trajectory_bookkeeping import (
     append_tokens,
+    check_prefix,
     env_reference,
     episode_metrics,
     note_versions,
@@ -37,11 +39,10 @@ from roll_async.env_managers.trajectory_bookkeeping import (
 )
 from roll_async.env_managers.turn_generator import TurnGenerator
 from roll_async.errors import (
-    ChatTemplateError,
     EnvCallError,
     VisionInputError,
 )
-from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES, PREFIX_MISMATCH
+from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES
 from roll_async.prompts.images import (
     ObservationEncoder,
     append_images,
@@ -146,6 +147,7 @@ class EnvManager:
         agent_tool_parser: str | None = None,
         observations: ObservationEncoder | None = None,
         reward_scorer: EpisodeRewardScorer | None = None,
+        frozen_seats: Mapping[int, FrozenSeat] | None = None,
     ) -> None:
         self.env_id = env_id
         #: custom_envs.<Tag>.reward: scores each finished episode (a judge or reward model); None: env reward only.
@@ -211,6 +213,19 @@ class EnvManager:
                 clock=clock,
             )
             if settings.custom_env.agent_function
+            else None
+        )
+        #: Game tags (custom_envs.<Tag>.seats): one game per episode, a trajectory per policy seat.
+        self._games = (
+            GameEpisodeRunner(
+                settings,
+                self.env_calls,
+                self.turns,
+                prompt_builder,
+                self.phases,
+                frozen=frozen_seats,
+            )
+            if settings.custom_env.seats
             else None
         )
 
@@ -351,6 +366,10 @@ class EnvManager:
             self.stats.episodes += 1
             return trajectory
         try:
+            if self._games is not None:
+                trajectory = await self._games.run(spec, trajectory, self._ensure_env)
+                self.stats.episodes += 1
+                return trajectory
             await self._ensure_env(spec.env_config_override)
             self.phases.set_phase("reset")
             observation, info = await self.env_calls.call("reset", spec.seed)
@@ -507,7 +526,7 @@ class EnvManager:
                 env_tools.parse_errors
             )
         elif self.stats.episodes % PREFIX_CHECK_EVERY_EPISODES == 0:
-            self._check_prefix(trajectory, user_texts, generated_per_turn)
+            check_prefix(self.prompts, trajectory, user_texts, generated_per_turn)
         await self._apply_reward(
             trajectory,
             question=user_texts[0],
@@ -556,20 +575,6 @@ class EnvManager:
         if outcome.model_score is not None:  # skipped episodes draw no span
             trajectory.reward_started_at = started
             trajectory.reward_finished_at = time.time()
-
-    def _check_prefix(
-        self, trajectory: Trajectory, user_texts: list[str], generated: list[list[int]]
-    ) -> None:
-        """Does a fresh render of this conversation's text differ from its ids? (rollout/prefix_mismatch_rate)"""
-        if trajectory.images:
-            return  # image placeholders are expanded by the processor: a text-only render is not comparable
-        try:
-            differs = self.prompts.fresh_render_differs(
-                trajectory.token_ids, user_texts, generated
-            )
-        except ChatTemplateError:
-            return  # the template cannot render this history from text at all; nothing to compare
-        trajectory.metrics[PREFIX_MISMATCH] = float(differs)
 
     def _fail(self, trajectory: Trajectory, exc: BaseException) -> Trajectory:
         trajectory.stop_reason = "env_error"

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from roll_async.errors import ChatTemplateError
+from roll_async.metrics import PREFIX_MISMATCH
+from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trajectory import Trajectory, TurnRecord
 
 
@@ -83,3 +86,21 @@ def note_versions(trajectory: Trajectory, versions: list[int]) -> None:
             or version > trajectory.newest_weight_version
         ):
             trajectory.newest_weight_version = version
+
+
+def check_prefix(
+    prompts: ChatPromptBuilder,
+    trajectory: Trajectory,
+    user_texts: list[str],
+    generated: list[list[int]],
+) -> None:
+    """Does a fresh render of this conversation's text differ from its ids? (rollout/prefix_mismatch_rate)"""
+    if trajectory.images:
+        return  # image placeholders are expanded by the processor: a text-only render is not comparable
+    try:
+        differs = prompts.fresh_render_differs(
+            trajectory.token_ids, user_texts, generated
+        )
+    except ChatTemplateError:
+        return  # the template cannot render this history from text at all; nothing to compare
+    trajectory.metrics[PREFIX_MISMATCH] = float(differs)

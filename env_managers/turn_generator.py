@@ -154,6 +154,7 @@ class TurnGenerator:
         request_prefix: str = "",
         clock: Callable[[], float] = time.monotonic,
         decode: Callable[[list[int]], str] | None = None,
+        adapter_lag: int = 0,
     ) -> None:
         self.env_id = env_id
         self.engine = engine
@@ -174,6 +175,8 @@ class TurnGenerator:
         #: string split across an abort. None: only the engine checks stop strings.
         self.decode = decode
         self._request_counter = itertools.count()
+        #: A ``snapshot:<k>`` game seat: its requests run on the LoRA adapter k versions back (GenerationRequest).
+        self.adapter_lag = adapter_lag
 
     async def generate(
         self,
@@ -225,6 +228,7 @@ class TurnGenerator:
                 seed=seed,
                 logprobs=True,
                 multi_modal_data=multi_modal_data,
+                adapter_lag=self.adapter_lag,
             )
             error: Exception | None = None
             try:

@@ -22,6 +22,7 @@ from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.task import served_model_name
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.config.schema import CustomEnvConfig
+from roll_async.config.seat_rules import parse_seats
 from roll_async.engine.engine_actor import engine_clients
 from roll_async.engine.router import EngineClient, Router
 from roll_async.env_managers.env_manager import (
@@ -29,9 +30,12 @@ from roll_async.env_managers.env_manager import (
     EnvManagerSettings,
     EpisodeScheduler,
 )
+from roll_async.env_managers.game_episode import FrozenSeat, OpponentModel
 from roll_async.env_service.env_builder import env_builder
 from roll_async.envs import make_env
+from roll_async.envs.multiplayer import make_game
 from roll_async.errors import CallConnectionLost, QueueActorDeadError, RolloutFatalError
+from roll_async.model.paths import resolve_model_path
 from roll_async.prompts.images import (
     VisionProcessor,
     is_vision_tag,
@@ -63,8 +67,12 @@ class RegisteredEnvFactory:
 
     def __init__(self, custom_envs: Mapping[str, CustomEnvConfig]) -> None:
         self.env_types = {tag: env.env_type for tag, env in custom_envs.items()}
+        #: Tags whose env_type is a game with seats (custom_envs.<Tag>.seats): built by make_game.
+        self.games = {tag for tag, env in custom_envs.items() if env.seats}
 
     def __call__(self, tag: str, env_config: dict[str, Any]) -> Any:
+        if tag in self.games:
+            return make_game(self.env_types[tag], env_config)
         return make_env(self.env_types[tag], env_config)
 
 
@@ -79,10 +87,12 @@ def build_env_managers(
     executor: Executor | None = None,
     vision: VisionProcessor | None = None,
     reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
+    opponents: Mapping[str, OpponentModel] | None = None,
 ) -> list[EnvManager]:
     """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily).
 
     ``reward_scorers``: tag -> the scorer its EnvManagers share (custom_envs.<Tag>.reward).
+    ``opponents``: a ``frozen:`` seat's model path -> its engines and tokenizer (game tags).
     """
     em = spec.env_manager
     factory = env_factory or RegisteredEnvFactory(spec.custom_envs)
@@ -94,6 +104,7 @@ def build_env_managers(
         else None
     )
     builders: dict[str, ChatPromptBuilder] = {}
+    frozen_builders: dict[tuple[str, str], ChatPromptBuilder] = {}
     managers = []
     for env_id, tag in env_specs:
         custom_env = spec.custom_envs[tag]
@@ -126,9 +137,40 @@ def build_env_managers(
                 agent_tool_parser=spec.model.tool_parser,
                 observations=observation_encoder(custom_env, vision),
                 reward_scorer=(reward_scorers or {}).get(tag),
+                frozen_seats=frozen_seats(
+                    spec, tag, env_id, opponents or {}, frozen_builders
+                ),
             )
         )
     return managers
+
+
+def frozen_seats(
+    spec: RolloutSpec,
+    tag: str,
+    env_id: int,
+    opponents: Mapping[str, OpponentModel],
+    builders: dict[tuple[str, str], ChatPromptBuilder],
+) -> dict[int, FrozenSeat]:
+    """The ``frozen:`` seats of ``tag``'s game for env ``env_id``: its client of each model's engines, its builder.
+
+    A frozen model gets its own tokenizer's prompt builder (one per model and tag, shared) with the
+    policy's chat-template settings; a seat whose model has no engine here is left out (the game
+    runner names it).
+    """
+    custom_env = spec.custom_envs[tag]
+    seats: dict[int, FrozenSeat] = {}
+    for seat in parse_seats(tag, custom_env.seats):
+        model = opponents.get(seat.player) if seat.kind == "frozen" else None
+        if model is None:
+            continue
+        key = (seat.player, tag)
+        if key not in builders:
+            builders[key] = ChatPromptBuilder.for_model(
+                model.tokenizer, spec.model, custom_env.system_prompt
+            )
+        seats[seat.seat] = FrozenSeat(model.client_for(env_id), builders[key])
+    return seats
 
 
 def find_stalled(
@@ -375,6 +417,8 @@ class EnvManagerWorker:
 
     ``reward_services``: tag -> the running judge / reward model of that tag (launched by the pipeline);
     this process builds one scorer per tag from it, shared by the tag's EnvManagers here.
+    ``opponent_engines``: a ``frozen:`` seat's model path -> the engine actors serving it (launched by the
+    pipeline, never weight-synced); this process routes over them and loads the model's tokenizer.
     """
 
     def __init__(
@@ -389,6 +433,7 @@ class EnvManagerWorker:
         incarnation: int = 0,
         tokenizer_files: dict[str, bytes] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
+        opponent_engines: Mapping[str, list[Any]] | None = None,
     ) -> None:
         em = spec.env_manager
         self.worker_index = worker_index
@@ -429,6 +474,19 @@ class EnvManagerWorker:
             executor=self._executor,
             vision=vision,
             reward_scorers=self._reward_scorers,
+            opponents={
+                model: OpponentModel(
+                    Router(
+                        engine_clients(handles, spec.request_transport),
+                        rotation_offset=worker_index,
+                    ).client_for,
+                    load_tokenizer(
+                        resolve_model_path(model),
+                        trust_remote_code=spec.model.trust_remote_code,
+                    ),
+                )
+                for model, handles in (opponent_engines or {}).items()
+            },
         )
         self._host = EnvManagerHost(
             managers,

@@ -32,12 +32,17 @@ from typing import Any, TypeVar
 
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
+from roll_async.config.seat_rules import max_snapshot_lag
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError
 from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.batch_sources import BatchSource, ReplaySource, RolloutSource
+from roll_async.pipelines.frozen_engines import (
+    launch_frozen_engines,
+    shutdown_frozen_engines,
+)
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async.pipelines.preflight import import_user_code, preflight, used_tags
 from roll_async.pipelines.step_actions import (
@@ -86,15 +91,20 @@ class AgenticPipeline:
         config: PipelineConfig,
         engines: list[Any] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
+        opponent_engines: Mapping[str, list[Any]] | None = None,
     ) -> None:
         """``engines``: running engine actors to use instead of launching (tests, notebooks); not shut down here.
-        ``reward_services``: likewise, running judges / reward models by tag instead of launching them."""
+        ``reward_services``: likewise, running judges / reward models by tag instead of launching them.
+        ``opponent_engines``: likewise, the engines of ``frozen:`` seats by model path."""
         self.config = config
         self.engines: list[Any] = list(engines or [])
         self._owns_engines = not self.engines
         #: tag -> the judge / reward model scoring that tag's episodes (custom_envs.<Tag>.reward); never weight-synced.
         self.reward_services: dict[str, RewardService] = dict(reward_services or {})
         self._owns_reward_services = reward_services is None
+        #: frozen: seat model path -> its engines (custom_envs.<Tag>.seats); never weight-synced.
+        self.opponent_engines: dict[str, list[Any]] = dict(opponent_engines or {})
+        self._owns_opponent_engines = opponent_engines is None
         self.fleet = EngineReplicaFleet(self.engines)
         self._owns_ray = False
         self.version_base = 0
@@ -215,7 +225,11 @@ class AgenticPipeline:
             self.reward_services = await launch_reward_services(
                 config.custom_envs, used_tags(config)
             )
-        # weight syncs go on when a replica dies
+        if self._owns_opponent_engines:
+            self.opponent_engines = await launch_frozen_engines(
+                config, used_tags(config)
+            )
+        # weight syncs go on when a replica dies; frozen opponents' engines are not in it
         self.fleet = EngineReplicaFleet(self.engines)
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
         # versions equal steps. A caller's engine may already be further on.
@@ -238,6 +252,7 @@ class AgenticPipeline:
             version_base=self.version_base,
             seed_state=self.resumed_seed_state,
             reward_services=self.reward_services,
+            opponent_engines=self.opponent_engines,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
             val_spec = rollout_spec(config, "val")
@@ -248,6 +263,7 @@ class AgenticPipeline:
                     engine_handles=self.engines,
                     tokenizer_path=self.model_path,
                     reward_services=self.reward_services,
+                    opponent_engines=self.opponent_engines,
                 ),
             )
 
@@ -498,6 +514,9 @@ class AgenticPipeline:
         if self._owns_reward_services:
             await shutdown_reward_services(self.reward_services)
             self.reward_services = {}
+        if self._owns_opponent_engines:
+            await shutdown_frozen_engines(self.opponent_engines)
+            self.opponent_engines = {}
         if self.trainer is not None:
             self.trainer.shutdown()
         if self.tracker is not None:
@@ -511,14 +530,18 @@ def engine_lora_serving(config: PipelineConfig, model_path: str) -> LoraServing 
     """What the engines need to serve the run's adapters (trainer.lora.sync=adapter), else None.
 
     Each replica keeps ``max(2, staleness_bound + 1)`` versions loaded, so a request
-    in flight ends on the adapter it started with.
+    in flight ends on the adapter it started with, and ``k + 1`` when a game seat plays
+    ``snapshot:<k>`` (the policy k versions back).
     """
     lora = config.trainer.lora
     if not lora_enabled(lora) or lora.sync != "adapter":
         return None
     return LoraServing(
         rank=lora.rank,
-        max_loras=serving_max_loras(config.staleness_bound),
+        max_loras=max(
+            serving_max_loras(config.staleness_bound),
+            max_snapshot_lag(config.custom_envs, used_tags(config)) + 1,
+        ),
         adapter_config=adapter_config_json(lora, model_path),
     )
 

@@ -25,12 +25,15 @@ from roll_async.agent_gateway.tool_calls import ToolCallParser
 from roll_async.config.dotted_paths import calling_user_code, resolve_dotted
 from roll_async.config.reward_rules import TINY_MODEL
 from roll_async.config.schema import CustomEnvConfig, PipelineConfig
+from roll_async.config.seat_rules import parse_seats
 from roll_async.config.sections import VERIFIERS_PREFIX
 from roll_async.engine.engine_args import engine_dtype
 from roll_async.env_service.client import check_service
 from roll_async.env_service.process_env import EnvProcessError, ProcessEnv
 from roll_async.envs import make_env
 from roll_async.envs.adapters.verifiers_env import load_verifiers_env
+from roll_async.envs.multiplayer import make_game
+from roll_async.envs.multiplayer.seats import check_game_seats
 from roll_async.envs.registry import names_user_class
 from roll_async.errors import (
     ChatTemplateError,
@@ -87,6 +90,11 @@ def import_user_code(config: PipelineConfig) -> None:
         if spec.service_url or spec.isolation == "process":
             continue
         paths = [("env_type", spec.env_type)]
+        paths += [
+            (f"seats[{seat.seat}]", seat.player)
+            for seat in parse_seats(tag, spec.seats)
+            if ":" in seat.player
+        ]
         inner = spec.env_config.get("inner_env_type")
         if isinstance(inner, str):
             paths.append(("env_config.inner_env_type", inner))
@@ -121,10 +129,58 @@ def check_envs(config: PipelineConfig) -> None:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             continue
+        if spec.seats:
+            check_game(tag, spec, config)
+            continue
         if spec.service_url or spec.isolation == "process":
             check_env_out_of_process(tag, spec, config)
             continue
         check_env_in_process(tag, spec, config)
+
+
+def check_game(tag: str, spec: CustomEnvConfig, config: PipelineConfig) -> None:
+    """A game tag (``custom_envs.<tag>.seats``): its seats fit the game, its players import, one game starts.
+
+    A game class's own exception while it is built or reset is the user's (a ``UserCodeError``).
+    """
+    key = f"custom_envs.{tag}.env_type={spec.env_type!r}"
+    seats = check_game_seats(tag, spec.env_type, dict(spec.env_config), spec.seats)
+    user = names_user_class(spec.env_type)
+
+    def user_call(call: str) -> contextlib.AbstractContextManager[None]:
+        return calling_user_code(key, call) if user else contextlib.nullcontext()
+
+    try:
+        with user_call("its constructor with env_config"):
+            game = make_game(spec.env_type, dict(spec.env_config))
+        with user_call(f"reset({config.seed}) and get_observation()"):
+            game.reset(config.seed)
+            seen = game.get_observation()
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"custom_envs.{tag}: {exc}") from None
+    for seat in seats:
+        if seat.kind == "frozen":
+            check_frozen_model(tag, seat.seat, seat.player, config)
+    random_seats = [s.seat for s in seats if s.player == "random"]
+    if random_seats and not seen.legal_actions:
+        raise ConfigError(
+            f"custom_envs.{tag}.seats[{random_seats[0]}]=random: {spec.env_type!r} lists no legal actions "
+            "(its first observation has none) for the random player to pick from; use "
+            "scripted:package.module:function"
+        )
+
+
+def check_frozen_model(tag: str, seat: int, model: str, config: PipelineConfig) -> None:
+    """A ``frozen:`` seat's model exists and its tokenizer loads offline; ConfigError naming the seat."""
+    key = f"custom_envs.{tag}.seats[{seat}]='frozen:{model}'"
+    try:
+        path = resolve_model_path(model)
+        load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+    except Exception as exc:  # a missing directory, a tokenizer that does not load
+        raise ConfigError(
+            f"{key}: the model cannot be used ({type(exc).__name__}: {exc}); give a local HF model "
+            "directory, tiny or tiny-<family>"
+        ) from None
 
 
 def check_env_in_process(

@@ -17,6 +17,10 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.pipelines.console import format_rollout_line
+from roll_async.pipelines.frozen_engines import (
+    launch_frozen_engines,
+    shutdown_frozen_engines,
+)
 from roll_async.pipelines.interrupt import (
     InterruptFlag,
     RolloutInterrupted,
@@ -63,6 +67,7 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     interrupt.reclaim()  # ray.init replaced the SIGTERM handler
     engines: list[Any] = []
     reward_services: dict[str, RewardService] = {}
+    opponent_engines: dict[str, list[Any]] = {}
     scheduler = None
     written = 0
     interrupted: RolloutInterrupted | None = None
@@ -71,11 +76,15 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
         reward_services = await interrupt.race(
             launch_reward_services(config.custom_envs, config.train_env_manager.tags)
         )
+        opponent_engines = await interrupt.race(
+            launch_frozen_engines(config, config.train_env_manager.tags)
+        )
         scheduler = RolloutScheduler(
             rollout_spec(config, "train"),
             engine_handles=engines,
             tokenizer_path=model_path,
             reward_services=reward_services,
+            opponent_engines=opponent_engines,
         )
         for step in range(config.num_batches):
             started = time.perf_counter()
@@ -106,6 +115,7 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
         if scheduler is not None:
             await scheduler.shutdown()
         await shutdown_reward_services(reward_services)
+        await shutdown_frozen_engines(opponent_engines)
         await shutdown_engines(engines)
         ray.shutdown()
     if interrupted is not None:

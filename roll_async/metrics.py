@@ -128,6 +128,21 @@ def env_metric(tag: str, name: str) -> str:
     return f"env/{tag}/{name}"
 
 
+#: Games with seats: per-seat Trajectory.metrics keys (env_managers/game_episode.py) -> the rate logged per role
+#: and opponent kind under game_metric(tag, role, opponents, <rate>).
+GAME_RATES: dict[str, str] = {
+    "game_win": "win_rate",
+    "game_draw": "draw_rate",
+    "game_loss": "loss_rate",
+    "game_invalid_move": "invalid_move_rate",
+}
+
+
+def game_metric(tag: str, role: str, opponents: str, name: str) -> str:
+    """Per game tag, seat role and opponent kind, e.g. ``game/KuhnPoker/seat0/vs_heuristic/win_rate``."""
+    return f"game/{tag}/{role}/vs_{opponents}/{name}"
+
+
 #: Scheduler counter fields (group_queue.SchedulerCounters) -> metric names.
 COUNTER_METRICS: dict[str, str] = {
     "dropped_stale_groups": DROPPED_STALE_GROUPS,
@@ -192,6 +207,19 @@ def _env_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
         for tag, metrics in by_tag.items()
         for key, vals in metrics.items()
     }
+
+
+def _game_metrics(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    """Win, draw and loss rates and the invalid-move rate (per reply) of each (tag, role, opponent kind)."""
+    by_seat: dict[str, list[float]] = {}
+    for t in trajectories:
+        if not t.role:
+            continue
+        for key, name in GAME_RATES.items():
+            if key in t.metrics:
+                metric = game_metric(t.tag, t.role, t.opponents, name)
+                by_seat.setdefault(metric, []).append(float(t.metrics[key]))
+    return {metric: mean(values) for metric, values in by_seat.items()}
 
 
 def engine_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -328,6 +356,7 @@ def rollout_metrics(
         if gauge in (gauges or {}):
             out[metric_name] = float(gauges[gauge])  # type: ignore[index]
     out.update(_env_metrics(batch))
+    out.update(_game_metrics(batch))
     out.update(engine_metrics(engine_stats or []))
     out.update(reward_batch_metrics(batch))
     return out

@@ -39,6 +39,9 @@ class GenerationRequest:
     #: Images of the conversation so far in placeholder order, e.g. ``{"image": [PIL.Image, ...]}``; the
     #: prompt ids then hold one image token per image (vLLM expands it; see roll_async.prompts.images).
     multi_modal_data: dict[str, list[Any]] | None = None
+    #: LoRA serving (trainer.lora.sync=adapter): run on the adapter this many versions older than the newest
+    #: loaded (the oldest loaded while fewer exist); 0: the newest. A ``snapshot:<k>`` game seat's requests.
+    adapter_lag: int = 0
 
 
 @dataclass
@@ -175,6 +178,15 @@ class Trajectory:
     #: Observation images in placeholder order (vision envs), and each one's [start, end) span in token_ids.
     images: list[Any] = field(default_factory=list)
     image_spans: list[tuple[int, int]] = field(default_factory=list)
+    #: Games with seats (custom_envs.<Tag>.seats): the seat this trajectory played, ``seat0``, ``seat1``, ...;
+    #: "" for a single-agent env. The trainer normalises advantages per (group, role).
+    role: str = ""
+    #: Games: who played the other seats, by kind (``policy``, ``random``, ``heuristic``, ``scripted``; several
+    #: joined by ``+`` in seat order); "" for a single-agent env. Game metrics are logged per role and opponents.
+    opponents: str = ""
+    #: The other trained seats of the same game, handed over with this one (the game's first policy seat)
+    #: so the queue keeps, drops or re-plays a game whole; the queue flattens them when it serves.
+    game_seats: list[Trajectory] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -193,6 +205,8 @@ class Trajectory:
             "episode_id": self.episode_id,
             "env_id": self.env_id,
             "seed": self.seed,
+            "role": self.role,
+            "opponents": self.opponents,
             "episode_reward": self.episode_reward,
             "stop_reason": self.stop_reason,
             "error": self.error,
@@ -213,6 +227,23 @@ class Trajectory:
         if decoded_text is not None:
             record["text"] = decoded_text
         return record
+
+
+def with_game_seats(
+    trajectories: list[Trajectory], *, detach: bool = False
+) -> list[Trajectory]:
+    """Each trajectory followed by the other trained seats of its game (``game_seats``), in order.
+
+    ``detach``: empty each ``game_seats`` on the way (the queue serving a batch), so no seat is
+    shipped twice, nested and flat.
+    """
+    flat: list[Trajectory] = []
+    for trajectory in trajectories:
+        flat.append(trajectory)
+        flat.extend(trajectory.game_seats)
+        if detach:
+            trajectory.game_seats = []
+    return flat
 
 
 @dataclass

@@ -26,6 +26,7 @@ from roll_async.config.schema import (
     validate_config,
 )
 from roll_async.config.sections import staleness_bound
+from roll_async.config.validation import trajectories_per_episode
 from roll_async.errors import InvalidInputError
 
 RolloutRole = Literal["train", "val"]
@@ -54,7 +55,8 @@ class RolloutSpec:
     #: 0 in sync mode, and validation plays in sync mode). Everything downstream reads this value.
     staleness_bound: int
     #: Groups in each batch the trainer takes (rollout_batch_size / group_size; 1 for validation): the
-    #: queue's quota, and the size of every ``get_batch``.
+    #: queue's quota, and the size of every ``get_batch``. A game tag's group is group_size games, each
+    #: giving one trajectory per policy seat: rollout_batch_size / (group_size x policy seats) groups.
     groups_per_batch: int
     #: Extra seats per group beyond group_size (the section's group_size_redundancy; 0 for validation).
     seat_redundancy: int
@@ -91,7 +93,11 @@ def rollout_spec(config: PipelineConfig, role: RolloutRole) -> RolloutSpec:
         seed=config.seed,
         mode=mode,
         staleness_bound=staleness_bound(mode, config.max_staleness),
-        groups_per_batch=max(1, config.rollout_batch_size // em.group_size)
+        groups_per_batch=max(
+            1,
+            config.rollout_batch_size
+            // (em.group_size * trajectories_per_episode(config)),
+        )
         if train
         else 1,
         seat_redundancy=em.group_size_redundancy if train else 0,

@@ -188,6 +188,15 @@ class RewardConfig(RewardRules):
 
 
 @dataclass
+class OpponentPoolConfig:
+    """``custom_envs.<Tag>.pool``: the policy snapshots a ``pool`` game seat draws its opponent from, per episode."""
+
+    #: Each game, a ``pool`` seat plays the policy k weight versions back, k drawn uniformly from 1..last_k
+    #: (LoRA runs: the engines keep last_k + 1 adapters loaded); 0: no pool.
+    last_k: int = bounded(0, ge=0)
+
+
+@dataclass
 class CustomEnvConfig:
     """One ``custom_envs.<Tag>`` entry: which env to build and how it talks to the model."""
 
@@ -222,6 +231,14 @@ class CustomEnvConfig:
     isolation: Isolation = "none"
     #: A model that scores each finished episode of this tag (see the custom_envs.<Tag>.reward section); null: env reward only.
     reward: RewardConfig | None = None
+    #: A game with seats (env_type names a multi-player game): who plays each seat, in seat order: policy (trained;
+    #: one trajectory per policy seat and game), random, heuristic, scripted:package.module:function or
+    #: frozen:<model path> (another model on its own engine, never weight-synced), snapshot:<k> (the policy k
+    #: versions back, LoRA runs) or pool (see roll_async/config/seat_rules.py).
+    #: group_size then counts games; empty: a single-agent env.
+    seats: list[str] = field(default_factory=list)
+    #: The snapshots a ``pool`` seat draws from (see the custom_envs.<Tag>.pool section).
+    pool: OpponentPoolConfig = field(default_factory=OpponentPoolConfig)
 
     @property
     def agent_function(self) -> str | None:

@@ -12,6 +12,11 @@ from pathlib import Path
 
 from roll_async.config.dotted_paths import check_not_moved
 from roll_async.config.field_checks import check_fields, did_you_mean
+from roll_async.config.seat_rules import (
+    check_snapshots,
+    trained_seats,
+    validate_seats,
+)
 from roll_async.config.sections import (
     CustomEnvConfig,
     EnvManagerConfig,
@@ -104,6 +109,22 @@ def validate_config(config: PipelineConfig) -> None:
                     f"custom_envs.{tag}.reward.per_turn=true needs env steps to score; an agent session "
                     "returns one reward at its end: set per_turn to false (the finished episode is scored)"
                 )
+        validate_seats(
+            tag,
+            env.seats,
+            agent=env.agent,
+            service_url=env.service_url,
+            isolation=env.isolation,
+            has_reward=env.reward is not None,
+        )
+        check_snapshots(
+            tag,
+            env.seats,
+            pool_last_k=env.pool.last_k,
+            lora_adapter=config.trainer.lora.rank > 0
+            and config.trainer.lora.sync == "adapter",
+            versions_in_run=config.max_steps // config.weight_sync.interval,
+        )
         if (env.env_type == "agent") != bool(env.agent):
             raise ConfigError(
                 f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "
@@ -115,11 +136,12 @@ def validate_config(config: PipelineConfig) -> None:
     _validate_env_manager(
         "val_env_manager", config.val_env_manager, config, train=False
     )
-    gs = config.train_env_manager.group_size
+    gs = config.train_env_manager.group_size * trajectories_per_episode(config)
     if config.rollout_batch_size < 1 or config.rollout_batch_size % gs != 0:
+        per = "" if gs == config.train_env_manager.group_size else " x policy seats"
         raise ConfigError(
             f"rollout_batch_size={config.rollout_batch_size} is not a positive multiple of "
-            f"train_env_manager.group_size={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
+            f"train_env_manager.group_size{per}={gs}; use e.g. rollout_batch_size={max(1, config.rollout_batch_size // gs) * gs}"
         )
     if config.trainer.trainer_cls:
         check_not_moved(config.trainer.trainer_cls, "trainer.trainer_cls")
@@ -324,3 +346,23 @@ def _validate_trainer_placement(trainer: TrainerConfig) -> None:
             f"trainer.device={trainer.device!r} with trainer.placement=ray_actor and trainer.num_gpus=0: Ray gives the "
             "actor no GPU; set trainer.num_gpus (e.g. 1) or trainer.device=auto"
         )
+
+
+def trajectories_per_episode(config: PipelineConfig) -> int:
+    """Trajectories one episode of a training tag gives (its policy seats; 1 for single-agent envs).
+
+    A batch holds whole groups of ``group_size`` episodes, so every training tag must give the same
+    number: ConfigError naming the tags when they differ.
+    """
+    per_tag = {
+        tag: trained_seats(tag, config.custom_envs[tag].seats)
+        for tag in config.train_env_manager.tags
+        if tag in config.custom_envs
+    }
+    counts = sorted(set(per_tag.values()))
+    if len(counts) > 1:
+        raise ConfigError(
+            f"train_env_manager.tags give different trajectories per episode ({per_tag}: policy seats of games, 1 "
+            "for single-agent envs); a batch of whole groups needs one number: train such tags in separate runs"
+        )
+    return counts[0] if counts else 1

@@ -87,12 +87,19 @@ class AdapterVersions:
         self.newest = version
         return request
 
-    def acquire(self) -> tuple[Any, int | None]:
-        """(LoRARequest, version) a new request runs on: the newest adapter; (None, None) before the first."""
+    def acquire(self, lag: int = 0) -> tuple[Any, int | None]:
+        """(LoRARequest, version) a new request runs on; (None, None) before the first adapter.
+
+        ``lag`` 0: the newest adapter; ``k``: the one ``k`` loaded versions older (a policy snapshot for a
+        ``snapshot:<k>`` game seat), the oldest loaded while fewer exist. The pipeline keeps ``k + 1``
+        versions loaded (``LoraServing.max_loras``) so that version is there.
+        """
         if self.newest is None:
             return None, None
-        self._in_flight[self.newest] = self._in_flight.get(self.newest, 0) + 1
-        return self._requests[self.newest], self.newest
+        versions = sorted(self._requests)
+        version = versions[max(0, len(versions) - 1 - max(0, int(lag)))]
+        self._in_flight[version] = self._in_flight.get(version, 0) + 1
+        return self._requests[version], version
 
     def release(self, version: int | None) -> None:
         if version is None:

@@ -331,7 +331,9 @@ class VLLMEngine(ServesRequestsOverZmq):
         self._in_flight.add(request.request_id)
         # With adapters: the newest adapter now; the request keeps it to the end, whatever syncs come.
         lora_request, adapter_version = (
-            self._adapters.acquire() if self._adapters is not None else (None, None)
+            self._adapters.acquire(request.adapter_lag)
+            if self._adapters is not None
+            else (None, None)
         )
         start_version = self._weight_version
         try:

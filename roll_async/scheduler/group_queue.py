@@ -29,7 +29,7 @@ from roll_async.scheduler.serve_order import ServeOrder, make_serve_order
 from roll_async.scheduler.served_batch import SchedulerCounters, ServedBatch
 from roll_async.scheduler.wakeups import TrainerWakeup, WakeupCounters
 from roll_async.scheduler.worker_faults import StalledEnvs, reopen_seats_of_dead_envs
-from roll_async.trajectory import EpisodeSpec, Trajectory
+from roll_async.trajectory import EpisodeSpec, Trajectory, with_game_seats
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,9 @@ class GroupQueueManager:
     sibling is still mid-episode, and the oldest groups get envs first. ``group_id`` is unique per group for
     the whole run; ``episode_id`` numbers the seats handed out within a group (0, 1, ..., including
     re-issued seats after errors). Group number ``i`` of tag ``t`` plays ``derive_seed(run_seed, t, i)``; all
-    trajectories of a group share tag, env config and seed.
+    trajectories of a group share tag, env config and seed. A game tag's episode is one game: its policy seats'
+    trajectories come in one hand-over (``Trajectory.game_seats``), so a game is kept, dropped or re-played
+    whole, and a served batch lists them flat (``group_size`` games x policy seats per group).
 
     Completion and redundancy. Seats are numbered in launch order (``episode_id``); a seat whose episode
     failed (``env_error``) or was given back (``aborted``) drops out, and its re-issued seat is launched
@@ -337,7 +339,7 @@ class GroupQueueManager:
             apply_filter
             and self.rules.group_filter != "none"
             and self.rules.auto_create
-            and not self._filter(group.trajectories[: group.needed])
+            and not self._filter(with_game_seats(group.trajectories[: group.needed]))
         ):
             if self._accounts.spend_filter_drop():
                 self.counters.filtered_groups += 1
@@ -408,7 +410,10 @@ class GroupQueueManager:
         carried_over = 0
         for group in groups:
             self._remove_pending(group)
-            trajectories.extend(group.trajectories[: group.needed])
+            # a game's trained seats travel as one hand-over; the trainer gets each seat's trajectory
+            trajectories.extend(
+                with_game_seats(group.trajectories[: group.needed], detach=True)
+            )
             carried_over += group.created_batch < self._accounts.batches_served
         self._accounts.batches_served += 1
         now = self._clock()
@@ -434,7 +439,11 @@ class GroupQueueManager:
             window_s=window,
             counters=counters,
             gauges=gauges,
-            unserved=self._accounts.take_unserved(),
+            unserved=[
+                (fate, seat)
+                for fate, trajectory in self._accounts.take_unserved()
+                for seat in with_game_seats([trajectory], detach=True)
+            ],
         )
 
     async def run_fixed_round(

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.engine.router import EngineClient, Router
+from roll_async.env_managers.game_episode import OpponentModel
 from roll_async.env_managers.worker import (
     EnvFactory,
     EnvManagerHost,
@@ -49,8 +50,11 @@ class LocalRolloutScheduler:
         start_step: int = 0,
         version_base: int = 0,
         reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
+        opponents: Mapping[str, tuple[Sequence[EngineClient], ChatTokenizer]]
+        | None = None,
     ) -> None:
-        """``reward_scorers``: tag -> the scorer of that tag's episodes (custom_envs.<Tag>.reward)."""
+        """``reward_scorers``: tag -> the scorer of that tag's episodes (custom_envs.<Tag>.reward);
+        ``opponents``: a ``frozen:`` seat's model path -> the engines serving it and its tokenizer."""
         em = spec.env_manager
         self.spec = spec
         self.engines: list[EngineClient] = (
@@ -74,6 +78,10 @@ class LocalRolloutScheduler:
             env_factory=env_factory,
             executor=self._executor,
             reward_scorers=reward_scorers,
+            opponents={
+                model: OpponentModel(Router(list(engines)).client_for, model_tokenizer)
+                for model, (engines, model_tokenizer) in (opponents or {}).items()
+            },
         )
         self.host = EnvManagerHost(
             self.managers,

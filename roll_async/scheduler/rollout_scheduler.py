@@ -244,9 +244,12 @@ class RolloutScheduler:
         version_base: int = 0,
         seed_state: dict[str, Any] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
+        opponent_engines: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         """``reward_services``: tag -> its running judge / reward model (``launch_reward_services``), owned by the
-        caller; the tags of this side that have one get their episodes scored before the hand-over."""
+        caller; the tags of this side that have one get their episodes scored before the hand-over.
+        ``opponent_engines``: a ``frozen:`` seat's model path -> the engine actors serving it, owned by the
+        caller (never weight-synced)."""
         if not engine_handles:
             raise InvalidInputError(
                 "RolloutScheduler needs at least one engine actor handle"
@@ -263,6 +266,9 @@ class RolloutScheduler:
             tag: service
             for tag, service in (reward_services or {}).items()
             if tag in spec.custom_envs
+        }
+        self.opponent_engines = {
+            model: list(handles) for model, handles in (opponent_engines or {}).items()
         }
         self.last_metrics: dict[str, float] = {}
         self.last_unserved: list[tuple[str, Trajectory]] = []
@@ -348,6 +354,7 @@ class RolloutScheduler:
                 self._incarnations[index],
                 tokenizer_files=self._tokenizer_files,
                 reward_services=self.reward_services,
+                opponent_engines=self.opponent_engines,
             )
         )
 

@@ -28,8 +28,10 @@ class TrajectoryBatch:
     ``old_logprobs`` the engine's behaviour logprobs there (0 elsewhere), and
     ``rewards[i]`` the episode reward. ``group_index`` maps each row to a
     contiguous group number (0..num_groups-1, first appearance order) for
-    group-relative advantages; identifiers come along as plain lists. Right
-    padding, because training computes per-token losses over whole sequences.
+    group-relative advantages: one per (tag, group, role), so each seat of a
+    game is compared with the same seat of its group's other games;
+    identifiers come along as plain lists. Right padding, because training
+    computes per-token losses over whole sequences.
 
     ``token_versions`` holds the weight version that sampled each generated
     token (-1 on prompt, env and padding tokens, and where a trajectory recorded
@@ -175,10 +177,12 @@ def collate_trajectories(
     old_logprobs = old_logprobs * response_mask
     token_versions = token_versions.masked_fill(response_mask == 0, -1)
 
-    group_numbers: dict[tuple[str, int], int] = {}
+    # A game's seats are compared only with the same seat in the group's other games (role-conditioned
+    # advantages): a seat with a built-in edge would otherwise look better than its opponent every game.
+    group_numbers: dict[tuple[str, int, str], int] = {}
     group_index = torch.tensor(
         [
-            group_numbers.setdefault((t.tag, t.group_id), len(group_numbers))
+            group_numbers.setdefault((t.tag, t.group_id, t.role), len(group_numbers))
             for t in trajectories
         ],
         dtype=torch.long,

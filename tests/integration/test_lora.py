@@ -267,3 +267,67 @@ async def test_lora_on_two_fsdp_ranks_keeps_the_engine_on_the_trained_adapter(
     checkpoint = run / "checkpoints" / "step_2"
     assert (checkpoint / "adapter_model.safetensors").is_file()
     assert (checkpoint / "dcp" / ".metadata").is_file()
+
+
+async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tmp_path):
+    """``snapshot:1`` in a LoRA run: the seat's requests run on the adapter one version before the newest.
+
+    A run whose game seat is ``snapshot:1`` trains on the LoRA engine, and a request with ``adapter_lag`` 1
+    runs on the older of the two adapters loaded, one with lag 0 on the newest (the versions its tokens
+    carry). The tiny model never makes a legal move, so these adapters stay equal: this checks which
+    adapter runs, not that they differ.
+    """
+    import json
+
+    from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+
+    config = load_config(
+        REPO / "configs" / "selfplay.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "max_steps=3",
+            "rollout_batch_size=4",
+            "train_env_manager.num_env_groups=2",
+            "train_env_manager.group_size=4",
+            "trainer.lr=2e-2",
+            "trainer.lora.rank=8",
+            "trainer.lora.alpha=32",
+            "trainer.micro_batch_size=4",
+            "logging.progress_bar=false",
+            "logging.console=false",
+            "sft_warmup.enabled=false",
+            "eval_steps=0",
+            "custom_envs.KuhnPoker.seats=[snapshot:1,policy]",
+            "custom_envs.KuhnPoker.max_tokens_per_step=12",
+        ],
+    )
+    run = await AgenticPipeline(config, engines=[lora_engine]).run()
+    trajectories = [
+        json.loads(line)
+        for line in (run / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert len(trajectories) == 12
+    assert {(t["role"], t["opponents"]) for t in trajectories} == {
+        ("seat1", "snapshot")
+    }
+    assert not [t for t in trajectories if t["stop_reason"] == "env_error"]
+    loaded = await lora_engine.lora_versions.remote()
+    assert len(loaded) == 2
+    prompt = list(range(10, 40))
+    outputs = [
+        await lora_engine.generate.remote(
+            GenerationRequest(
+                request_id=f"snapshot-check-{lag}-{uuid.uuid4().hex[:6]}",
+                prompt_token_ids=prompt,
+                max_tokens=8,
+                temperature=1.0,
+                seed=3,
+                ignore_eos=True,
+                adapter_lag=lag,
+            )
+        )
+        for lag in (0, 1)
+    ]
+    # the engine labels a LoRA request's tokens with the adapter version it ran on
+    assert outputs[0].token_versions == [loaded[1]] * 8
+    assert outputs[1].token_versions == [loaded[0]] * 8

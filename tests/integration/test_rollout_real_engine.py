@@ -26,6 +26,7 @@ from roll_async.config.schema import (
     load_config,
     validate_config,
 )
+from roll_async.config.validation import trajectories_per_episode
 from roll_async.trajectory import GenerationRequest, GenerationResult, Trajectory
 
 pytestmark = pytest.mark.integration
@@ -473,7 +474,8 @@ async def test_every_shipped_config_collects_a_batch(path, engine, tiny_model_pa
     base = load_config(path)
     em = base.train_env_manager
     overrides = [
-        f"rollout_batch_size={em.group_size * len(em.tags)}",
+        # a game tag's episode gives one trajectory per policy seat (custom_envs.<Tag>.seats)
+        f"rollout_batch_size={em.group_size * len(em.tags) * trajectories_per_episode(base)}",
         f"train_env_manager.num_env_groups={len(em.tags)}",
         "train_env_manager.group_size_redundancy=0",
         "engine.max_model_len=1024",

@@ -1,7 +1,7 @@
 """Games with seats: the contract for N players taking turns (one observation per seat, per-seat rewards), two built-in games, scripted players and the registry that builds games by name.
 
-Only the games exist so far: a ``custom_envs`` tag still plays one seat, and nothing
-schedules the seats of one game across episodes yet.
+A ``custom_envs`` tag plays a game when it lists its ``seats`` (roll_async.config.seat_rules);
+``seats`` checks such a list against its game, and env_managers/game_episode.py plays it.
 """
 
 from roll_async.envs.multiplayer.base import (

@@ -49,7 +49,7 @@ def make_game(name: str, config: Mapping[str, Any] | None = None) -> Game:
                 f"'textarena:<GameId>' (adapters: {', '.join(sorted(ADAPTER_PREFIXES))})"
             )
         return TextArenaGame(game_id, **dict(config or {}))
-    cls = _game_class(name)
+    cls = game_class(name)
     config_cls: type[Any] | None = getattr(cls, "config_cls", None)
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
         game: Game = cls(build_config(config_cls, config, name))
@@ -59,38 +59,52 @@ def make_game(name: str, config: Mapping[str, Any] | None = None) -> Game:
 
 
 def check_seats(
-    env_type: str, key: str, *, env_class: type | None = None, seats: int = 1
+    env_type: str,
+    key: str,
+    *,
+    env_class: type | None = None,
+    seats: int = 1,
+    num_players: int | None = None,
 ) -> None:
     """ConfigError naming ``key`` when ``env_type`` is a game for another number of seats than ``seats``.
 
-    A registered game name is looked up here; any other class is read from ``env_class``
-    (its ``num_players``, 1 when it has none). A ``custom_envs`` tag plays one seat today,
-    so a multi-player game given as its ``env_type`` fails at load with one line.
+    ``num_players`` when given, else a registered game name is looked up here, else the class
+    is read from ``env_class`` (its ``num_players``, 1 when it has none). A tag without
+    ``custom_envs.<Tag>.seats`` plays one seat, so a multi-player game given as its
+    ``env_type`` without seats fails at load with one line.
 
     Args:
         env_type: The name the config gives.
         key: The config key that holds it (``custom_envs.<Tag>.env_type``).
         env_class: The class the name resolved to, when it is not a registered game name.
         seats: The seats configured for it.
+        num_players: The game's number of players, when the caller knows it (a TextArena game).
     """
     cls = GAMES.get(env_type, env_class)
-    players = getattr(cls, "num_players", 1) if cls is not None else 1
+    players = (
+        num_players
+        if num_players is not None
+        else getattr(cls, "num_players", 1)
+        if cls is not None
+        else 1
+    )
     if not isinstance(players, int) or players == seats:
         return
     if seats == 1:
         fix = (
-            "a custom_envs tag plays one seat, and seats of one game are not scheduled yet: pick a "
-            "single-agent env, or play the game through roll_async.envs.multiplayer.make_game"
+            f"list who plays each of its {players} seats in custom_envs.<Tag>.seats (e.g. "
+            f"[{', '.join(['policy'] + ['random'] * (players - 1))}]), or pick a single-agent env"
         )
     else:
-        fix = f"configure {players} seats"
+        fix = f"list {players} seats, one per player"
     raise ConfigError(
         f"{key}={env_type!r} is a {players}-player game, but {seats} "
         f"{'seat is' if seats == 1 else 'seats are'} configured; {fix}"
     )
 
 
-def _game_class(name: str) -> type[Any]:
+def game_class(name: str) -> type[Any]:
+    """The class of a registered game name or a ``package.module:ClassName`` path (not an adapter)."""
     if name in GAMES:
         return GAMES[name]
     if ":" in name:

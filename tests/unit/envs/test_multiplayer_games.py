@@ -227,7 +227,8 @@ def test_a_game_given_where_one_seat_plays_fails_at_load_naming_the_key():
         "roll_async.envs.multiplayer.tic_tac_toe:TicTacToe",
     ):
         with pytest.raises(
-            ConfigError, match=r"env_type=.* is a 2-player game.*make_game"
+            ConfigError,
+            match=r"env_type=.* is a 2-player game.*custom_envs.<Tag>.seats",
         ):
             make_env(env_type)
 

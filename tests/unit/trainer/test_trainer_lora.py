@@ -323,3 +323,26 @@ def test_adapter_versions_keep_the_newest_and_those_in_flight():
     finally:
         versions.close()
     assert not versions.root.exists()
+
+
+def test_a_snapshot_request_runs_on_the_adapter_k_versions_back():
+    """``adapter_lag`` k (a ``snapshot:<k>`` game seat): k loaded versions back, the oldest while fewer exist."""
+    versions = AdapterVersions(
+        LoraServing(rank=8, max_loras=3, adapter_config={"r": 8})
+    )
+    try:
+        assert versions.acquire(2) == (None, None)
+        versions.write(0, {"w": torch.zeros(2)})
+        assert versions.acquire(2)[1] == 0  # one version: the snapshot plays it
+        for version in (1, 2, 3):
+            versions.write(version, {"w": torch.ones(2)})
+        assert [versions.acquire(lag)[1] for lag in (0, 1, 2, 5)] == [3, 2, 1, 0]
+        # v0 is kept while a snapshot request runs on it, then goes (max_loras 3: v1-v3)
+        for version in (3, 2, 1):
+            versions.release(version)
+        assert versions.removable() == []
+        versions.release(0)
+        versions.release(0)
+        assert [r.lora_int_id for r in versions.removable()] == [1]
+    finally:
+        versions.close()
