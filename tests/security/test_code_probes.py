@@ -405,7 +405,7 @@ def test_a_probe_cannot_read_a_concurrent_episodes_files(monkeypatch, files):
         f"        open(os.path.join(d, {name!r}), 'w').write({secret!r})\n"
         "    except OSError:\n"
         "        pass\n"
-        "time.sleep(3.5)\n"
+        "time.sleep(6)\n"
     )
     reader = (
         "import os\nfound = []\n"
@@ -437,7 +437,8 @@ def test_a_probe_cannot_read_a_concurrent_episodes_files(monkeypatch, files):
         return any(os.path.exists(place) for place in places)
 
     _wait_for(written, "the concurrent episode's file")
-    result = run_python(reader, LIMITS)
+    # The walk of /proc takes seconds on a loaded machine; the writer sleeps 6 s after writing, so it outlives the walk
+    result = run_python(reader, dataclasses.replace(LIMITS, wall_s=30))
     thread.join()
     for directory in (
         "/tmp",
