@@ -43,9 +43,9 @@ pip_quiet() {
   # Some machines list local package folders that do not exist; pip warns once per package. Keep real errors.
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
-echo "[setup] installing roll-async[$device,test,plot,envs,agents,openenv,verifiers,swe] and gem-llm, verifiers into $venv (first time: a few minutes)"
+echo "[setup] installing roll-async[$device,test,plot,envs,agents,openenv,gem,verifiers,swe] and gem-llm, verifiers into $venv (first time: a few minutes)"
 pip_quiet install -q --upgrade pip
-pip_quiet install -q -e "$repo[$device,test,plot,envs,agents,openenv,verifiers,swe]" ${lock_args[@]+"${lock_args[@]}"}
+pip_quiet install -q -e "$repo[$device,test,plot,envs,agents,openenv,gem,verifiers,swe]" ${lock_args[@]+"${lock_args[@]}"}
 # The gem extra: gem-llm pins nltk and reasoning-gym below the lock's versions, and its game envs run on the
 # lock's, so it goes in without its dependencies, at the lock's version (tests/unit/envs/test_env_gem.py).
 pip_quiet install -q --no-deps "gem-llm==$(grep -i '^gem-llm==' "$repo/constraints.txt" | cut -d= -f3)"

@@ -61,15 +61,20 @@ def make_adapter_env(env_type: str, env_config: dict[str, Any]) -> Any:
 
 
 def import_optional(
-    module: str, pip_name: str, env_type: str, extra: str = ENVS_EXTRA
+    module: str,
+    pip_name: str,
+    env_type: str,
+    extra: str = ENVS_EXTRA,
+    install: str | None = None,
 ) -> Any:
-    """Import an adapter's library or raise a ConfigError naming the extra that installs it."""
+    """Import an adapter's library or raise a ConfigError naming the extra (or the ``install`` command) that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        command = install or f"pip install '{extra}' (or pip install {pip_name})"
         raise ConfigError(
             f"env_type {env_type!r} needs the package {pip_name!r}, which is not installed ({exc}); "
-            f"install it with: pip install '{extra}' (or pip install {pip_name})"
+            f"install it with: {command}"
         ) from None
 
 

@@ -17,6 +17,8 @@ from roll_async.errors import ConfigError, EnvLibraryError, LifecycleError
 
 #: The pip extra that installs GEM.
 GEM_EXTRA = "roll-async[gem]"
+#: gem-llm pins packages below the lock (pyproject's gem extra says which), so it goes in without its dependencies.
+GEM_INSTALL = "pip install 'roll-async[gem]' && pip install --no-deps gem-llm==0.1.0"
 
 #: Where a make or reset failure points (GEM's game envs that run offline; Wordle, Hangman and WordSearch
 #: download NLTK word lists, the math/qa/code envs download datasets).
@@ -138,7 +140,7 @@ def _import_gem(env_type: str) -> Any:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        return import_optional("gem", "gem-llm", env_type, GEM_EXTRA)
+        return import_optional("gem", "gem-llm", env_type, GEM_EXTRA, GEM_INSTALL)
     finally:
         for handler in list(root.handlers):
             if handler not in handlers:
