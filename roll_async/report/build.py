@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,15 @@ from roll_async.report.data import ReportData, load_report_data
 _QUEUED_TID = 100_000
 #: Trace thread ids of the per-turn reward tracks (env id + this): a turn's scoring overlaps the next turns.
 _TURN_REWARD_TID = 200_000
+#: Trace thread ids of a game's seats: env id * _SEATS_PER_ENV + seat + this, so both seats of one game show.
+_SEAT_TID = 300_000
+_SEATS_PER_ENV = 16
+
+
+def seat_index(role: str) -> int | None:
+    """The seat number of a game trajectory's role (``seat1`` -> 1); None for a single-agent episode."""
+    match = re.fullmatch(r"seat(\d+)", role or "")
+    return int(match.group(1)) if match else None
 
 
 def _asset(name: str) -> str:
@@ -105,12 +115,42 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
         )
 
     turn_reward_tracks: set[int] = set()
+    seat_tracks: set[int] = set()
     for episode in report.episodes:
-        tid = int(episode["env_id"])
+        env_id = tid = int(episode["env_id"])
+        seat = seat_index(episode.get("role", ""))
+        if (
+            seat is not None
+        ):  # a game: each trained seat on a track of its own under its env
+            tid = _SEAT_TID + env_id * _SEATS_PER_ENV + seat
+            if tid not in seat_tracks:
+                seat_tracks.add(tid)
+                name = (
+                    f"env {env_id} {report.env_tags.get(env_id, '')} {episode['role']}"
+                )
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": 1,
+                        "tid": tid,
+                        "args": {"name": " ".join(name.split())},
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_sort_index",
+                        "pid": 1,
+                        "tid": tid,
+                        "args": {"sort_index": env_id},
+                    }
+                )
         args = {
             k: episode[k]
             for k in (
                 "traj_id",
+                "role",
                 "fate",
                 "reward",
                 "stop_reason",
@@ -180,7 +220,7 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
                 "queued for the trainer",
                 episode["end"],
                 episode["served"],
-                _QUEUED_TID + tid,
+                _QUEUED_TID + env_id,
                 "queued",
                 {"traj_id": episode["traj_id"]},
             )

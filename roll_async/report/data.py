@@ -151,6 +151,8 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
     return {
         "traj_id": record.get("traj_id"),
         "env_id": record.get("env_id"),
+        # A game's seat ("seat0", "seat1", ...): each trained seat is its own trajectory of the same env.
+        "role": record.get("role") or "",
         "fate": fate,
         "requested": _rel(record.get("episode_requested_at"), t0),
         "start": _rel(record.get("started_at"), t0),

@@ -85,6 +85,10 @@
         title(r, "train step " + s.step + ": " + fmt(s.end - s.start) + " s");
       });
     }
+    // A game's trained seats are trajectories of one env: each seat gets its share of the env's row.
+    function seatOf(e) { var m = /^seat(\d+)$/.exec(e.role || ""); return m ? parseInt(m[1], 10) : null; }
+    var seatsPerEnv = {};
+    episodes.forEach(function (e) { var s = seatOf(e); if (s !== null) { seatsPerEnv[e.env_id] = Math.max(seatsPerEnv[e.env_id] || 1, s + 1); } });
     var rows = {};
     envIds.forEach(function (id) {
       var g = svg("g", { "class": "env-row", "data-env": String(id) }, root);
@@ -96,48 +100,49 @@
     episodes.forEach(function (e) {
       var g = rows[e.env_id];
       if (!g || e.start === null) { return; }
-      var y0 = y(e.env_id);
-      var info = e.traj_id + " (" + e.fate + ")\nreward " + fmt(e.reward) + ", stop " + e.stop_reason +
+      var seat = seatOf(e), h = seat === null ? rowH : rowH / (seatsPerEnv[e.env_id] || 1);
+      var y0 = y(e.env_id) + (seat === null ? 0 : seat * h);
+      var info = e.traj_id + (e.role ? " " + e.role : "") + " (" + e.fate + ")\nreward " + fmt(e.reward) + ", stop " + e.stop_reason +
         "\ncreated step " + e.created_step + (e.served_step !== null && e.served_step !== undefined ? ", served step " + e.served_step : "") +
         (e.error ? "\nerror: " + e.error : "");
       if (e.requested !== null && e.start - e.requested > 0) {
-        var w = svg("rect", { x: x(e.requested), y: y0, width: Math.max(0.5, x(e.start) - x(e.requested)), height: rowH, fill: COLORS.waiting, "class": "span-waiting" }, g);
+        var w = svg("rect", { x: x(e.requested), y: y0, width: Math.max(0.5, x(e.start) - x(e.requested)), height: h, fill: COLORS.waiting, "class": "span-waiting" }, g);
         title(w, "waiting for an episode " + fmt(e.start - e.requested) + " s");
       }
       var firstGen = e.turns.length && e.turns[0].gs !== null ? e.turns[0].gs : e.end;
       if (firstGen !== null && firstGen > e.start) {
-        var r = svg("rect", { x: x(e.start), y: y0, width: Math.max(0.5, x(firstGen) - x(e.start)), height: rowH, fill: COLORS.reset, "class": "span-reset" }, g);
+        var r = svg("rect", { x: x(e.start), y: y0, width: Math.max(0.5, x(firstGen) - x(e.start)), height: h, fill: COLORS.reset, "class": "span-reset" }, g);
         title(r, "env build/reset " + fmt(firstGen - e.start) + " s\n" + info);
       }
       e.turns.forEach(function (t, i) {
         if (t.gs !== null && t.gf !== null) {
-          var gr = svg("rect", { x: x(t.gs), y: y0, width: Math.max(0.8, x(t.gf) - x(t.gs)), height: rowH, fill: versionColor(t.v), "class": "span-generate" }, g);
+          var gr = svg("rect", { x: x(t.gs), y: y0, width: Math.max(0.8, x(t.gf) - x(t.gs)), height: h, fill: versionColor(t.v), "class": "span-generate" }, g);
           title(gr, "generate turn " + i + ": " + fmt(t.gf - t.gs) + " s, " + t.n + " tokens, weight version " + t.v + "\n" + info);
         }
         if (t.es !== null && t.ef !== null) {
-          var er = svg("rect", { x: x(t.es), y: y0 + 3, width: Math.max(0.8, x(t.ef) - x(t.es)), height: rowH - 6, fill: COLORS.env_step, "class": "span-env-step" }, g);
+          var er = svg("rect", { x: x(t.es), y: y0 + h * 0.2, width: Math.max(0.8, x(t.ef) - x(t.es)), height: h * 0.6, fill: COLORS.env_step, "class": "span-env-step" }, g);
           title(er, "env step turn " + i + ": " + fmt(t.ef - t.es, 3) + " s\n" + info);
         }
       });
       // Scored per turn (reward.per_turn): a thin strip per turn along the row's foot; it overlaps the next turns.
       e.turns.forEach(function (t, i) {
         if (t.rs === null || t.rs === undefined || t.rf === null || t.rf === undefined) { return; }
-        var tr = svg("rect", { x: x(t.rs), y: y0 + rowH - 4, width: Math.max(0.8, x(t.rf) - x(t.rs)), height: 4, fill: COLORS.reward, "class": "span-reward span-reward-turn" }, g);
+        var tr = svg("rect", { x: x(t.rs), y: y0 + h * 0.7, width: Math.max(0.8, x(t.rf) - x(t.rs)), height: h * 0.3, fill: COLORS.reward, "class": "span-reward span-reward-turn" }, g);
         title(tr, "reward model turn " + i + ": " + fmt(t.rf - t.rs, 3) + " s\n" + info);
         hasReward = true;
       });
       if (e.rs !== null && e.rs !== undefined && e.rf !== null && e.rf !== undefined) {
-        var rr = svg("rect", { x: x(e.rs), y: y0 + 3, width: Math.max(0.8, x(e.rf) - x(e.rs)), height: rowH - 6, fill: COLORS.reward, "class": "span-reward" }, g);
+        var rr = svg("rect", { x: x(e.rs), y: y0 + h * 0.2, width: Math.max(0.8, x(e.rf) - x(e.rs)), height: h * 0.6, fill: COLORS.reward, "class": "span-reward" }, g);
         title(rr, "reward model " + fmt(e.rf - e.rs, 3) + " s\n" + info);
         hasReward = true;
       }
       if (e.served !== null && e.end !== null && e.served > e.end) {
-        var q = svg("rect", { x: x(e.end), y: y0 + rowH + 1, width: Math.max(0.5, x(e.served) - x(e.end)), height: lane - 1, fill: COLORS.queued, "class": "span-queued" }, g);
+        var q = svg("rect", { x: x(e.end), y: y(e.env_id) + rowH + 1, width: Math.max(0.5, x(e.served) - x(e.end)), height: lane - 1, fill: COLORS.queued, "class": "span-queued" }, g);
         title(q, "queued for the trainer " + fmt(e.served - e.end) + " s\n" + info);
       }
       if (e.end !== null && (e.fate !== "served" || e.straggler)) {
         var color = e.fate === "env_error" ? COLORS.env_error : (isDropped(e.fate) ? COLORS.dropped : COLORS.straggler);
-        var outline = svg("rect", { x: x(e.start), y: y0 - 1, width: Math.max(1, x(e.end) - x(e.start)), height: rowH + 2, fill: "none", stroke: color,
+        var outline = svg("rect", { x: x(e.start), y: y0 - 1, width: Math.max(1, x(e.end) - x(e.start)), height: h + 2, fill: "none", stroke: color,
           "stroke-width": 1.5, "stroke-dasharray": e.fate === "served" ? "none" : "3,2", "class": "episode-mark mark-" + (e.fate === "served" ? "straggler" : e.fate) }, g);
         title(outline, (e.fate === "served" ? "straggler: " : "") + info);
         var mx = x(e.end);

@@ -187,3 +187,41 @@ def test_generated_text_is_found_after_a_prompt_that_quotes_it():
     assert context.startswith(
         "system: reply inside <answer></answer>\nuser: grid\nassistant: "
     )
+
+
+def test_both_seats_of_a_game_show_on_tracks_of_their_own(tmp_path):
+    """Self-play gives one trajectory per trained seat of the same env and the same time span: the trace puts
+    each seat on its own named track under its env, and the page's data carries the role for its sub-rows."""
+    run = _make_run(tmp_path)
+    seats = []
+    for seat in (0, 1):
+        t = _trajectory(7, 3, T0 + 3, 4.0, 1, 1)
+        t.tag, t.role, t.opponents = "KuhnPoker", f"seat{seat}", "policy"
+        t.traj_id = f"KuhnPoker-g3-e7-seat{seat}"
+        seats.append(t)
+    run.append_trajectories(seats, _Tokenizer(), served_step=2, served_at=T0 + 30)
+    report = load_report_data(run.root)
+    assert {e["role"] for e in report.episodes if e["env_id"] == 7} == {
+        "seat0",
+        "seat1",
+    }
+    assert {e["role"] for e in report.episodes if e["env_id"] != 7} == {""}
+    events = json.loads(write_trace(run.root).read_text())["traceEvents"]
+    tracks = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e["name"] == "thread_name" and "seat" in e["args"]["name"]
+    }
+    assert sorted(tracks.values()) == [
+        "env 7 FrozenLake seat0",
+        "env 7 FrozenLake seat1",
+    ]
+    episodes = [
+        e for e in events if e.get("cat") == "episode" and e["args"].get("role")
+    ]
+    assert {e["tid"] for e in episodes} == set(
+        tracks
+    )  # not stacked on env 7's own track
+    assert {e["args"]["role"] for e in episodes} == {"seat0", "seat1"}
+    html = write_report(run.root).read_text()
+    assert "seatOf" in html and re.search(r'"role": ?"seat1"', html)
