@@ -411,6 +411,14 @@ class GameEpisodeRunner:
                 f"game_pool_lag_seat{other}": float(lag)
                 for other, lag in self.pool_lags.items()
             },
+            # every snapshot opponent's lag (fixed or drawn from the pool): the ratings need its version
+            **{
+                f"game_snapshot_lag_seat{s.seat}": float(
+                    self.opponents[s.seat][0].adapter_lag
+                )
+                for s in self.seats
+                if s.kind == "snapshot"
+            },
         }
         if outcome is not None:
             trajectory.episode_reward = outcome.rewards[seat]

@@ -138,6 +138,17 @@ GAME_RATES: dict[str, str] = {
 }
 
 
+#: Elo-style ratings of a game tag's policy against its own snapshots, per served batch
+#: (roll_async.envs.multiplayer.ratings): the newest version's rating, the mean of the snapshot
+#: versions it faced, and how many games were rated.
+GAME_RATINGS = ("policy_elo", "pool_elo", "elo_games")
+
+
+def game_rating_metric(tag: str, name: str) -> str:
+    """``game/<tag>/policy_elo`` and the other GAME_RATINGS names of a game tag."""
+    return f"game/{tag}/{name}"
+
+
 def game_metric(tag: str, role: str, opponents: str, name: str) -> str:
     """Per game tag, seat role and opponent kind, e.g. ``game/KuhnPoker/seat0/vs_heuristic/win_rate``."""
     return f"game/{tag}/{role}/vs_{opponents}/{name}"

@@ -22,6 +22,7 @@ from roll_async.env_managers.worker import (
     EnvManagerHost,
     build_env_managers,
 )
+from roll_async.envs.multiplayer.ratings import PoolRatings
 from roll_async.errors import RolloutFatalError
 from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.rewards.scorer import EpisodeRewardScorer
@@ -94,6 +95,8 @@ class LocalRolloutScheduler:
         #: The engines' weight version at step 0 (step s rolls out with version_base + s); the lag metric needs it.
         self.version_base = version_base
         self.last_metrics: dict[str, float] = {}
+        #: Elo-style ratings of game tags' policies against their snapshots, across the run's batches.
+        self.ratings = PoolRatings()
         #: The last batch window's episodes that were not served, as (fate, trajectory).
         self.last_unserved: list[tuple[str, Trajectory]] = []
 
@@ -122,6 +125,7 @@ class LocalRolloutScheduler:
         self.last_metrics = served.rollout_metrics(
             await self._engine_stats(), self.version_base
         )
+        self.last_metrics.update(self.ratings.update(served.trajectories))
         self.last_unserved = served.unserved
         return served.trajectories, self.last_metrics
 

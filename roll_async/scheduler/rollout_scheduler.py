@@ -16,6 +16,7 @@ from typing import Any
 
 from roll_async.config.rollout_spec import RolloutSpec
 from roll_async.env_managers.worker import EnvFactory, EnvManagerWorker
+from roll_async.envs.multiplayer.ratings import PoolRatings
 from roll_async.errors import InvalidInputError, RolloutFatalError
 from roll_async.metrics import replica_metrics
 from roll_async.rewards.reward_services import RewardService
@@ -271,6 +272,8 @@ class RolloutScheduler:
             model: list(handles) for model, handles in (opponent_engines or {}).items()
         }
         self.last_metrics: dict[str, float] = {}
+        #: Elo-style ratings of game tags' policies against their snapshots, across the run's batches.
+        self.ratings = PoolRatings()
         self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
         self._workers: list[Any] = []
@@ -412,6 +415,7 @@ class RolloutScheduler:
         )
         engine_stats = await self._engine_stats()
         self.last_metrics = served.rollout_metrics(engine_stats, self.version_base)
+        self.last_metrics.update(self.ratings.update(served.trajectories))
         self.last_metrics.update(
             replica_metrics(engine_stats, await self._router_stats())
         )

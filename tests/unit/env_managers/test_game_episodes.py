@@ -469,5 +469,33 @@ async def test_a_pool_seat_draws_its_snapshot_per_game_from_the_last_k(tokenizer
         game = f"-g{trajectory.group_id}-e{trajectory.episode_id}-snapshot0-"
         drawn = {r.adapter_lag for r in engine.requests if game in r.request_id}
         assert drawn == {trajectory.metrics["game_pool_lag_seat0"]}  # one draw per game
+        assert drawn == {
+            trajectory.metrics["game_snapshot_lag_seat0"]
+        }  # what the ratings read
         lags |= drawn
     assert lags <= {1, 2, 3} and len(lags) > 1
+
+
+async def test_games_against_snapshots_are_rated_in_the_batch_metrics(tokenizer):
+    config = game_config("tic_tac_toe", ["random", "policy"], group_size=2)
+    config.trainer.lora.rank = 8
+    config.custom_envs["Game"].seats = ["snapshot:1", "policy"]
+    validate_config(config)
+    scheduler = scheduler_for(
+        config, FakeEngine(legal_move_reply(tokenizer)), tokenizer
+    )
+    try:
+        batch, metrics = await asyncio.wait_for(
+            scheduler.get_batch_with_metrics(step=0), 20
+        )
+    finally:
+        await scheduler.shutdown()
+    finished = [
+        t
+        for t in batch
+        if "game_unfinished" in t.metrics and not t.metrics["game_unfinished"]
+    ]
+    assert metrics["game/Game/elo_games"] == len(finished) > 0
+    assert metrics["game/Game/policy_elo"] + metrics[
+        "game/Game/pool_elo"
+    ] == pytest.approx(2000.0)
