@@ -67,9 +67,9 @@ class PoolRatings:
         for t in trajectories:
             score = next((s for key, s in _SCORES.items() if t.metrics.get(key)), None)
             lags = [int(v) for k, v in t.metrics.items() if SNAPSHOT_LAG.fullmatch(k)]
-            if not t.role or score is None or len(lags) != 1:
-                continue  # not a finished two-seat game against one snapshot
             version = t.newest_weight_version
+            if not t.role or score is None or len(lags) != 1 or version is None:
+                continue  # not a finished two-seat game against one snapshot
             opponent = version - lags[0]
             ratings = self.by_tag.setdefault(t.tag, SnapshotRatings())
             ratings.play(version, opponent, score)
