@@ -27,7 +27,7 @@ _SCORES = {"game_win": 1.0, "game_draw": 0.5, "game_loss": 0.0}
 
 def expected_score(rating: float, opponent: float) -> float:
     """Elo's expected score of a player rated ``rating`` against one rated ``opponent``."""
-    return 1.0 / (1.0 + 10.0 ** ((opponent - rating) / 400.0))
+    return 1.0 / (1.0 + float(10.0 ** ((opponent - rating) / 400.0)))
 
 
 @dataclass
