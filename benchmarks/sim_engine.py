@@ -16,7 +16,10 @@ Each request's output length is drawn from a geometric law with mean
 ``output_len_mean`` (seeded by the request id, so it is repeatable), capped at
 the request's ``max_tokens``; a draw below the cap finishes with ``stop`` (as a
 stop string or EOS would), otherwise ``length``. Output ids come from
-``token_ids`` (ids that decode to plain text). ``time_scale`` > 1 runs the
+``token_ids`` (ids that decode to plain text), or, when ``replies`` is given,
+are exactly the ids it returns for the request (a scripted policy: the reply's
+length is its own, it finishes with ``stop``, or ``length`` when cut at
+``max_tokens``). ``time_scale`` > 1 runs the
 simulated clock faster than the wall clock (every sleep is divided by it).
 The engine keeps its own clock: it does not slow down when the event loop it
 shares with the env loops is busy (see ``_run``).
@@ -37,7 +40,7 @@ import math
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +108,7 @@ class DecodeLatencyModel:
 class _SimRequest:
     request: GenerationRequest
     length: int
-    future: asyncio.Future
+    future: asyncio.Future[GenerationResult]
     start_step: int = -1
     aborted: bool = False
     done: bool = False
@@ -133,6 +136,7 @@ class SimEngine:
         token_ids: Sequence[int] = tuple(range(10, 266)),
         time_scale: float = 1.0,
         weight_version: int = 0,
+        replies: Callable[[GenerationRequest], Sequence[int]] | None = None,
     ) -> None:
         if max_num_seqs < 1 or time_scale <= 0:
             raise ValueError("SimEngine: max_num_seqs must be >= 1 and time_scale > 0")
@@ -142,13 +146,15 @@ class SimEngine:
         self._pool = list(token_ids) or [10]
         self.time_scale = time_scale
         self.weight_version = weight_version
+        self._replies = replies
+        self._scripted: dict[str, list[int]] = {}
         self._waiting: deque[_SimRequest] = deque()
         self._running: dict[str, _SimRequest] = {}
         self._finish_heap: list[tuple[int, int, _SimRequest]] = []
         self._by_id: dict[str, _SimRequest] = {}
         self._seq = itertools.count()
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._paused = False
         self.step = 0
         self.sim_time_s = 0.0
@@ -166,9 +172,19 @@ class SimEngine:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._run(), name="sim-engine")
-        length = output_length(
-            request.request_id, self.output_len_mean, request.max_tokens
-        )
+        if self._replies is None:
+            length = output_length(
+                request.request_id, self.output_len_mean, request.max_tokens
+            )
+        else:
+            scripted = list(self._replies(request))
+            self._scripted[request.request_id] = scripted
+            # a reply longer than the budget is cut there and finishes with "length"
+            length = (
+                max(1, len(scripted))
+                if len(scripted) <= request.max_tokens
+                else request.max_tokens + 1
+            )
         state = _SimRequest(request, length, loop.create_future())
         self._by_id[request.request_id] = state
         self._waiting.append(state)
@@ -176,7 +192,8 @@ class SimEngine:
         assert self._wake is not None
         self._wake.set()
         self.cpu_s += time.thread_time() - cpu0
-        return await state.future
+        result: GenerationResult = await state.future
+        return result
 
     async def abort(self, request_ids: list[str]) -> None:
         cpu0 = time.thread_time()
@@ -234,6 +251,9 @@ class SimEngine:
     # -- simulation --------------------------------------------------------------------
 
     def _output(self, state: _SimRequest, produced: int) -> list[int]:
+        scripted = self._scripted.pop(state.request.request_id, None)
+        if scripted is not None:
+            return scripted[:produced]
         offset = zlib.crc32(state.request.request_id.encode()) % len(self._pool)
         pool = self._pool
         return [pool[(offset + k) % len(pool)] for k in range(produced)]

@@ -92,3 +92,21 @@ async def test_sim_engine_abort_returns_the_partial_output():
     assert result.finish_reason == "abort" and 1 <= len(result.output_token_ids) < 1000
     assert engine.cpu_s >= 0.0
     await engine.shutdown()
+
+
+async def test_scripted_replies_come_back_exactly_or_cut_at_max_tokens():
+    def replies(request: GenerationRequest) -> list[int]:
+        return [7, 8, 9] if request.request_id.startswith("a") else [5] * 10
+
+    engine = SimEngine(
+        DecodeLatencyModel.from_ceiling(CEILING), time_scale=100.0, replies=replies
+    )
+    try:
+        whole, cut = await asyncio.gather(
+            engine.generate(GenerationRequest("a1", [1, 2], max_tokens=8)),
+            engine.generate(GenerationRequest("b1", [1, 2], max_tokens=4)),
+        )
+    finally:
+        await engine.shutdown()
+    assert (whole.output_token_ids, whole.finish_reason) == ([7, 8, 9], "stop")
+    assert (cut.output_token_ids, cut.finish_reason) == ([5] * 4, "length")
