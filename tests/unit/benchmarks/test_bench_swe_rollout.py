@@ -56,6 +56,7 @@ def _runtime() -> str:
     return "local"
 
 
+@pytest.mark.slow  # real workspaces: containers under docker (CI), ~10 s
 def test_a_tiny_run_of_every_scheduler_writes_its_files(
     tmp_path, monkeypatch, tiny_model_path
 ) -> None:
