@@ -39,6 +39,7 @@ from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError
 from roll_async.model.export import export_checkpoint
 from roll_async.pipelines.batch_sources import BatchSource, ReplaySource, RolloutSource
+from roll_async.pipelines.env_runs import end_env_runs, label_env_runs, new_run_id
 from roll_async.pipelines.frozen_engines import (
     launch_frozen_engines,
     shutdown_frozen_engines,
@@ -121,6 +122,9 @@ class AgenticPipeline:
         self.interrupt = InterruptFlag()
         #: replay.from: step -> saved batch file; no engine, env or Ray when set.
         self.replay_steps: dict[int, Path] | None = None
+        #: Labels what the run's envs hold outside their processes (containers); set when the actors start.
+        self.run_id = ""
+        self._run_swept = False
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -244,6 +248,9 @@ class AgenticPipeline:
             await self._push_weights(
                 version=self.version_base + self.start_step, in_flight="wait"
             )
+        assert self.run_dir is not None
+        self.run_id = new_run_id(self.run_dir.root.name)
+        label_env_runs(config, self.run_id)
         self.train_scheduler = RolloutScheduler(
             rollout_spec(config, "train"),
             engine_handles=self.engines,
@@ -508,6 +515,12 @@ class AgenticPipeline:
             if scheduler is not None:
                 await scheduler.shutdown()
         self.train_scheduler = self.val_scheduler = None
+        if self.run_id and not self._run_swept:
+            # every env closed with its scheduler: what the run's envs left behind is swept (and counted) now
+            self._run_swept = True
+            swept = await asyncio.to_thread(end_env_runs, self.config, self.run_id)
+            if swept and self.tracker is not None:
+                self.tracker.log(self.config.max_steps, swept)
         if self._owns_engines:
             await shutdown_engines(self.engines)
             self.engines = []

@@ -17,6 +17,7 @@ from roll_async.config.schema import PipelineConfig
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
 from roll_async.metrics import TIME_STEP_ROLLOUT
 from roll_async.pipelines.console import format_rollout_line
+from roll_async.pipelines.env_runs import end_env_runs, label_env_runs, new_run_id
 from roll_async.pipelines.frozen_engines import (
     launch_frozen_engines,
     shutdown_frozen_engines,
@@ -71,6 +72,8 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     scheduler = None
     written = 0
     interrupted: RolloutInterrupted | None = None
+    run_id = new_run_id(run_dir.root.name)
+    label_env_runs(config, run_id)
     try:
         engines = await interrupt.race(launch_engines(model_path, config.engine))
         reward_services = await interrupt.race(
@@ -114,6 +117,9 @@ async def _collect(config: PipelineConfig, interrupt: InterruptFlag) -> Path:
     finally:
         if scheduler is not None:
             await scheduler.shutdown()
+        swept = await asyncio.to_thread(end_env_runs, config, run_id)
+        if swept:
+            run_dir.append_metrics(written, swept)
         await shutdown_reward_services(reward_services)
         await shutdown_frozen_engines(opponent_engines)
         await shutdown_engines(engines)

@@ -2,10 +2,11 @@
 
 Each workspace is a container of the spec's image (its Dockerfile built once when the image is missing,
 :mod:`.docker_images`) with the spec's CPU, memory and process limits, no network unless the spec asks,
-a read-only root file system whose workdir and /tmp are the container's own volumes, and ``sleep
-infinity`` under Docker's init as its main process; the agent's commands arrive through exec
-(:mod:`.docker_workspace`). Containers come pre-started from :mod:`.docker_pool`, so an episode pays for
-copying its files, not for a container start. Every container is labelled with the run and its owner
+a read-only root file system whose workdir and /tmp are the container's own tmpfs volumes (the workdir
+as large as the spec's ``disk_mb``; a plain volume keeping the image's files when the spec copies none
+in), a file-size rlimit, and ``sleep infinity`` under Docker's init as its main process; the agent's
+commands arrive through exec (:mod:`.docker_workspace`). Containers come pre-started from
+:mod:`.docker_pool`, so an episode pays for copying its files, not for a container start. Every container is labelled with the run and its owner
 process; the runtime removes its own at shutdown (or exit, or SIGTERM) and, when it starts, those of
 dead owners on this host (:mod:`.docker_reaper`). The daemon is the one ``DOCKER_HOST`` (or the local
 socket) names on the node the runtime runs on. Needs the ``docker`` package: ``pip install
@@ -20,8 +21,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from roll_async.errors import ConfigError, WorkspaceError
@@ -35,6 +37,7 @@ from roll_async.workspaces.docker_reaper import (
     reap_dead_owners,
     remove_container,
     remove_owned,
+    remove_run,
 )
 from roll_async.workspaces.docker_workspace import DockerWorkspace
 from roll_async.workspaces.interface import RuntimeKind, WorkspaceSpec, WorkspaceStats
@@ -53,7 +56,9 @@ class DockerRuntimeConfig:
     ``output_cap_bytes`` of a command's output are kept (head and tail); ``exec_grace_s`` after a
     command's timeout the host stops waiting and kills what is left of it; ``api_timeout_s`` bounds each
     Engine API call; ``threads`` run the blocking API calls (one per concurrent command);
-    ``reap_dead_owners`` removes, at start-up, the containers of processes on this host that died.
+    ``reap_dead_owners`` removes, at start-up, the containers of processes on this host that died;
+    ``file_size_mb`` is the largest file a process may write (an rlimit); ``tmp_mb`` the size of /tmp.
+    The workdir is a tmpfs of the spec's ``disk_mb`` (it counts against the container's memory).
     """
 
     run_id: str = ""
@@ -65,17 +70,45 @@ class DockerRuntimeConfig:
     read_only_root: bool = True
     threads: int = 64
     reap_dead_owners: bool = True
+    file_size_mb: int = 64
+    tmp_mb: int = 64
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"\d+:\d+", self.agent_user):
             raise ConfigError(
                 f"agent_user={self.agent_user!r}: give numeric uid:gid, e.g. 1000:1000"
             )
-        for key in ("pool_size", "output_cap_bytes", "threads"):
+        for key in (
+            "pool_size",
+            "output_cap_bytes",
+            "threads",
+            "file_size_mb",
+            "tmp_mb",
+        ):
             if getattr(self, key) < (0 if key == "pool_size" else 1):
                 raise ConfigError(
                     f"{key}={getattr(self, key)} is out of range: give a positive number"
                 )
+
+
+def docker_config(
+    config: DockerRuntimeConfig | Mapping[str, Any] | None,
+) -> DockerRuntimeConfig:
+    """A :class:`DockerRuntimeConfig` from None, itself or a mapping (the env_config's ``runtime_config``).
+
+    An unknown key fails naming it and the accepted ones, so a typo is not silently a default.
+    """
+    if config is None:
+        return DockerRuntimeConfig()
+    if isinstance(config, DockerRuntimeConfig):
+        return config
+    accepted = [f.name for f in fields(DockerRuntimeConfig)]
+    unknown = [k for k in config if k not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"docker runtime config key {unknown[0]!r} is not accepted; accepted: {', '.join(accepted)}"
+        )
+    return DockerRuntimeConfig(**dict(config))
 
 
 def connect(timeout_s: float, connections: int = 10) -> Any:
@@ -102,13 +135,24 @@ def connect(timeout_s: float, connections: int = 10) -> Any:
     return client.api
 
 
+def remove_run_containers(run_id: str, timeout_s: float = 30.0) -> int:
+    """Remove every container labelled with ``run_id`` (any process's); how many there were.
+
+    The training driver calls it at the end of a run, after the env workers shut down their runtimes:
+    what it finds then leaked.
+    """
+    return remove_run(connect(timeout_s), run_id)
+
+
 class DockerRuntime:
     """Starts docker workspaces for one run; see the module docstring."""
 
     kind: RuntimeKind = "docker"
 
-    def __init__(self, config: DockerRuntimeConfig | None = None) -> None:
-        self.config = config or DockerRuntimeConfig()
+    def __init__(
+        self, config: DockerRuntimeConfig | Mapping[str, Any] | None = None
+    ) -> None:
+        self.config = docker_config(config)
         self.run_id = self.config.run_id or f"run-{uuid.uuid4().hex[:12]}"
         self._api = connect(self.config.api_timeout_s, self.config.threads)
         self.reaped = reap_dead_owners(self._api) if self.config.reap_dead_owners else 0
@@ -167,6 +211,10 @@ class DockerRuntime:
         """Fill ``spec``'s warm pool now (building its image if needed) and wait until it is full."""
         await self._pool.warm(spec)
 
+    def alive(self) -> int:
+        """Containers this runtime holds now: the episodes' open workspaces and the warm ones waiting."""
+        return len(self._open) + self._pool.idle()
+
     def containers(self) -> int:
         """How many containers of this run exist on the daemon (started by any process)."""
         return count_run(self._api, self.run_id)
@@ -176,7 +224,14 @@ class DockerRuntime:
         if self._closed:
             return
         self._closed = True
-        await self._pool.close()
+        try:
+            await self._pool.close()
+        except (RuntimeError, ValueError) as exc:
+            # the pool's tasks belong to a loop that closed (an env reset on one loop, closed on another,
+            # as a preflight check does): the label sweep below removes what the pool held
+            logger.debug(
+                "warm pool of %s closed from another loop: %s", self.run_id, exc
+            )
         await asyncio.gather(
             *(workspace.close() for workspace in list(self._open.values())),
             return_exceptions=True,
@@ -195,11 +250,15 @@ class DockerRuntime:
 
     def _create_blocking(self, spec: WorkspaceSpec) -> str:
         import docker.errors
+        import docker.types
 
         image = self._images.get(spec.image if spec.dockerfile is None else spec)
         if image is None:
             image = ensure_image(self._api, spec)
             self._images[spec.image if spec.dockerfile is None else spec] = image
+        fsize = self.config.file_size_mb << 20
+        uid, gid = self.config.agent_user.split(":")
+        ids = f"uid={uid},gid={gid}"
         host_config = self._api.create_host_config(
             mem_limit=f"{spec.memory_mb}m",
             memswap_limit=f"{spec.memory_mb}m",
@@ -209,6 +268,16 @@ class DockerRuntime:
             read_only=self.config.read_only_root,
             init=True,
             security_opt=["no-new-privileges"],
+            ulimits=[
+                docker.types.Ulimit(name="fsize", soft=fsize, hard=fsize),
+            ],
+            mounts=[
+                # a workdir the image fills keeps the image's files (a plain volume: disk_mb not enforced)
+                _tmpfs_volume(spec.workdir, spec.disk_mb, f"mode=0755,{ids}")
+                if spec.files is not None
+                else docker.types.Mount(spec.workdir, None, type="volume"),
+                _tmpfs_volume("/tmp", self.config.tmp_mb, "mode=1777"),
+            ],
         )
         try:
             container_id: str = self._api.create_container(
@@ -216,7 +285,6 @@ class DockerRuntime:
                 entrypoint=["sleep", "infinity"],
                 command=[],
                 labels={**owner_labels(self.run_id), "roll-async.image": spec.image},
-                volumes=[spec.workdir, "/tmp"],
                 working_dir=spec.workdir,
                 host_config=host_config,
             )["Id"]
@@ -227,7 +295,9 @@ class DockerRuntime:
             ) from exc
         try:
             self._api.start(container_id)
-            # the workdir volume may come from an image without it: root-owned; the agent must write there
+            if spec.files is not None:
+                return container_id  # the tmpfs volumes were made with their owner and mode
+            # a plain workdir volume holds the image's files, root-owned: the agent must edit them
             owner = self.config.agent_user
             raw = run_exec(
                 self._api,
@@ -235,7 +305,7 @@ class DockerRuntime:
                 [
                     "sh",
                     "-c",
-                    'mkdir -p -- "$1" && chown "$2" -- "$1" && chmod 1777 /tmp',
+                    'mkdir -p -- "$1" && chown -R "$2" -- "$1" && chmod 1777 /tmp',
                     "sh",
                     spec.workdir,
                     owner,
@@ -277,3 +347,27 @@ class DockerRuntime:
             logger.info(
                 "removed %d workspace containers of %s at exit", removed, self.run_id
             )
+
+
+def _tmpfs_volume(target: str, size_mb: int, options: str) -> Any:
+    """An anonymous volume at ``target`` backed by a tmpfs of ``size_mb`` MiB with mount ``options`` (its
+    owner and mode), removed with its container.
+
+    A volume rather than a plain tmpfs mount: the archive API (``copy_in``) writes into volumes, not into
+    a container's tmpfs mounts. The image's files at ``target`` are not copied into it.
+    """
+    import docker.types
+
+    return docker.types.Mount(
+        target,
+        None,
+        type="volume",
+        driver_config=docker.types.DriverConfig(
+            "local",
+            {
+                "type": "tmpfs",
+                "device": "tmpfs",
+                "o": f"size={max(1, int(size_mb))}m,{options}",
+            },
+        ),
+    )

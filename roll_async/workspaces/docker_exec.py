@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-#: What a command's output shows in place of the middle it lost to the cap (the local runtime's words).
-CUT_MARKER = "\n... [{} bytes of output cut] ...\n"
+from roll_async.workspaces.output_cap import cut_middle
+
 #: Every process of one exec inherits ``ROLL_ASYNC_EXEC=<id>``; the deadline kill finds them by it.
 MARKER_VAR = "ROLL_ASYNC_EXEC"
 #: Exit status of a process killed by SIGKILL (128 + 9): timeout's kill, the OOM killer, kill -9.
@@ -51,14 +51,7 @@ class HeadTail:
         """The kept output as text, and whether a middle was cut."""
         keep = self.limit - self.limit // 2
         tail = bytes(self._tail[-keep:]) if self._tail else b""
-        cut = self.total - len(self._head) - len(tail)
-        if cut <= 0:
-            return (bytes(self._head) + tail).decode("utf-8", "replace"), False
-        return (
-            bytes(self._head).decode("utf-8", "replace")
-            + CUT_MARKER.format(cut)
-            + tail.decode("utf-8", "replace")
-        ), True
+        return cut_middle(bytes(self._head), tail, self.total)
 
 
 @dataclass(frozen=True)

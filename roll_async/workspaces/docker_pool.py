@@ -14,15 +14,21 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from roll_async.workspaces.interface import WorkspaceSpec
 
 logger = logging.getLogger(__name__)
 
 
+#: A pool key's ``files`` when the spec has files: which files does not matter to the container, whether
+#: any come does (a workdir that receives files is a tmpfs; one the image fills is a plain volume).
+FILES_GIVEN = Path("<files copied in after the take>")
+
+
 def pool_key(spec: WorkspaceSpec) -> WorkspaceSpec:
-    """What a warm container is interchangeable on: everything but the files copied in after the take."""
-    return dataclasses.replace(spec, files=None)
+    """What a warm container is interchangeable on: everything but which files are copied in after the take."""
+    return dataclasses.replace(spec, files=None if spec.files is None else FILES_GIVEN)
 
 
 class WarmPool:

@@ -15,6 +15,7 @@ import asyncio
 import io
 import logging
 import posixpath
+import shlex
 import tarfile
 import time
 import uuid
@@ -64,6 +65,8 @@ class DockerWorkspace:
         self._api = api
         self._agent_user = agent_user
         self._agent_owner = tuple(int(part) for part in agent_user.split(":"))
+        #: Who owns the workdir now: the agent, or root from the first root command on (the verifier)
+        self._files_owner: Literal["agent", "root"] = "agent"
         self._output_cap = output_cap
         self._grace_s = grace_s
         self._executor = executor
@@ -93,11 +96,14 @@ class DockerWorkspace:
         """Create or replace the file at ``path`` (absolute, or relative to the workdir) as root."""
         target = self._absolute(path)
         folder, name = posixpath.split(target)
-        archive = _tar([(name, data, mode)], self._owner(target))
-        await self._run(lambda: self._put(folder, archive))
+        owner = self._owner(target)
+        await self._run(
+            lambda: self._put(folder, lambda at: _tar([(name, data, mode)], owner, at))
+        )
 
     async def read_file(self, path: str, *, max_bytes: int = 1 << 20) -> bytes:
-        """The first ``max_bytes`` of the file at ``path``; ``WorkspaceError`` when it does not exist."""
+        """The first ``max_bytes`` of the regular file at ``path``; ``WorkspaceError`` when it does not exist
+        or is a link (a link the agent planted is not followed, as the local runtime does not)."""
         return await self._run(lambda: self._get(self._absolute(path), max_bytes))
 
     async def copy_in(self, source: Path, dest: str) -> None:
@@ -210,8 +216,18 @@ class DockerWorkspace:
         return env
 
     def _exec(
-        self, command: str, timeout_s: float, user: str, workdir: str
+        self,
+        command: str,
+        timeout_s: float,
+        user: Literal["agent", "root"],
+        workdir: str,
     ) -> ExecResult:
+        if user == "root" and self._files_owner == "agent":
+            # taken in the root command itself (one exec less for the verifier); it cannot run without them
+            command = f"chown -R -h 0:0 -- {shlex.quote(self.spec.workdir)} || exit 125\n{command}"
+            self._files_owner = "root"
+        else:
+            self._give_files_to(user)
         marker = uuid.uuid4().hex
         raw = run_exec(
             self._api,
@@ -246,6 +262,22 @@ class DockerWorkspace:
             truncated=raw.truncated,
             seconds=raw.seconds,
         )
+
+    def _give_files_to(self, user: Literal["agent", "root"]) -> None:
+        """The workdir changes hands with the user, as in the local runtime: root commands (the verifier)
+        own what they run on, and the agent's next command gets it back."""
+        if user == self._files_owner:
+            return
+        owner = self._agent_user if user == "agent" else "0:0"
+        status = self._plain(
+            ["chown", "-R", "-h", owner, "--", self.spec.workdir], "0:0"
+        )
+        if status != 0:
+            raise WorkspaceError(
+                f"container {self.container_id[:12]}: could not give {self.spec.workdir} to {user} "
+                f"(chown exit {status}); close the workspace"
+            )
+        self._files_owner = user
 
     def _kill_agent(self) -> None:
         # kill(-1) as the agent reaches every process of that uid but the caller itself; twice, for a child
@@ -287,18 +319,30 @@ class DockerWorkspace:
 
     def _copy_in(self, source: Path, target: str) -> None:
         """Tar ``source`` (here, off the event loop: a repository may be large) and put it at ``target``."""
+        owner = self._owner(target)
         if source.is_dir():
-            self._put(target, _tar_folder(source, self._owner(target)))
+            self._put(target, lambda at: _tar_folder(source, owner, at))
             return
         folder, name = posixpath.split(target)
-        mode = source.stat().st_mode & 0o777
-        self._put(
-            folder, _tar([(name, source.read_bytes(), mode)], self._owner(target))
-        )
+        entry = (name, source.read_bytes(), source.stat().st_mode & 0o777)
+        self._put(folder, lambda at: _tar([entry], owner, at))
 
-    def _put(self, folder: str, archive: bytes) -> None:
+    def _put(self, folder: str, archive_at: Callable[[str], bytes]) -> None:
+        """Extract the archive ``archive_at(prefix)`` builds into ``folder``.
+
+        The archive API resolves links inside the container, so a folder under the workdir that the agent
+        replaced by a link would send the files elsewhere: such a folder goes in as the archive's own
+        entries, rooted at the workdir, and extracting an entry replaces whatever is in its place that is
+        not a directory (a link, a file). A folder outside the workdir is made when missing.
+        """
         import docker.errors
 
+        workdir = posixpath.normpath(self.spec.workdir)
+        if folder != workdir and posixpath.commonpath([workdir, folder]) == workdir:
+            prefix = posixpath.relpath(folder, workdir)
+            self._api.put_archive(self.container_id, workdir, archive_at(prefix))
+            return
+        archive = archive_at("")
         try:
             self._api.put_archive(self.container_id, folder, archive)
             return
@@ -318,7 +362,7 @@ class DockerWorkspace:
             )
         self._api.put_archive(self.container_id, folder, archive)
 
-    def _get(self, path: str, max_bytes: int, hops: int = 0) -> bytes:
+    def _get(self, path: str, max_bytes: int) -> bytes:
         import docker.errors
 
         try:
@@ -342,25 +386,34 @@ class DockerWorkspace:
                         f"read_file: the archive of {path} held no file"
                     )
                 handle = archive.extractfile(member) if member.isfile() else None
-                if handle is not None:
-                    return handle.read(max_bytes)
-                if not member.issym() or hops >= 8:
-                    raise WorkspaceError(f"read_file: {path} is not a regular file")
-                target = posixpath.join(posixpath.dirname(path), member.linkname)
+                if handle is None:
+                    # get_archive sends a link itself: the agent may have planted it, so it is not followed
+                    raise WorkspaceError(
+                        f"read_file: {path} is not a regular file (a link or a device)"
+                    )
+                return handle.read(max_bytes)
         finally:
             # closing the generator closes its HTTP response: a large file is not read to its end
             stream.close()
-        # get_archive sends a symbolic link itself: follow it, as reading the path would
-        return self._get(posixpath.normpath(target), max_bytes, hops + 1)
 
     # -- paths -----------------------------------------------------------------------------------------
 
     def _absolute(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.spec.workdir, path))
+        """``path`` in the container: absolute as given, or relative to the workdir and not leaving it."""
+        joined = posixpath.normpath(posixpath.join(self.spec.workdir, path))
+        workdir = posixpath.normpath(self.spec.workdir)
+        if (
+            not posixpath.isabs(path)
+            and posixpath.commonpath([workdir, joined]) != workdir
+        ):
+            raise WorkspaceError(
+                f"path {path!r} leaves the workspace ('..'); give a path inside {workdir}"
+            )
+        return joined
 
     def _owner(self, path: str) -> tuple[int, ...]:
         inside = posixpath.commonpath([self.spec.workdir, path]) == self.spec.workdir
-        return self._agent_owner if inside else (0, 0)
+        return self._agent_owner if inside and self._files_owner == "agent" else (0, 0)
 
 
 class _ChunkReader(io.RawIOBase):
@@ -384,20 +437,35 @@ class _ChunkReader(io.RawIOBase):
         return size
 
 
-def _tar(files: list[tuple[str, bytes, int]], owner: tuple[int, ...]) -> bytes:
-    """An in-memory tar of (name, bytes, mode) entries owned by ``owner`` (uid, gid)."""
+def _folders(archive: tarfile.TarFile, prefix: str, owner: tuple[int, ...]) -> None:
+    """A directory entry for every folder of ``prefix`` (``a/b``: ``a``, ``a/b``), outermost first."""
+    parts = [p for p in prefix.split("/") if p not in ("", ".")]
+    for depth in range(1, len(parts) + 1):
+        info = tarfile.TarInfo("/".join(parts[:depth]))
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+        info.uid, info.gid = owner[0], owner[1]
+        archive.addfile(info)
+
+
+def _tar(
+    files: list[tuple[str, bytes, int]], owner: tuple[int, ...], prefix: str = ""
+) -> bytes:
+    """An in-memory tar of (name, bytes, mode) entries under ``prefix`` (its folders as entries too),
+    owned by ``owner`` (uid, gid)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
+        _folders(archive, prefix, owner)
         for name, data, mode in files:
-            info = tarfile.TarInfo(name)
+            info = tarfile.TarInfo(posixpath.join(prefix, name) if prefix else name)
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             info.uid, info.gid = owner[0], owner[1]
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 
-def _tar_folder(source: Path, owner: tuple[int, ...]) -> bytes:
-    """An in-memory tar of ``source``'s contents (paths relative to it) owned by ``owner``."""
+def _tar_folder(source: Path, owner: tuple[int, ...], prefix: str = "") -> bytes:
+    """An in-memory tar of ``source``'s contents (paths relative to it, under ``prefix`` whose folders are
+    entries too) owned by ``owner``."""
 
     def own(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid, info.gid, info.uname, info.gname = owner[0], owner[1], "", ""
@@ -405,6 +473,8 @@ def _tar_folder(source: Path, owner: tuple[int, ...]) -> bytes:
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
+        _folders(archive, prefix, owner)
         for child in sorted(source.iterdir()):
-            archive.add(child, arcname=child.name, filter=own)
+            name = posixpath.join(prefix, child.name) if prefix else child.name
+            archive.add(child, arcname=name, filter=own)
     return buffer.getvalue()

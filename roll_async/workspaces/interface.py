@@ -110,6 +110,10 @@ class WorkspaceRuntime(Protocol):
         """A fresh workspace for ``spec`` (from a warm pool where the runtime keeps one)."""
         ...
 
+    def alive(self) -> int:
+        """Workspaces this runtime holds now (open ones, and warm ones where it keeps a pool)."""
+        ...
+
     async def shutdown(self) -> None:
         """Remove every workspace this runtime started and still holds; safe to call twice."""
         ...

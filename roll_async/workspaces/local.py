@@ -511,8 +511,14 @@ class LocalRuntime:
         except BaseException:
             await workspace.close()
             raise
+        # a shared runtime serves many episodes: forget the closed workspaces as new ones come
+        self._held = [held for held in self._held if not held.closed]
         self._held.append(workspace)
         return workspace
+
+    def alive(self) -> int:
+        """Workspaces started and not closed yet."""
+        return sum(not held.closed for held in self._held)
 
     async def shutdown(self) -> None:
         """Close every workspace still held; safe twice."""

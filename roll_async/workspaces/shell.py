@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from roll_async.errors import InvalidInputError
+from roll_async.workspaces.output_cap import cut_middle
 from roll_async.workspaces.sandbox import (
     _GRACE_S,
     SandboxLimits,
@@ -26,9 +27,6 @@ from roll_async.workspaces.sandbox import (
     network_isolation,
     process_isolation,
 )
-
-#: What a command's output shows in place of the middle it lost to the cap.
-CUT_MARKER = "\n... [{} bytes of output cut] ...\n"
 
 
 @dataclass(frozen=True)
@@ -146,18 +144,11 @@ def run_shell(
             out.seek(size - (cap - half))
             tail = out.read()
     code, timed_out = _exit_of(report, process.returncode, backstop)
-    if size > cap:
-        text = (
-            head.decode("utf-8", "replace")
-            + CUT_MARKER.format(size - len(head) - len(tail))
-            + tail.decode("utf-8", "replace")
-        )
-    else:
-        text = head.decode("utf-8", "replace")
+    text, truncated = cut_middle(head, tail, size)
     return ShellResult(
         exit_code=None if timed_out else code,
         output=text,
         timed_out=timed_out,
-        truncated=size > cap,
+        truncated=truncated,
         seconds=seconds,
     )

@@ -3,7 +3,8 @@
 ``configs/retrieval_qa_tools.yaml`` and ``configs/code_tools.yaml`` (envs that declare function tools,
 ``action_format: tools``) each roll out and train 2 steps, and ``configs/agent_tool_calling.yaml`` (an
 agent declaring a tool through the OpenAI client) trains one, all with small batches on one engine for
-the zoo model that the three runs share (each run gives it the trainer's weights first). A random-init
+the zoo model that the runs share (each run gives it the trainer's weights first). ``configs/swe.yaml``
+(a shell agent in Docker containers) trains 2 steps and must leave no container of its run. A random-init
 model rarely writes a well-formed call, so the checks are on what every step must show: whole batches,
 a finite loss, weight versions rising by one, tool-call counters reported and token-exact ids.
 """
@@ -18,6 +19,9 @@ import pytest
 from roll_async.config.schema import EngineConfig, load_config
 from roll_async.model.paths import resolve_model_path
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+from roll_async.testing.workspace_runtimes import skip_reason
+from roll_async.workspaces.docker import connect
+from roll_async.workspaces.docker_reaper import count_run
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +37,10 @@ COMMON = [
     "sft_warmup.enabled=false",
     "eval_steps=0",
 ]
+
+
+#: config name -> the run id of its last run here (the label its workspace containers carried).
+RUN_IDS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +68,11 @@ async def train(name: str, engine, tmp_path: Path, steps: int, *overrides: str):
         [f"output_dir={tmp_path / name}", f"max_steps={steps}", *COMMON, *overrides],
     )
     assert config.model.path == "tiny-qwen2_5"
-    run = await AgenticPipeline(config, engines=[engine]).run()
-    metrics = [m for m in read_jsonl(run / "metrics.jsonl") if m["step"] >= 0]
+    pipeline = AgenticPipeline(config, engines=[engine])
+    run = await pipeline.run()
+    RUN_IDS[name] = pipeline.run_id
+    # step -1: warm-up metrics; step == steps: the run's end (e.g. workspace/containers_leaked)
+    metrics = [m for m in read_jsonl(run / "metrics.jsonl") if 0 <= m["step"] < steps]
     assert [m["step"] for m in metrics] == list(range(steps))
     versions = [m["weight_version"] for m in metrics]
     assert versions == [versions[0] + s for s in range(steps)]
@@ -127,3 +138,37 @@ async def test_agent_tool_calling_config_trains(zoo_engine, tmp_path, monkeypatc
         assert trajectory["metrics"]["agent_segments"] == 1.0
         assert trajectory["text"].count('"name": "move"') == 1
         assert trajectory["text"].count("Reach the goal.") == 1
+
+
+@pytest.mark.timeout(600)
+async def test_swe_config_trains_in_containers_and_leaves_none(zoo_engine, tmp_path):
+    """configs/swe.yaml (runtime: docker) trains 2 steps; its containers carry the run's label and none is left."""
+    reason = skip_reason("docker")
+    if reason:
+        pytest.skip(reason)
+    metrics, trajectories = await train(
+        "swe",
+        zoo_engine,
+        tmp_path,
+        2,
+        # the env ends (and verifies) at its own max_steps: keep it the tag's
+        "custom_envs.Swe.max_steps=2",
+        "custom_envs.Swe.env_config.max_steps=2",
+        "custom_envs.Swe.max_tokens_per_step=48",
+        "sequence_length=2048",
+        "engine.max_model_len=2048",
+    )
+    assert not [t for t in trajectories if t["stop_reason"] == "env_error"], [
+        t.get("error") for t in trajectories
+    ]
+    for step in metrics:
+        assert {
+            "env/Swe/workspace_start_s",
+            "env/Swe/workspace_pool_hit",
+            "env/Swe/exec_p99_s",
+            "env/Swe/verifier_seconds",
+            "env/Swe/workspaces_alive",
+        } <= set(step), sorted(k for k in step if k.startswith("env/Swe"))
+    end = read_jsonl(tmp_path / "swe" / "metrics.jsonl")[-1]
+    assert end["step"] == 2 and end["workspace/containers_leaked"] == 0
+    assert count_run(connect(30.0), RUN_IDS["swe"]) == 0

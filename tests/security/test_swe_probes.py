@@ -7,7 +7,8 @@ process that kills the verifier, sleeps past its deadline, fork-bombs, fills its
 test folder elsewhere. Every one must score 0, and once the episode is over no process or file of
 its workspace may be left (``leftovers``). One probe fixes the bug *and* leaves a verifier killer:
 it must score 1, so the verifier is shown to run untouched rather than merely to fail. The probes
-run against every runtime in ``RUNTIMES`` (``local`` now; docker joins there) and all at once.
+run against every runtime in ``RUNTIMES`` (``local`` and ``docker``) and all at once, the episodes of
+one runtime sharing it as the envs of one worker do.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ PROBES: dict[str, tuple[list[str], dict[str, Any], float]] = {
             "for i in $(seq 1 8); do head -c 60000000 /dev/zero > fill$i || break; done; "
             "head -c 100000000 /dev/zero > /tmp/fill; du -sm . | cut -f1",
         ],
-        {},
+        # writing half a GiB is slow on a loaded host: the limit is under test, not the time
+        {"command_timeout_s": 90},
         0.0,
     ),
     "tests_link_elsewhere": (
@@ -126,7 +128,14 @@ async def _probe(runtime: str, task_format: str, name: str) -> Outcome:
         await env.close()
 
 
-@pytest.fixture(scope="module", params=RUNTIMES)
+#: docker starts a container per workspace: its half is in the slow tier (.ci/run runs it, with a daemon)
+RUNTIME_PARAMS = [
+    pytest.param(kind, marks=pytest.mark.slow) if kind == "docker" else kind
+    for kind in RUNTIMES
+]
+
+
+@pytest.fixture(scope="module", params=RUNTIME_PARAMS)
 def outcomes(request: pytest.FixtureRequest) -> dict[tuple[str, str], Outcome]:
     reason = skip_reason(request.param)
     if reason:
@@ -165,7 +174,8 @@ def test_the_disk_filler_stayed_within_its_workspace_limit(
         assert used_mb <= limit_mb + 1, (
             f"the workspace took {used_mb} MiB; the task allows {limit_mb}"
         )
-        assert "File too large" in seen[0], (
+        # the write fails (EFBIG, local: SIGXFSZ ignored) or the writer dies of SIGXFSZ (docker)
+        assert "File too large" in seen[0] or "File size limit exceeded" in seen[0], (
             "one file is capped by the runtime's file_size_mb"
         )
     assert "No space left on device" in outcomes[("harbor", "fill_disk")][1][0]

@@ -11,6 +11,7 @@ and then :func:`~roll_async.envs.swe.verifier.run_verifier` scores it. The env's
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +34,14 @@ from roll_async.envs.swe.swe_rows import load_swe_rows, swe_columns
 from roll_async.envs.swe.task_spec import TaskSpec
 from roll_async.envs.swe.verifier import RewardMode, VerifierResult, run_verifier
 from roll_async.errors import ConfigError, DatasetError, LifecycleError
-from roll_async.workspaces.factory import RUNTIME_KINDS, make_runtime
+from roll_async.workspaces.factory import RUNTIME_KINDS, sweep_run
 from roll_async.workspaces.interface import (
+    ExecResult,
     RuntimeKind,
     Workspace,
-    WorkspaceRuntime,
     WorkspaceSpec,
 )
+from roll_async.workspaces.shared import RuntimeLease, acquire_runtime
 
 
 @dataclass
@@ -58,7 +60,9 @@ class SweConfig(EnvConfig):
     task_ids: list[str] | None = None
     action_format: ActionFormat = "tools"
     runtime: RuntimeKind = "local"
-    #: The runtime's own settings (local: ``workspaces.local.LocalRuntimeConfig``).
+    #: The runtime's own settings (local: ``workspaces.local.LocalRuntimeConfig``; docker:
+    #: ``workspaces.docker.DockerRuntimeConfig``, whose ``run_id`` the training driver fills in). The envs
+    #: of one worker process with the same settings share one runtime (``workspaces.shared``).
     runtime_config: dict[str, Any] = field(default_factory=dict)
     #: Longest one command may run (also cut to the agent time left).
     command_timeout_s: float = 60.0
@@ -130,6 +134,29 @@ def load_tasks(config: SweConfig) -> list[TaskSpec]:
     return tasks
 
 
+def workspace_spec(task: TaskSpec) -> WorkspaceSpec:
+    """The workspace ``task`` runs in: its image (or Dockerfile, built once by its content hash), its
+    starting files and the limits of its task.toml (``[environment]`` cpus, memory_mb, storage_mb, network)."""
+    return WorkspaceSpec(
+        image=task.image,
+        files=task.files,
+        dockerfile=task.dockerfile,
+        cpus=task.cpus,
+        memory_mb=task.memory_mb,
+        network=task.network,
+        disk_mb=task.storage_mb,
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest rank; 0.0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[rank]
+
+
 class SweEnv:
     """An agent in a shell; see the module docstring. One episode at a time per instance."""
 
@@ -142,7 +169,7 @@ class SweEnv:
             SweConfig, config or kwargs or None, "swe"
         )
         self._tasks: list[TaskSpec] | None = None
-        self._runtime: WorkspaceRuntime | None = None
+        self._lease: RuntimeLease | None = None
         self.workspace: Workspace | None = None
         self.task: TaskSpec | None = None
         self.done = True
@@ -150,6 +177,9 @@ class SweEnv:
         self.deadline = 0.0
         self.verdict: VerifierResult | None = None
         self._counts: dict[str, float] = {}
+        #: Seconds of each command the agent ran this episode (for the exec time percentiles).
+        self._exec_s: list[float] = []
+        self._truncations = 0
 
     # -- tasks ---------------------------------------------------------------------------------
     @property
@@ -173,6 +203,25 @@ class SweEnv:
         sub = "swe/tasks.jsonl" if env_config.get("task_format") == "swe" else "harbor"
         return {**env_config, "tasks_path": str((folder / sub).resolve())}
 
+    @classmethod
+    def run_env_config(cls, env_config: dict[str, Any], run_id: str) -> dict[str, Any]:
+        """The env_config of this tag's envs in run ``run_id``: docker containers get the run's label
+        (``runtime_config.run_id``, unless the config names one), so the driver can sweep them."""
+        if env_config.get("runtime") != "docker":
+            return env_config
+        runtime_config = dict(env_config.get("runtime_config") or {})
+        runtime_config.setdefault("run_id", run_id)
+        return {**env_config, "runtime_config": runtime_config}
+
+    @classmethod
+    def end_run(cls, env_config: dict[str, Any], run_id: str) -> dict[str, float]:
+        """After every env of the run closed: remove the run's containers still there and count them
+        (``containers_leaked``: 0 when every runtime shut down cleanly)."""
+        if env_config.get("runtime") != "docker":
+            return {}
+        run = str((env_config.get("runtime_config") or {}).get("run_id") or run_id)
+        return {"containers_leaked": float(sweep_run("docker", run))}
+
     def tools(self) -> list[dict[str, Any]] | None:
         return swe_tools() if self.config.action_format == "tools" else None
 
@@ -181,22 +230,15 @@ class SweEnv:
         """Start the task ``seed`` picks (``seed % num_tasks``) in a fresh workspace."""
         await self._close_workspace()
         task = self.tasks[int(seed) % len(self.tasks)]
-        if self._runtime is None:
-            self._runtime = make_runtime(
+        if self._lease is None:
+            self._lease = acquire_runtime(
                 self.config.runtime, self.config.runtime_config
             )
-        spec = WorkspaceSpec(
-            image=task.image,
-            files=task.files,
-            dockerfile=task.dockerfile,
-            cpus=task.cpus,
-            memory_mb=task.memory_mb,
-            network=task.network,
-            disk_mb=task.storage_mb,
-        )
-        self.workspace = await self._runtime.start(spec)
+        self.workspace = await self._lease.runtime.start(workspace_spec(task))
         self.task, self.done, self.num_steps, self.verdict = task, False, 0, None
         self._counts = {"commands": 0.0, "command_timeouts": 0.0, "format_errors": 0.0}
+        self._exec_s = []
+        self._truncations = 0
         agent_s = self.config.agent_timeout_s or task.agent_timeout_s
         self.deadline = time.monotonic() + float(agent_s)
         info: dict[str, Any] = {
@@ -247,7 +289,9 @@ class SweEnv:
         out_of_time = time.monotonic() >= self.deadline
         terminated = submitted
         truncated = not submitted and (out_of_time or self.num_steps >= cfg.max_steps)
+        episode: dict[str, float] = {}
         if terminated or truncated:
+            episode = self._episode_metrics()
             self.verdict = await run_verifier(
                 self.workspace,
                 self.task,
@@ -266,7 +310,7 @@ class SweEnv:
             parts.append(f"Episode over ({why}). {self.verdict.detail}.")
             await self._close_workspace()
         info = {
-            "metrics": self._metrics(not parsed.error),
+            "metrics": {**self._metrics(not parsed.error), **episode},
             "format_error": parsed.error or None,
         }
         observation = "\n\n".join(parts) or "(no output)"
@@ -282,6 +326,7 @@ class SweEnv:
             command.shell, timeout_s=timeout, user="agent"
         )
         self._counts["commands"] += 1
+        self._note(result)
         if result.timed_out:
             self._counts["command_timeouts"] += 1
             head = f"[timed out after {timeout:.0f} s]"
@@ -292,6 +337,27 @@ class SweEnv:
         return clip(
             f"{head}\n{result.output}".rstrip(), self.config.max_observation_chars
         )
+
+    def _note(self, result: ExecResult) -> None:
+        self._exec_s.append(result.seconds)
+        self._truncations += int(result.truncated)
+
+    def _episode_metrics(self) -> dict[str, float]:
+        """What the episode's workspace cost, reported once, with the step that ends the episode.
+
+        How its workspace started (seconds, warm from a pool or not), its commands' time (p50, p99),
+        the outputs cut to the runtime's cap, and the workspaces the runtime holds now (this one included).
+        """
+        assert self.workspace is not None and self._lease is not None
+        stats = self.workspace.stats
+        return {
+            "workspace_start_s": stats.start_s,
+            "workspace_pool_hit": float(stats.pool_hit),
+            "exec_p50_s": percentile(self._exec_s, 0.5),
+            "exec_p99_s": percentile(self._exec_s, 0.99),
+            "output_truncations": float(self._truncations),
+            "workspaces_alive": float(self._lease.runtime.alive()),
+        }
 
     def _metrics(self, valid: bool) -> dict[str, float | bool]:
         verdict = self.verdict
@@ -311,8 +377,10 @@ class SweEnv:
             await workspace.close()
 
     async def close(self) -> None:
-        """Close the episode's workspace and the runtime; safe to call twice."""
-        await self._close_workspace()
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None:
-            await runtime.shutdown()
+        """Close the episode's workspace and give back this env's share of the runtime; safe to call twice."""
+        try:
+            await self._close_workspace()
+        finally:
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await lease.release()

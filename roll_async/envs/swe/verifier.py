@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -74,12 +76,21 @@ def _environment(folder: str) -> str:
     )
 
 
-async def _prepare(workspace: Workspace, folder: str, nonce: str) -> None:
-    """Kill the agent's processes, then write the verifier's folder: the plugin, an empty pytest.ini, the nonce."""
+async def _prepare(
+    workspace: Workspace, folder: str, nonce: str, tests_dir: Path | None
+) -> None:
+    """Kill the agent's processes, then write the verifier's folder: the plugin, an empty pytest.ini, the
+    nonce and (Harbor) the task's tests, in one copy (one archive for the docker runtime)."""
     await workspace.kill_agent_processes()
-    await workspace.write_file(f"{folder}/{PLUGIN}.py", PLUGIN_SOURCE.read_bytes())
-    await workspace.write_file(f"{folder}/pytest.ini", b"[pytest]\n")
-    await workspace.write_file(f"{folder}/nonce", nonce.encode(), mode=0o600)
+    with tempfile.TemporaryDirectory(prefix="roll_async_verifier_") as staged:
+        root = Path(staged)
+        if tests_dir is not None:
+            shutil.copytree(tests_dir, root / "tests", symlinks=False)
+        (root / f"{PLUGIN}.py").write_bytes(PLUGIN_SOURCE.read_bytes())
+        (root / "pytest.ini").write_bytes(b"[pytest]\n")
+        (root / "nonce").write_bytes(nonce.encode())
+        (root / "nonce").chmod(0o600)
+        await workspace.copy_in(root, folder)
 
 
 async def _restore_test_files(workspace: Workspace, task: TaskSpec, folder: str) -> str:
@@ -123,10 +134,10 @@ async def run_verifier(
     nonce = secrets.token_hex(16)
     folder = VERIFIER_DIR_PREFIX + secrets.token_hex(8)
     env = _environment(folder)
+    harbor = task.tests_dir is not None and task.format == "harbor"
     try:
-        await _prepare(workspace, folder, nonce)
-        if task.tests_dir is not None and task.format == "harbor":
-            await workspace.copy_in(task.tests_dir, f"{folder}/tests")
+        await _prepare(workspace, folder, nonce, task.tests_dir if harbor else None)
+        if harbor:
             command = env + 'bash "$TESTS_DIR/test.sh"'
         else:
             ids = " ".join(

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from roll_async.errors import ConfigError
-from roll_async.workspaces.docker import DockerRuntimeConfig
-from roll_async.workspaces.docker_exec import CUT_MARKER, HeadTail, kill_marked, wrapped
+from roll_async.workspaces.docker import DockerRuntimeConfig, docker_config
+from roll_async.workspaces.docker_exec import HeadTail, kill_marked, wrapped
 from roll_async.workspaces.docker_images import _split, context_hash
 from roll_async.workspaces.docker_pool import WarmPool, pool_key
 from roll_async.workspaces.docker_reaper import (
@@ -25,7 +25,9 @@ from roll_async.workspaces.docker_reaper import (
     owner_labels,
     process_start_ticks,
 )
+from roll_async.workspaces.factory import make_runtime
 from roll_async.workspaces.interface import WorkspaceSpec
+from roll_async.workspaces.output_cap import CUT_MARKER, cut_middle
 
 
 def test_head_tail_keeps_both_ends_of_a_long_stream_fed_in_pieces() -> None:
@@ -67,6 +69,37 @@ def test_config_rejects_what_docker_cannot_use() -> None:
     with pytest.raises(ConfigError, match="pool_size=-1"):
         DockerRuntimeConfig(pool_size=-1)
     assert DockerRuntimeConfig(pool_size=0).pool_size == 0
+
+
+def test_the_env_configs_runtime_config_builds_the_docker_config_naming_unknown_keys() -> (
+    None
+):
+    config = docker_config({"run_id": "r1", "pool_size": 0, "file_size_mb": 8})
+    assert (config.run_id, config.pool_size, config.file_size_mb) == ("r1", 0, 8)
+    assert docker_config(None) == DockerRuntimeConfig()
+    # the factory hands the mapping over: a typo fails before any daemon is asked
+    with pytest.raises(
+        ConfigError, match="'pool_sise' is not accepted; accepted: run_id"
+    ):
+        make_runtime("docker", {"pool_sise": 1})
+
+
+def test_one_cut_marker_for_both_runtimes() -> None:
+    assert cut_middle(b"ab", b"", 2) == ("ab", False)
+    assert cut_middle(b"ab", b"yz", 10) == ("ab" + CUT_MARKER.format(6) + "yz", True)
+    kept = HeadTail(4)
+    kept.add(b"abcdefghij")
+    assert kept.text() == cut_middle(b"ab", b"ij", 10)
+
+
+def test_a_pool_key_keeps_whether_files_come_not_which() -> None:
+    with_files = pool_key(WorkspaceSpec(image="a", files=Path("/task/1")))
+    assert with_files == pool_key(WorkspaceSpec(image="a", files=Path("/task/2")))
+    assert with_files != pool_key(WorkspaceSpec(image="a"))
+    assert (
+        with_files.files is not None
+        and pool_key(WorkspaceSpec(image="a")).files is None
+    )
 
 
 def test_image_names_split_into_repository_and_tag() -> None:

@@ -1,4 +1,4 @@
-"""The Workspace contract, checked on every runtime this host can start (``RUNTIMES``; ``local`` so far).
+"""The Workspace contract, checked on every runtime in ``RUNTIMES`` (local and docker) this host can start.
 
 A runtime passes when commands run in the workdir with a timeout and an output cap, files written
 by root survive links the agent planted, the agent cannot write outside its workspace or reach the
@@ -19,21 +19,26 @@ from roll_async.testing.workspace_runtimes import (
     RUNTIMES,
     leftovers,
     owners,
+    runtime_config,
     skip_reason,
 )
 from roll_async.workspaces import factory, local
 from roll_async.workspaces.factory import make_runtime
 from roll_async.workspaces.interface import Workspace, WorkspaceRuntime, WorkspaceSpec
 
+#: docker starts a container per workspace: its half is in the slow tier (.ci/run runs it, with a daemon)
+RUNTIME_PARAMS = [
+    pytest.param(kind, marks=pytest.mark.slow) if kind == "docker" else kind
+    for kind in RUNTIMES
+]
 
-@pytest.fixture(params=RUNTIMES)
+
+@pytest.fixture(params=RUNTIME_PARAMS)
 async def runtime(request: pytest.FixtureRequest) -> AsyncIterator[WorkspaceRuntime]:
     reason = skip_reason(request.param)
     if reason:
         pytest.skip(reason)
-    built = make_runtime(
-        request.param, {"max_output_bytes": 4096} if request.param == "local" else None
-    )
+    built = make_runtime(request.param, runtime_config(request.param))
     yield built
     await built.shutdown()
 
