@@ -203,7 +203,7 @@ class WorkspaceLedger:
 class BenchSweEnv(SweEnv):
     """``SweEnv`` on a runtime shared by the run's envs, with every workspace span in ``ledger``.
 
-    The shared runtime is the benchmark's: ``close`` ends this env's workspace, never the runtime.
+    The shared runtime is the benchmark's (``workspace_runtime``): the env closes its workspaces, never the runtime.
     The episode's seed goes into the instruction (``SEED_MARKER``) for the scripted policy.
     """
 
@@ -214,8 +214,7 @@ class BenchSweEnv(SweEnv):
         runtime: WorkspaceRuntime,
         ledger: WorkspaceLedger,
     ) -> None:
-        super().__init__(config)
-        self._runtime = runtime
+        super().__init__(config, workspace_runtime=runtime)
         self.ledger = ledger
         self._opened_at = 0.0
         #: when the last command of the current step ended (or the step began): the verifier starts there
@@ -260,8 +259,3 @@ class BenchSweEnv(SweEnv):
         self.ledger.add("open", self._opened_at, began)
         await super()._close_workspace()
         self.ledger.add("close", began, time.monotonic())
-
-    async def close(self) -> None:
-        """This env's workspace only: the runtime belongs to the benchmark run."""
-        await self._close_workspace()
-        self._runtime = None

@@ -179,13 +179,8 @@ def swe_env_config(args: argparse.Namespace, runtime: str) -> dict[str, Any]:
 
 
 def _make_runtime(runtime: str, args: argparse.Namespace) -> WorkspaceRuntime:
-    if runtime == "docker":
-        # the docker runtime needs the optional docker package; built with its typed config here
-        # because workspaces.factory.make_runtime hands it a plain dict
-        from roll_async.workspaces.docker import DockerRuntime, DockerRuntimeConfig
-
-        return DockerRuntime(DockerRuntimeConfig(pool_size=args.pool_size))
-    return make_runtime(runtime, {})
+    """One runtime (one warm pool) for the run's envs, from the same settings a config would give."""
+    return make_runtime(runtime, swe_env_config(args, runtime)["runtime_config"])
 
 
 async def _warm(runtime: WorkspaceRuntime, swe: SweConfig) -> None:

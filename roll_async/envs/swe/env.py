@@ -39,6 +39,7 @@ from roll_async.workspaces.interface import (
     ExecResult,
     RuntimeKind,
     Workspace,
+    WorkspaceRuntime,
     WorkspaceSpec,
 )
 from roll_async.workspaces.shared import RuntimeLease, acquire_runtime
@@ -163,13 +164,20 @@ class SweEnv:
     config_cls: ClassVar[type] = SweConfig
 
     def __init__(
-        self, config: SweConfig | dict[str, Any] | None = None, **kwargs: Any
+        self,
+        config: SweConfig | dict[str, Any] | None = None,
+        *,
+        workspace_runtime: WorkspaceRuntime | None = None,
+        **kwargs: Any,
     ) -> None:
         self.config: SweConfig = build_config(
             SweConfig, config or kwargs or None, "swe"
         )
         self._tasks: list[TaskSpec] | None = None
         self._lease: RuntimeLease | None = None
+        #: A runtime the caller owns and shuts down (a benchmark's, shared by its envs); None: this env
+        #: leases the worker's shared runtime for its config.
+        self._own_runtime = workspace_runtime
         self.workspace: Workspace | None = None
         self.task: TaskSpec | None = None
         self.done = True
@@ -230,11 +238,7 @@ class SweEnv:
         """Start the task ``seed`` picks (``seed % num_tasks``) in a fresh workspace."""
         await self._close_workspace()
         task = self.tasks[int(seed) % len(self.tasks)]
-        if self._lease is None:
-            self._lease = acquire_runtime(
-                self.config.runtime, self.config.runtime_config
-            )
-        self.workspace = await self._lease.runtime.start(workspace_spec(task))
+        self.workspace = await self._runtime().start(workspace_spec(task))
         self.task, self.done, self.num_steps, self.verdict = task, False, 0, None
         self._counts = {"commands": 0.0, "command_timeouts": 0.0, "format_errors": 0.0}
         self._exec_s = []
@@ -348,7 +352,7 @@ class SweEnv:
         How its workspace started (seconds, warm from a pool or not), its commands' time (p50, p99),
         the outputs cut to the runtime's cap, and the workspaces the runtime holds now (this one included).
         """
-        assert self.workspace is not None and self._lease is not None
+        assert self.workspace is not None
         stats = self.workspace.stats
         return {
             "workspace_start_s": stats.start_s,
@@ -356,7 +360,7 @@ class SweEnv:
             "exec_p50_s": percentile(self._exec_s, 0.5),
             "exec_p99_s": percentile(self._exec_s, 0.99),
             "output_truncations": float(self._truncations),
-            "workspaces_alive": float(self._lease.runtime.alive()),
+            "workspaces_alive": float(self._runtime().alive()),
         }
 
     def _metrics(self, valid: bool) -> dict[str, float | bool]:
@@ -370,6 +374,16 @@ class SweEnv:
             metrics["verifier_seconds"] = verdict.seconds
             metrics["verifier_timed_out"] = verdict.timed_out
         return metrics
+
+    def _runtime(self) -> WorkspaceRuntime:
+        """The runtime episodes start in: the caller's, else this env's lease of the worker's shared one."""
+        if self._own_runtime is not None:
+            return self._own_runtime
+        if self._lease is None:
+            self._lease = acquire_runtime(
+                self.config.runtime, self.config.runtime_config
+            )
+        return self._lease.runtime
 
     async def _close_workspace(self) -> None:
         workspace, self.workspace = self.workspace, None
