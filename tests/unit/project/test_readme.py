@@ -125,7 +125,7 @@ def test_every_documented_command_runs_for_real_in_the_slow_tier():
         if test == readme_runs.CHECKED:
             continue
         path, _, name = test.partition("::")
-        assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), (
+        assert re.search(rf"^(async )?def {name}\(", (REPO / path).read_text(), re.M), (
             command,
             test,
         )
