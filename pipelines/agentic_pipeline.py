@@ -395,6 +395,11 @@ class AgenticPipeline:
         interrupted: RunInterrupted | None = None
         try:
             source = await self._open_batch_source()
+            if config.eval_at_start and config.eval_steps > 0:
+                # the start value, on the episodes every later validation plays (before any RL step)
+                start_metrics = await self._phase(True, self._validate(self.start_step))
+                assert self.tracker is not None
+                self.tracker.log(self.start_step - 1, start_metrics)
             train_step = TrainStep(trainer, progress)
             after_step = self._after_step_actions(progress, progress_bar)
             for step in range(self.start_step, config.max_steps):

@@ -429,4 +429,6 @@ def validation_metrics(
         out[prefix + name[len("env") :]] = (
             value  # env/<tag>/<metric> -> val/<tag>/<metric>
         )
+    for name, value in _game_metrics(trajectories).items():
+        out[f"{prefix}/{name}"] = value  # val/game/<tag>/<role>/vs_<opponents>/<rate>
     return out

@@ -520,6 +520,8 @@ class PipelineConfig:
     num_batches: int = bounded(2, ge=1)
     #: Run validation every this many steps (0: never).
     eval_steps: int = 0
+    #: With eval_steps > 0: also validate once before the first step (logged as step start-1), on the same episodes.
+    eval_at_start: bool = False
     #: Run seed: every env group's seed derives from it (and the SFT warm start's demo seeds).
     seed: int = 42
     #: Run directory; None means runs/<train|rollout>-<timestamp>.

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from roll_async.envs import make_env
+from roll_async.envs.multiplayer.players import HEURISTICS
+from roll_async.envs.multiplayer.registry import make_game, registered_games
 from roll_async.errors import InvalidInputError, SftDivergedError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.prompts.tokenizers import ChatTokenizer
@@ -69,8 +71,25 @@ def build_sft_examples(
     first ``demo_fraction`` of the turns: the model learns the answer format and
     some good moves, but initial success stays low, leaving room for RL to show
     improvement.
+
+    A game with seats (a name in ``registered_games()``: kuhn_poker, tic_tac_toe) has no
+    solver: its demos are games the game's heuristic player plays against itself, each
+    seed's demo the conversation of seat ``seed % num_players`` as a policy seat sees it
+    (its instruction, its own observations, the heuristic's moves in the game's answer
+    format), cut to ``demo_fraction`` of that seat's moves the same way.
     """
     builder = ChatPromptBuilder(tokenizer, system_prompt)
+    if env_type in registered_games():
+        return _game_examples(
+            env_type,
+            env_config,
+            seeds,
+            builder,
+            instruction_template,
+            observation_template,
+            demo_fraction,
+            max_length,
+        )
     env = make_env(env_type, dict(env_config or {}))
     examples: list[SFTExample] = []
     try:
@@ -128,6 +147,77 @@ def build_sft_examples(
                 )
     finally:
         env.close()
+    return examples
+
+
+def _game_examples(
+    game_name: str,
+    game_config: dict[str, Any] | None,
+    seeds: Iterable[int],
+    builder: ChatPromptBuilder,
+    instruction_template: str,
+    observation_template: str,
+    demo_fraction: float,
+    max_length: int | None,
+) -> list[SFTExample]:
+    """Heuristic self-play demos of a game with seats, one seat's conversation per seed (see build_sft_examples)."""
+    player = HEURISTICS.get(game_name)
+    if player is None:
+        raise InvalidInputError(
+            f"sft_warmup: the game {game_name!r} has no heuristic player to demonstrate it "
+            f"(games with one: {', '.join(sorted(HEURISTICS))}); disable sft_warmup for this tag"
+        )
+    game = make_game(game_name, dict(game_config or {}))
+    examples: list[SFTExample] = []
+    for seed in seeds:
+        seat = int(seed) % game.num_players
+        game.reset(int(seed))
+        replies: list[tuple[str, str]] = []  # (the seat's observation, its reply)
+        done = False
+        while not done:
+            seen = game.get_observation()
+            reply = game.format_action(player(seen.text, list(seen.legal_actions)))
+            if seen.seat == seat:
+                replies.append((seen.text, reply))
+            done = game.step(reply).done
+        outcome = game.close()
+        keep = kept_turns(len(replies), demo_fraction)
+        if keep == 0:
+            continue
+        ids: list[int] = []
+        mask: list[int] = []
+        for turn, (observation, reply) in enumerate(replies[:keep]):
+            fields = {
+                "instruction": game.instruction(seat),
+                "observation": observation,
+                "reward": 0.0,
+                "turn": turn,
+            }
+            if turn == 0:
+                prompt = builder.first_turn_ids(instruction_template.format(**fields))
+            else:
+                prompt = builder.user_delta_ids(observation_template.format(**fields))
+            reply_ids = builder.encode(reply)
+            closure = builder.closure_ids_after(reply_ids)
+            ids += prompt + reply_ids + closure
+            mask += [0] * len(prompt) + [1] * len(reply_ids)
+            mask += _end_of_turn_mask(closure, builder.eos_token_ids)
+        if max_length is not None:
+            ids, mask = ids[:max_length], mask[:max_length]
+        won = outcome.rewards[seat] > max(
+            r for i, r in enumerate(outcome.rewards) if i != seat
+        )
+        if any(mask):
+            examples.append(
+                SFTExample(
+                    ids,
+                    mask,
+                    seed=int(seed),
+                    num_turns=keep,
+                    demo_turns=len(replies),
+                    success=won and keep == len(replies),
+                )
+            )
     return examples
 
 

@@ -297,6 +297,7 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
             "logging.console=false",
             "sft_warmup.enabled=false",
             "eval_steps=0",
+            "train_env_manager.tags=[KuhnPoker]",
             "custom_envs.KuhnPoker.seats=[snapshot:1,policy]",
             "custom_envs.KuhnPoker.max_tokens_per_step=12",
         ],

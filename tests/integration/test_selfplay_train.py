@@ -1,4 +1,4 @@
-"""Games with seats train end to end on the session's real CPU engine: ``configs/selfplay.yaml`` (Kuhn poker).
+"""Games with seats train end to end on the session's real CPU engine: ``configs/selfplay.yaml``'s Kuhn poker tag.
 
 Self-play trains 3 steps in sync mode, a policy seat against the built-in heuristic trains 3 steps in
 async mode, a real TextArena two-player game (``textarena:TicTacToe-v0``, offline) trains one step
@@ -32,6 +32,7 @@ COMMON = [
     "logging.console=false",
     "sft_warmup.enabled=false",
     "eval_steps=0",
+    "train_env_manager.tags=[KuhnPoker]",
     "custom_envs.KuhnPoker.max_tokens_per_step=12",
 ]
 

@@ -162,6 +162,20 @@ def test_validation_metrics_per_tag():
     assert out["val/env_errors"] == 1 and out["val/success"] == 0.5
 
 
+def test_validation_metrics_give_game_rates_per_role_and_opponent():
+    games = [
+        trajectory("ValAsX", "terminated", 0, 0, 1.0, 1, 1),
+        trajectory("ValAsX", "terminated", 0, 0, -1.0, 1, 1),
+    ]
+    for game, won in zip(games, (1.0, 0.0)):
+        game.role, game.opponents = "seat0", "random"
+        game.metrics = {"game_win": won, "game_loss": 1.0 - won, "game_draw": 0.0}
+    out = M.validation_metrics(games)
+    assert out["val/game/ValAsX/seat0/vs_random/win_rate"] == 0.5
+    assert out["val/game/ValAsX/seat0/vs_random/loss_rate"] == 0.5
+    assert out["val/ValAsX/game_win"] == 0.5
+
+
 def test_weight_version_lag_counts_from_the_engines_base_version():
     """Engines that started at version 7 serve 7 + step at step ``step``: a fresh trajectory lags by 0."""
     batch = [

@@ -7,6 +7,7 @@ import torch
 
 from roll_async.config.schema import TrainerConfig
 from roll_async.envs import make_env
+from roll_async.envs.multiplayer import HEURISTICS, make_game
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trainer import GRPOTrainer
 from roll_async.trainer.sft import (
@@ -90,3 +91,51 @@ def test_run_sft_without_examples_is_a_clear_error(tiny_model_path):
     trainer = GRPOTrainer(TrainerConfig(), tiny_model_path)
     with pytest.raises(ValueError, match="no examples"):
         run_sft(trainer, [], steps=1, lr=1e-3, batch_size=1)
+
+
+def _heuristic_game(game_name: str, seed: int) -> tuple[int, list[str], list[str]]:
+    """(the demo's seat, that seat's observations, its replies) of one heuristic self-play game."""
+    game = make_game(game_name)
+    player = HEURISTICS[game_name]
+    seat = seed % game.num_players
+    game.reset(seed)
+    observations: list[str] = []
+    replies: list[str] = []
+    done = False
+    while not done:
+        seen = game.get_observation()
+        reply = game.format_action(player(seen.text, list(seen.legal_actions)))
+        if seen.seat == seat:
+            observations.append(seen.text)
+            replies.append(reply)
+        done = game.step(reply).done
+    return seat, observations, replies
+
+
+@pytest.mark.parametrize("game_name", ["tic_tac_toe", "kuhn_poker"])
+def test_game_demos_are_a_seats_conversation_with_the_heuristics_moves(
+    tokenizer, game_name
+):
+    examples = build_sft_examples(
+        game_name, {}, [0, 1, 2, 3], tokenizer, SYSTEM, demo_fraction=0.5
+    )
+    assert [e.seed for e in examples] == [0, 1, 2, 3]
+    builder = ChatPromptBuilder(tokenizer, SYSTEM)
+    game = make_game(game_name)
+    for example in examples:
+        seat, observations, replies = _heuristic_game(game_name, example.seed)
+        keep = kept_turns(len(replies), 0.5)
+        assert (example.demo_turns, example.num_turns) == (len(replies), keep)
+        first = f"{game.instruction(seat)}\n{observations[0]}"
+        reply_ids = [builder.encode(r) for r in replies[:keep]]
+        # token-exact with how a policy seat's rollout renders the same turns
+        rollout = builder.incremental_ids([first, *observations[1:keep]], reply_ids)
+        assert example.input_ids == rollout + builder.closure_ids_after(reply_ids[-1])
+        learned = tokenizer.decode(
+            [t for t, m in zip(example.input_ids, example.loss_mask) if m]
+        )
+        assert learned == "".join(r + "<|im_end|>" for r in replies[:keep])
+    # both seats are demonstrated, and tic-tac-toe's partial demos stop before the game's end
+    assert {e.seed % 2 for e in examples} == {0, 1}
+    if game_name == "tic_tac_toe":
+        assert all(e.num_turns < e.demo_turns and not e.success for e in examples)
