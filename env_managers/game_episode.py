@@ -142,22 +142,30 @@ class GameEpisodeRunner:
                 "for it (the pipeline launches one per frozen model; a caller building schedulers passes them)"
             )
         self.pool_lags: dict[int, int] = {}
+
+        def opponent_turns(
+            engine: Any, kind: str, seat: int, decode: Any, lag: int = 0
+        ) -> TurnGenerator:
+            """An untrained seat's own TurnGenerator: its engine, its request ids, its adapter lag."""
+            return TurnGenerator(
+                turns.env_id,
+                engine,
+                generation=settings.generation,
+                stop=list(self.custom_env.stop),
+                observations=ObservationEncoder(None),
+                stats=turns.stats,
+                phases=phases,
+                greedy=settings.greedy,
+                request_prefix=f"{turns.request_prefix}{kind}{seat}-",
+                decode=decode,
+                adapter_lag=lag,
+            )
+
         #: Untrained model seats, each with its own TurnGenerator and request ids: a frozen seat on its
         #: model's engine; a snapshot seat on the policy's engine, on the adapter k versions back.
         self.opponents: dict[int, tuple[TurnGenerator, ChatPromptBuilder]] = {
             seat: (
-                TurnGenerator(
-                    turns.env_id,
-                    model.engine,
-                    generation=settings.generation,
-                    stop=list(self.custom_env.stop),
-                    observations=ObservationEncoder(None),
-                    stats=turns.stats,
-                    phases=phases,
-                    greedy=settings.greedy,
-                    request_prefix=f"{turns.request_prefix}frozen{seat}-",
-                    decode=model.prompts.decode,
-                ),
+                opponent_turns(model.engine, "frozen", seat, model.prompts.decode),
                 model.prompts,
             )
             for seat, model in (frozen or {}).items()
@@ -165,18 +173,12 @@ class GameEpisodeRunner:
         for s in self.seats:
             if s.kind == "snapshot":
                 self.opponents[s.seat] = (
-                    TurnGenerator(
-                        turns.env_id,
+                    opponent_turns(
                         turns.engine,
-                        generation=settings.generation,
-                        stop=list(self.custom_env.stop),
-                        observations=ObservationEncoder(None),
-                        stats=turns.stats,
-                        phases=phases,
-                        greedy=settings.greedy,
-                        request_prefix=f"{turns.request_prefix}snapshot{s.seat}-",
-                        decode=prompts.decode,
-                        adapter_lag=snapshot_lag(s, self.custom_env.pool.last_k),
+                        "snapshot",
+                        s.seat,
+                        prompts.decode,
+                        snapshot_lag(s, self.custom_env.pool.last_k),
                     ),
                     prompts,
                 )
