@@ -8,6 +8,7 @@ failure is a probe child that really dies by SIGILL.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import multiprocessing
@@ -145,6 +146,7 @@ def test_a_death_by_a_signal_is_named_with_its_likely_cause(sig, cause):
 
 
 def _die_by_sigill() -> None:
+    faulthandler.disable()  # a forked child inherits pytest's handler, which would dump every stack
     os.kill(os.getpid(), signal.SIGILL)
 
 
@@ -157,15 +159,19 @@ def test_the_executor_records_a_worker_dead_by_sigill_for_its_parent():
         is ExitRecordingExecutor
     )
     since = time.time()
-    worker = multiprocessing.get_context("spawn").Process(
+    # forked, as the executor starts its workers: a spawned child re-imports this module (vLLM, torch),
+    # which under a loaded CI outlasted the wait and left the worker to be stopped instead of dying
+    worker = multiprocessing.get_context("fork").Process(
         target=_die_by_sigill, name="VllmWorker-0"
     )
-    healthy = multiprocessing.get_context("spawn").Process(
-        target=time.sleep, args=(30,), name="VllmWorker-1"
+    healthy = multiprocessing.get_context("fork").Process(
+        target=time.sleep, args=(60,), name="VllmWorker-1"
     )
     worker.start()
     healthy.start()
-    multiprocessing.connection.wait([worker.sentinel], 30)  # dead, not yet reaped
+    # dead, not yet reaped
+    died = multiprocessing.connection.wait([worker.sentinel], 60)
+    assert died, "the SIGILL worker did not die within 60 s"
     try:
         ExitRecordingExecutor._ensure_worker_termination([worker, healthy])
         deaths = process_deaths.deaths_since(os.getppid(), since)
