@@ -174,7 +174,7 @@ def swe_env_config(args: argparse.Namespace, runtime: str) -> dict[str, Any]:
         "runtime_config": runtime_config,
         "max_steps": args.max_turns,
         "command_timeout_s": 60.0,
-        "max_observation_chars": args.max_observation_chars,
+        "max_observation_tokens": args.max_observation_tokens,
     }
 
 
@@ -447,7 +447,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pool-size", type=int, default=2, help="docker: warm containers per spec"
     )
-    parser.add_argument("--max-observation-chars", type=int, default=2000)
+    parser.add_argument("--max-observation-tokens", type=int, default=512)
     parser.add_argument("--sequence-length", type=int, default=32768)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(

@@ -34,14 +34,12 @@ from roll_async.env_managers.trajectory_bookkeeping import (
     check_prefix,
     env_reference,
     episode_metrics,
+    note_env_spans,
     note_versions,
     numeric_metrics,
 )
 from roll_async.env_managers.turn_generator import TurnGenerator
-from roll_async.errors import (
-    EnvCallError,
-    VisionInputError,
-)
+from roll_async.errors import EnvCallError, VisionInputError
 from roll_async.metrics import PREFIX_CHECK_EVERY_EPISODES
 from roll_async.prompts.images import (
     ObservationEncoder,
@@ -377,6 +375,7 @@ class EnvManager:
             return self._fail(trajectory, exc)
 
         info = info if isinstance(info, dict) else {}
+        note_env_spans(trajectory, info, -1)
         reference = env_reference(info)
         env_tools: EnvTools | None = None
         if info.get("tools"):
@@ -466,6 +465,7 @@ class EnvManager:
             record.num_images = len(observation_images(observation))
             record.reward = float(reward)
             record.metrics = numeric_metrics(info)
+            note_env_spans(trajectory, info, turn)
             trajectory.episode_reward += record.reward
             if turn_rewards is not None:
                 turn_rewards.start(

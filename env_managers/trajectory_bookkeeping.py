@@ -3,19 +3,19 @@
 Token ids go in with their response mask, behaviour logprobs and per-token weight
 versions kept aligned (-1 and 0.0 on prompt and env tokens), the episode's
 weight-version range follows the versions that sampled it, and env ``info`` becomes
-numeric metrics and a judge's reference answer. These are plain functions on a
-Trajectory so the per-env episode loop (roll_async.env_managers.env_manager) holds
-only the loop.
+numeric metrics, the env's own timeline spans and a judge's reference answer. These
+are plain functions on a Trajectory so the per-env episode loop
+(roll_async.env_managers.env_manager) holds only the loop.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from roll_async.errors import ChatTemplateError
 from roll_async.metrics import PREFIX_MISMATCH
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
-from roll_async.trajectory import Trajectory, TurnRecord
+from roll_async.trajectory import EnvSpan, Trajectory, TurnRecord
 
 
 def numeric_metrics(info: Any) -> dict[str, float]:
@@ -26,6 +26,29 @@ def numeric_metrics(info: Any) -> dict[str, float]:
         if isinstance(value, (bool, int, float)):
             out[str(key)] = float(value)
     return out
+
+
+def note_env_spans(trajectory: Trajectory, info: Any, turn: int) -> None:
+    """Keep the spans an env reported in ``info["env_spans"]`` (reset: ``turn`` -1) on the trajectory.
+
+    A span without a name, with a time that is not a number or ending before it starts is left out:
+    it is the env's timeline, never a reason to fail its episode.
+    """
+    spans = info.get("env_spans") if isinstance(info, dict) else None
+    for span in spans if isinstance(spans, list) else []:
+        if not isinstance(span, dict) or not span.get("name"):
+            continue
+        start, end = span.get("started_at"), span.get("finished_at")
+        if not (_is_time(start) and _is_time(end)) or end < start:
+            continue
+        trajectory.env_spans.append(
+            EnvSpan(str(span["name"]), float(start), float(end), turn)
+        )
+
+
+def _is_time(value: Any) -> TypeGuard[float]:
+    """A number (an int or a float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def env_reference(info: dict[str, Any]) -> str | None:

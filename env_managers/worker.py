@@ -125,7 +125,11 @@ def build_env_managers(
                 env_id,
                 settings,
                 make_env=env_builder(
-                    tag, custom_env, factory, call_timeout_s=em.env_step_timeout_s
+                    tag,
+                    custom_env,
+                    factory,
+                    call_timeout_s=em.env_step_timeout_s,
+                    tokenizer=tokenizer,
                 ),
                 scheduler=scheduler,
                 engine=engine_for(env_id),

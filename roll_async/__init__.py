@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from roll_async.config.schema import PipelineConfig, load_config
     from roll_async.envs.base import BaseEnv, EnvConfig, InvalidAction, Observation
     from roll_async.envs.registry import make_env, register_env
-    from roll_async.trajectory import Trajectory, TurnRecord
+    from roll_async.trajectory import EnvSpan, Trajectory, TurnRecord
 
 __version__ = "0.1.0"
 
@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "PipelineConfig": "roll_async.config.schema",
     "Trajectory": "roll_async.trajectory",
     "TurnRecord": "roll_async.trajectory",
+    "EnvSpan": "roll_async.trajectory",
 }
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     # data
     "Trajectory",
     "TurnRecord",
+    "EnvSpan",
     # errors
     "RollAsyncError",
     "ConfigError",

@@ -115,6 +115,28 @@ class TurnRecord:
 
 
 @dataclass
+class EnvSpan:
+    """A named stretch of an env's own work in an episode, for the report timeline (unix seconds).
+
+    An env reports them in ``info["env_spans"]`` of ``reset`` and ``step`` as
+    ``{"name", "started_at", "finished_at"}`` (the swe env: ``workspace_start``, each ``exec``,
+    ``verify``); the EnvManager keeps them on the trajectory and the report draws each name as
+    sub-spans of the episode's row.
+
+    Attributes:
+        name: What the env did (one legend entry per name).
+        started_at: When it started (``time.time()``, the clock of the turn spans).
+        finished_at: When it finished.
+        turn: The turn whose env step it ran in; -1 during ``reset``.
+    """
+
+    name: str
+    started_at: float
+    finished_at: float
+    turn: int = -1
+
+
+@dataclass
 class Trajectory:
     """One episode of one env instance, token-exact.
 
@@ -145,6 +167,7 @@ class Trajectory:
         started_at: When the episode started (unix seconds).
         finished_at: When the episode finished (unix seconds).
         metrics: Episode metrics (the env's per-step metrics and the episode's own).
+        env_spans: The env's own named spans (workspace start, commands, verifier), in order.
     """
 
     tag: str
@@ -187,6 +210,7 @@ class Trajectory:
     #: The other trained seats of the same game, handed over with this one (the game's first policy seat)
     #: so the queue keeps, drops or re-plays a game whole; the queue flattens them when it serves.
     game_seats: list[Trajectory] = field(default_factory=list)
+    env_spans: list[EnvSpan] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -223,6 +247,7 @@ class Trajectory:
             "response_length": self.response_length,
             "metrics": self.metrics,
             "turns": [dataclasses.asdict(t) for t in self.turns],
+            "env_spans": [dataclasses.asdict(s) for s in self.env_spans],
         }
         if decoded_text is not None:
             record["text"] = decoded_text

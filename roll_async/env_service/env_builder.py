@@ -2,7 +2,9 @@
 
 The EnvManager's loop should be the same wherever an env runs; the choice per
 ``custom_envs.<Tag>`` (``isolation: process``, ``service_url``) is made here,
-in one builder, and process and remote envs are both async envs.
+in one builder, and process and remote envs are both async envs. An env in the
+worker's own process that asks for the policy's tokenizer (a ``use_tokenizer``
+method, e.g. the swe env's token budget for observations) gets it here.
 """
 
 from __future__ import annotations
@@ -14,12 +16,18 @@ from typing import Any
 from roll_async.config.schema import CustomEnvConfig
 from roll_async.env_service.client import RemoteEnv
 from roll_async.env_service.process_env import ProcessEnv
+from roll_async.prompts.tokenizers import ChatTokenizer
 
 EnvFactory = Callable[[str, dict[str, Any]], Any]
 
 
 def env_builder(
-    tag: str, custom_env: CustomEnvConfig, factory: EnvFactory, *, call_timeout_s: float
+    tag: str,
+    custom_env: CustomEnvConfig,
+    factory: EnvFactory,
+    *,
+    call_timeout_s: float,
+    tokenizer: ChatTokenizer | None = None,
 ) -> Callable[[dict[str, Any]], Any]:
     """``env_config -> env`` for one tag, honouring ``service_url`` and ``isolation``.
 
@@ -34,6 +42,9 @@ def env_builder(
     have an ``async prepare()`` (start the process / create the server's instance)
     that the EnvManager awaits after building, with a generous timeout, so that
     ``env_step_timeout_s`` measures reset and step only.
+
+    ``tokenizer``: the policy's, handed to an in-thread env with a ``use_tokenizer(tokenizer)``
+    method once it is built; a process or remote env does without (the tokenizer stays in this process).
     """
     if custom_env.service_url:
         urls = custom_env.service_url
@@ -58,6 +69,10 @@ def env_builder(
         return isolated
 
     def in_thread(env_config: dict[str, Any]) -> Any:
-        return factory(tag, env_config)
+        env = factory(tag, env_config)
+        use_tokenizer = getattr(env, "use_tokenizer", None)
+        if tokenizer is not None and callable(use_tokenizer):
+            use_tokenizer(tokenizer)
+        return env
 
     return in_thread

@@ -91,8 +91,15 @@ def build_config(config_cls: type, env_config: Any, env_name: str = "") -> Any:
         )
     accepted = [f.name for f in dataclasses.fields(config_cls) if f.init]
     unknown = [k for k in env_config if k not in accepted]
+    who = env_name or config_cls.__name__
+    # A config class's ``replaced_keys`` (old key -> what to set instead) turn an old config into a clear error.
+    replaced: dict[str, str] = getattr(config_cls, "replaced_keys", {})
+    for key in unknown:
+        if key in replaced:
+            raise ConfigError(
+                f"env_config key {key!r} is no longer accepted by {who}; set {replaced[key]}"
+            )
     if unknown:
-        who = env_name or config_cls.__name__
         raise ConfigError(
             f"env_config key {unknown[0]!r} is not accepted by {who}; accepted keys: {', '.join(accepted)}"
         )

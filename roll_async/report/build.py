@@ -191,6 +191,15 @@ def trace_events(report: ReportData) -> list[dict[str, Any]]:
                 },
             )
             span("env step", turn["es"], turn["ef"], tid, "env_step", {"turn": index})
+        for env_span in episode.get("env_spans", []):
+            span(
+                env_span["name"],
+                env_span["s"],
+                env_span["f"],
+                tid,
+                "env_span",
+                {"turn": env_span["turn"]},
+            )
         span("reward model", episode.get("rs"), episode.get("rf"), tid, "reward", {})
         for index, turn in enumerate(episode["turns"]):
             if turn.get("rs") is None:

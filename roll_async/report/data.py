@@ -9,8 +9,10 @@ Spans of one env row: ``waiting`` (the env asked for an episode and had none:
 quota full, sync pause), ``reset`` (env build and reset), ``generate``
 (coloured by weight version), ``env_step``, ``reward`` (a judge or reward model
 scoring the finished episode, ``custom_envs.<Tag>.reward``, or with ``per_turn`` one
-thin span per scored turn: they overlap the turns that follow); under them a thin ``queued`` lane
-from an episode's end until its batch left the scheduler.
+thin span per scored turn: they overlap the turns that follow), and inside them the env's own
+named spans (``Trajectory.env_spans``: the swe env's ``workspace_start``, each ``exec`` and
+``verify``), one colour per name; under them a thin ``queued`` lane from an episode's end until its
+batch left the scheduler.
 
 A straggler is an episode that took at least twice the median duration of
 the episodes created for the same step (and at least one second longer): the
@@ -168,6 +170,17 @@ def _episode(record: dict[str, Any], fate: str, t0: float) -> dict[str, Any]:
         "error": record.get("error"),
         "straggler": False,
         "turns": turns,
+        # The env's own named spans (workspace start, commands, verifier), drawn inside the episode's row.
+        "env_spans": [
+            {
+                "name": str(span.get("name")),
+                "s": _rel(span.get("started_at"), t0),
+                "f": _rel(span.get("finished_at"), t0),
+                "turn": span.get("turn", -1),
+            }
+            for span in record.get("env_spans") or []
+            if isinstance(span, dict) and span.get("name")
+        ],
     }
 
 

@@ -4,6 +4,8 @@
   var SVG_NS = "http://www.w3.org/2000/svg";
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var VERSION_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#e15759", "#bab0ac", "#ff9da7"];
+  // The env's own named spans (workspace start, commands, verifier): one colour per name, in order of appearance.
+  var ENV_SPAN_COLORS = ["#e6a01e", "#17becf", "#e377c2", "#bcbd22", "#8c564b", "#7f7f7f"];
   var COLORS = { waiting: "#e9ecf1", reset: "#c9ced8", env_step: "#3b4252", reward: "#2ca02c", queued: "#9aa5b8", env_error: "#d62728", dropped: "#ff7f0e", straggler: "#8e24aa", trainer: "#c0504d" };
 
   function versionColor(v) {
@@ -97,6 +99,11 @@
       rows[id] = g;
     });
     var hasReward = false;
+    var envSpanColors = {}, envSpanNames = [];
+    function envSpanColor(name) {
+      if (!(name in envSpanColors)) { envSpanColors[name] = ENV_SPAN_COLORS[envSpanNames.length % ENV_SPAN_COLORS.length]; envSpanNames.push(name); }
+      return envSpanColors[name];
+    }
     episodes.forEach(function (e) {
       var g = rows[e.env_id];
       if (!g || e.start === null) { return; }
@@ -123,6 +130,14 @@
           var er = svg("rect", { x: x(t.es), y: y0 + h * 0.2, width: Math.max(0.8, x(t.ef) - x(t.es)), height: h * 0.6, fill: COLORS.env_step, "class": "span-env-step" }, g);
           title(er, "env step turn " + i + ": " + fmt(t.ef - t.es, 3) + " s\n" + info);
         }
+      });
+      // The env's own spans, a strip through the middle of the reset and env step spans they ran in.
+      (e.env_spans || []).forEach(function (sp) {
+        if (sp.s === null || sp.f === null) { return; }
+        var name = String(sp.name).replace(/[^A-Za-z0-9_-]/g, "_");
+        var es = svg("rect", { x: x(sp.s), y: y0 + h * 0.35, width: Math.max(0.8, x(sp.f) - x(sp.s)), height: h * 0.3, fill: envSpanColor(sp.name),
+          "class": "env-span env-span-" + name, "data-name": sp.name }, g);
+        title(es, sp.name + (sp.turn >= 0 ? " (turn " + sp.turn + ")" : " (reset)") + ": " + fmt(sp.f - sp.s, 3) + " s\n" + info);
       });
       // Scored per turn (reward.per_turn): a thin strip per turn along the row's foot; it overlaps the next turns.
       e.turns.forEach(function (t, i) {
@@ -160,6 +175,7 @@
     Object.keys(versions).map(Number).sort(function (a, b) { return a - b; }).forEach(function (v) { item(versionColor(v), "generate, weight version " + v); });
     if (data.train_spans.length) { item(COLORS.trainer, "train step (trainer row)"); }
     item(COLORS.env_step, "env step");
+    envSpanNames.forEach(function (name) { item(envSpanColor(name), "env: " + name).setAttribute("data-env-span", name); });
     if (hasReward) { item(COLORS.reward, "reward model (judge / RM)"); }
     item(COLORS.reset, "env build/reset");
     item(COLORS.waiting, "waiting for an episode");

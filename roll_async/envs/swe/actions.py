@@ -21,7 +21,6 @@ from roll_async.envs.tool_actions import decode_tool_calls, function_tool
 
 ActionFormat = Literal["tools", "text"]
 SUBMIT_WORDS = ("submit", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
-CLIP_MARKER = "\n... [{} characters cut] ...\n"
 _FENCE = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.DOTALL)
 _EDITOR_COMMANDS = ("view", "create", "str_replace")
 
@@ -200,15 +199,6 @@ def parse_text(action_text: str) -> ParsedTurn:
     if command in SUBMIT_WORDS:
         return ParsedTurn((Command("submit", label="submit"),))
     return ParsedTurn((Command("shell", command, "bash"),))
-
-
-def clip(text: str, max_chars: int) -> str:
-    """``text`` within ``max_chars``: its head and tail with a marker saying how much of the middle went."""
-    if len(text) <= max_chars:
-        return text
-    half = max(1, max_chars // 2)
-    cut = len(text) - 2 * half
-    return text[:half] + CLIP_MARKER.format(cut) + text[-half:]
 
 
 def instruction_text(

@@ -5,8 +5,10 @@ output and stopping when done, which single-answer envs cannot. Each episode get
 workspace from the configured runtime (``runtime: local``, the namespace sandbox, or ``docker``),
 starting from the task's files; the model acts through function tools or one fenced bash block per
 reply; the episode ends at ``submit``, at ``max_steps`` or when the task's agent time runs out,
-and then :func:`~roll_async.envs.swe.verifier.run_verifier` scores it. The env's calls are
-``async`` (the rollout awaits them), so one process drives many shells at once.
+and then :func:`~roll_async.envs.swe.verifier.run_verifier` scores it. Each command's output is cut
+to ``max_observation_tokens`` of the policy's tokens (``observation_budget``), and the workspace
+start, each command and the verifier are reported as ``info["env_spans"]`` for the run report. The
+env's calls are ``async`` (the rollout awaits them), so one process drives many shells at once.
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from roll_async.envs.swe.actions import (
     ActionFormat,
     Command,
     ParsedTurn,
-    clip,
     instruction_text,
     parse_text,
     parse_tools,
     swe_tools,
 )
 from roll_async.envs.swe.harbor import load_harbor_tasks
+from roll_async.envs.swe.observation_budget import cut_to_budget
 from roll_async.envs.swe.shipped import shipped_tasks_dir, write_task_set
 from roll_async.envs.swe.swe_rows import load_swe_rows, swe_columns
 from roll_async.envs.swe.task_spec import TaskSpec
 from roll_async.envs.swe.verifier import RewardMode, VerifierResult, run_verifier
 from roll_async.errors import ConfigError, DatasetError, LifecycleError
+from roll_async.prompts.tokenizers import ChatTokenizer
 from roll_async.workspaces.factory import RUNTIME_KINDS, sweep_run
 from roll_async.workspaces.interface import (
     ExecResult,
@@ -48,6 +51,12 @@ from roll_async.workspaces.shared import RuntimeLease, acquire_runtime
 @dataclass
 class SweConfig(EnvConfig):
     """``custom_envs.<Tag>.env_config`` of ``env_type: swe``."""
+
+    #: Keys of older configs, and what to set instead (``build_config`` names it).
+    replaced_keys: ClassVar[dict[str, str]] = {
+        "max_observation_chars": "max_observation_tokens (observations are cut to the policy's tokens; the "
+        "raw output's cap is runtime_config.max_output_bytes (local) or output_cap_bytes (docker))",
+    }
 
     max_steps: int = 30
     format_penalty: float = 0.0
@@ -69,8 +78,8 @@ class SweConfig(EnvConfig):
     command_timeout_s: float = 60.0
     #: The agent's whole time; None: the task's ``[agent] timeout_sec``.
     agent_timeout_s: float | None = None
-    #: Each observation is cut to this many characters, head and tail kept.
-    max_observation_chars: int = 6000
+    #: Each command's output is cut to this many of the policy's tokens, head and tail kept (plus a marker).
+    max_observation_tokens: int = 1024
     #: Tool calls run per turn; more are dropped and counted.
     max_calls_per_turn: int = 4
     #: SWE rows: ``binary`` (1 only if every FAIL_TO_PASS and PASS_TO_PASS test passes) or ``fraction``.
@@ -91,7 +100,11 @@ class SweConfig(EnvConfig):
                 raise ConfigError(
                     f"env_config.{key}={value!r} is not one of {list(allowed)}"
                 )
-        for key in ("command_timeout_s", "max_observation_chars", "max_calls_per_turn"):
+        for key in (
+            "command_timeout_s",
+            "max_observation_tokens",
+            "max_calls_per_turn",
+        ):
             if float(getattr(self, key)) <= 0:
                 raise ConfigError(
                     f"env_config.{key} must be > 0, got {getattr(self, key)!r}"
@@ -168,6 +181,7 @@ class SweEnv:
         config: SweConfig | dict[str, Any] | None = None,
         *,
         workspace_runtime: WorkspaceRuntime | None = None,
+        tokenizer: ChatTokenizer | None = None,
         **kwargs: Any,
     ) -> None:
         self.config: SweConfig = build_config(
@@ -188,6 +202,14 @@ class SweEnv:
         #: Seconds of each command the agent ran this episode (for the exec time percentiles).
         self._exec_s: list[float] = []
         self._truncations = 0
+        #: Counts the observation budget in the policy's tokens; None: in bytes (see ``observation_budget``).
+        self._tokenizer = tokenizer
+        #: The current call's workspace start, commands and verifier (``info["env_spans"]``).
+        self._spans: list[dict[str, Any]] = []
+
+    def use_tokenizer(self, tokenizer: ChatTokenizer) -> None:
+        """The policy's tokenizer, from the EnvManager's env builder: the observation budget counts its tokens."""
+        self._tokenizer = tokenizer
 
     # -- tasks ---------------------------------------------------------------------------------
     @property
@@ -238,7 +260,10 @@ class SweEnv:
         """Start the task ``seed`` picks (``seed % num_tasks``) in a fresh workspace."""
         await self._close_workspace()
         task = self.tasks[int(seed) % len(self.tasks)]
+        self._spans = []
+        began = time.time()
         self.workspace = await self._runtime().start(workspace_spec(task))
+        self._span("workspace_start", began)
         self.task, self.done, self.num_steps, self.verdict = task, False, 0, None
         self._counts = {"commands": 0.0, "command_timeouts": 0.0, "format_errors": 0.0}
         self._exec_s = []
@@ -251,6 +276,7 @@ class SweEnv:
             ),
             "seed": int(seed),
             "task_id": task.task_id,
+            "env_spans": self._spans,
         }
         tools = self.tools()
         if tools:
@@ -266,6 +292,7 @@ class SweEnv:
                 "SweEnv.step() called before reset() or after the episode ended; call reset()"
             )
         self.num_steps += 1
+        self._spans = []
         cfg = self.config
         parsed: ParsedTurn = (
             parse_tools(action_text, cfg.max_calls_per_turn)
@@ -296,12 +323,14 @@ class SweEnv:
         episode: dict[str, float] = {}
         if terminated or truncated:
             episode = self._episode_metrics()
+            began = time.time()
             self.verdict = await run_verifier(
                 self.workspace,
                 self.task,
                 reward_mode=cfg.reward,
                 pytest_args=cfg.verifier_pytest_args,
             )
+            self._span("verify", began)
             reward += self.verdict.reward
             self.done = True
             why = (
@@ -316,6 +345,7 @@ class SweEnv:
         info = {
             "metrics": {**self._metrics(not parsed.error), **episode},
             "format_error": parsed.error or None,
+            "env_spans": self._spans,
         }
         observation = "\n\n".join(parts) or "(no output)"
         return observation, float(reward), terminated, truncated, info
@@ -326,11 +356,12 @@ class SweEnv:
         timeout = min(
             self.config.command_timeout_s, max(0.1, self.deadline - time.monotonic())
         )
+        began = time.time()
         result = await self.workspace.exec(
             command.shell, timeout_s=timeout, user="agent"
         )
+        self._span("exec", began)
         self._counts["commands"] += 1
-        self._note(result)
         if result.timed_out:
             self._counts["command_timeouts"] += 1
             head = f"[timed out after {timeout:.0f} s]"
@@ -338,19 +369,31 @@ class SweEnv:
             head = f"[exit code {result.exit_code}]"
         if labelled:
             head = f"{command.label}: {head}"
-        return clip(
-            f"{head}\n{result.output}".rstrip(), self.config.max_observation_chars
+        text, cut = cut_to_budget(
+            f"{head}\n{result.output}".rstrip(),
+            self.config.max_observation_tokens,
+            self._tokenizer,
         )
+        self._note(result, cut)
+        return text
 
-    def _note(self, result: ExecResult) -> None:
+    def _note(self, result: ExecResult, cut: bool) -> None:
+        """One command's time, and whether its output was cut (by the runtime's byte cap or the token budget)."""
         self._exec_s.append(result.seconds)
-        self._truncations += int(result.truncated)
+        self._truncations += int(result.truncated or cut)
+
+    def _span(self, name: str, started_at: float) -> None:
+        """A span of this call from ``started_at`` (``time.time()``) until now, for ``info["env_spans"]``."""
+        self._spans.append(
+            {"name": name, "started_at": started_at, "finished_at": time.time()}
+        )
 
     def _episode_metrics(self) -> dict[str, float]:
         """What the episode's workspace cost, reported once, with the step that ends the episode.
 
         How its workspace started (seconds, warm from a pool or not), its commands' time (p50, p99),
-        the outputs cut to the runtime's cap, and the workspaces the runtime holds now (this one included).
+        the outputs cut (to the runtime's cap or the token budget), and the workspaces the runtime holds
+        now (this one included).
         """
         assert self.workspace is not None
         stats = self.workspace.stats

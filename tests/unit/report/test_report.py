@@ -8,7 +8,7 @@ import re
 from roll_async.config.schema import config_to_yaml, load_config
 from roll_async.report import load_report_data, write_report, write_trace
 from roll_async.run_output.run_dir import RunDirectory
-from roll_async.trajectory import Trajectory, TurnRecord
+from roll_async.trajectory import EnvSpan, Trajectory, TurnRecord
 
 T0 = 1_700_000_000.0
 
@@ -225,3 +225,34 @@ def test_both_seats_of_a_game_show_on_tracks_of_their_own(tmp_path):
     assert {e["args"]["role"] for e in episodes} == {"seat0", "seat1"}
     html = write_report(run.root).read_text()
     assert "seatOf" in html and re.search(r'"role": ?"seat1"', html)
+
+
+def test_an_envs_own_spans_reach_the_report_data_and_the_trace(tmp_path):
+    config = load_config("configs/frozen_lake.yaml", ["rollout_batch_size=8"])
+    run = RunDirectory(tmp_path)
+    run.write_config(config)
+    trajectory = _trajectory(0, 0, T0, 4.0, 0, 0)
+    trajectory.env_spans = [
+        EnvSpan("workspace_start", T0 + 0.01, T0 + 0.05),
+        EnvSpan("exec", T0 + 2.2, T0 + 2.5, turn=0),
+        EnvSpan("verify", T0 + 2.6, T0 + 3.9, turn=0),
+    ]
+    run.append_trajectories([trajectory], _Tokenizer(), served_step=1, served_at=T0 + 5)
+    (episode,) = load_report_data(run.root).episodes
+    # times relative to the run's first event: the episode was requested at T0 - 0.5
+    assert episode["env_spans"] == [
+        {"name": "workspace_start", "s": 0.51, "f": 0.55, "turn": -1},
+        {"name": "exec", "s": 2.7, "f": 3.0, "turn": 0},
+        {"name": "verify", "s": 3.1, "f": 4.4, "turn": 0},
+    ]
+    page = write_report(run.root).read_text()
+    embedded = re.search(
+        r'<script id="report-data" type="application/json">(.*?)</script>', page, re.S
+    ).group(1)
+    assert json.loads(embedded)["episodes"][0]["env_spans"] == episode["env_spans"]
+    events = json.loads(write_trace(run.root).read_text())["traceEvents"]
+    assert [e["name"] for e in events if e.get("cat") == "env_span"] == [
+        "workspace_start",
+        "exec",
+        "verify",
+    ]

@@ -7,6 +7,7 @@ fenced block (SWE rows) and must score 1; submitting without a change must score
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 import pytest
 
 from roll_async.envs import make_env
-from roll_async.envs.swe.actions import clip, parse_text, parse_tools
+from roll_async.envs.swe.actions import parse_text, parse_tools
 from roll_async.envs.swe.env import SweEnv, percentile
 from roll_async.envs.swe.shipped import SHIPPED_TASKS
 from roll_async.envs.tool_actions import encode_tool_calls
 from roll_async.errors import ConfigError, DatasetError, LifecycleError
+from roll_async.testing.chatml_tokenizer import build_chatml_test_tokenizer
 from roll_async.testing.workspace_runtimes import RUNTIMES, skip_reason
 from roll_async.workspaces.shared import shared_runtimes
 
@@ -147,16 +149,26 @@ async def test_max_steps_and_the_agent_deadline_end_the_episode_with_a_verdict(
     assert info["metrics"]["command_timeouts"] == 1
 
 
-async def test_observations_are_cut_to_the_budget(env_factory: Any) -> None:
-    env = env_factory(max_observation_chars=300, task_ids=["calc_add"])
+async def test_observations_are_cut_to_the_token_budget_and_counted(
+    env_factory: Any,
+) -> None:
+    tokenizer = build_chatml_test_tokenizer()
+    env = env_factory(max_observation_tokens=100, task_ids=["calc_add"])
+    env.use_tokenizer(tokenizer)
     await env.reset(0)
-    obs, *_ = await env.step(bash("echo FIRST; seq 1 5000; echo LAST"))
-    assert (
-        obs.startswith("[exit code 0]\nFIRST")
-        and obs.endswith("LAST")
-        and "characters cut" in obs
+    obs, _, _, _, info = await env.step(bash("echo FIRST; seq 1 5000; echo LAST"))
+    head, marker, tail = re.split(
+        r"\n\.\.\. \[(\d+) tokens of output cut\] \.\.\.\n", obs
     )
-    assert len(obs) < 400
+    assert head.startswith("[exit code 0]\nFIRST\n1\n2\n") and tail.endswith(
+        "4999\n5000\nLAST"
+    )
+    assert len(tokenizer.encode(head + tail, add_special_tokens=False)) <= 100
+    assert int(marker) > 1000, "the middle of 5000 numbers was cut, and said so"
+    obs, _, _, _, info = await env.step(bash("echo short"))
+    assert obs == "[exit code 0]\nshort"
+    *_, info = await env.step(SUBMIT_TOOL)
+    assert info["metrics"]["output_truncations"] == 1.0
 
 
 async def test_fraction_reward_counts_the_tests_that_pass(env_factory: Any) -> None:
@@ -170,6 +182,32 @@ async def test_fraction_reward_counts_the_tests_that_pass(env_factory: Any) -> N
     )
 
 
+async def test_an_episode_reports_workspace_start_exec_and_verify_spans_in_order(
+    env_factory: Any,
+) -> None:
+    env = env_factory(task_ids=["calc_add"])
+    before = time.time()
+    _, info = await env.reset(0)
+    spans = list(info["env_spans"])
+    for action in (
+        bash("ls"),
+        encode_tool_calls([{"name": "bash", "arguments": {"command": "true"}}] * 2),
+    ):
+        *_, info = await env.step(action)
+        spans += info["env_spans"]
+    *_, info = await env.step(SUBMIT_TOOL)
+    spans += info["env_spans"]
+    assert [s["name"] for s in spans] == [
+        "workspace_start",
+        "exec",
+        "exec",
+        "exec",
+        "verify",
+    ]
+    times = [t for s in spans for t in (s["started_at"], s["finished_at"])]
+    assert times == sorted(times) and before <= times[0] and times[-1] <= time.time()
+
+
 def test_config_errors_name_the_key(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="runtime"):
         make_env("swe", {"runtime": "podman"})
@@ -177,6 +215,11 @@ def test_config_errors_name_the_key(tmp_path: Any) -> None:
         make_env("swe", {"tasks_path": str(tmp_path / "none")})
     with pytest.raises(DatasetError, match="task_ids"):
         _ = make_env("swe", {"task_ids": ["nope"]}).num_tasks
+    with pytest.raises(ConfigError, match="max_observation_tokens") as replaced:
+        make_env("swe", {"max_observation_chars": 1500})
+    assert "'max_observation_chars' is no longer accepted" in str(replaced.value)
+    with pytest.raises(ConfigError, match="max_observation_tokens"):
+        make_env("swe", {"max_observation_tokens": 0})
 
 
 def test_exec_percentiles_by_nearest_rank() -> None:
@@ -202,10 +245,6 @@ def test_action_parsers() -> None:
         == "submit"
     )
     assert parse_text("```sh\nls -la\n```").commands[0].shell == "ls -la"
-    assert (
-        clip("a" * 10, 20) == "a" * 10
-        and clip("ab" * 50, 20).count("characters cut") == 1
-    )
 
 
 async def _episode(
