@@ -263,7 +263,9 @@ class SweEnv:
         self._spans = []
         began = time.time()
         self.workspace = await self._runtime().start(workspace_spec(task))
-        self._span("workspace_start", began)
+        # the span's name says whether the container came warm from the pool or started cold
+        warm = self.workspace.stats.pool_hit
+        self._span("workspace_start_warm" if warm else "workspace_start_cold", began)
         self.task, self.done, self.num_steps, self.verdict = task, False, 0, None
         self._counts = {"commands": 0.0, "command_timeouts": 0.0, "format_errors": 0.0}
         self._exec_s = []

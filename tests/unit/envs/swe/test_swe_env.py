@@ -198,7 +198,7 @@ async def test_an_episode_reports_workspace_start_exec_and_verify_spans_in_order
     *_, info = await env.step(SUBMIT_TOOL)
     spans += info["env_spans"]
     assert [s["name"] for s in spans] == [
-        "workspace_start",
+        "workspace_start_cold",
         "exec",
         "exec",
         "exec",
