@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from roll_async.errors import ConfigError, UnsupportedHostError
+from roll_async.workspaces.supervisor import exit_of, read_status, run_supervised
 
 _NOBODY = 65534
 #: Per-run uids (root only): _UID_BASE + slot, slot < _UID_POOL, far above any login or container uid.
@@ -35,8 +36,6 @@ _UID_POOL = 4096
 #: Lock files of the uid slots, one path for every process on the host (root-owned, mode 0700: no
 #: sandboxed program can reach them).
 _UID_LOCKS = "/tmp/roll_async_sandbox_uids"
-#: Seconds past ``wall_s`` before run_python kills a supervisor that has not ended the run itself.
-_GRACE_S = 5.0
 ISOLATION_MODES = ("auto", "namespaces", "rlimits")
 #: Imported before dropping to ``nobody``: an interpreter under a private directory (e.g. /root/.pyenv)
 #: cannot be read afterwards, so these are the modules such code can use there.
@@ -301,7 +300,7 @@ def _probe(uid: int, pidns: bool, tmpfs: bool) -> bool:
         )
         os.close(write)
         write = -1
-        return done.returncode == 0 and _read_status(read) == "exit 0"
+        return done.returncode == 0 and read_status(read) == "exit 0"
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
@@ -423,56 +422,33 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         _private_dir(tmpfs, uid) as home,
     ):
         started = time.monotonic()
-        read, write = os.pipe()
-        try:
-            process = subprocess.Popen(
-                _command(
-                    limits,
-                    uid=uid,
-                    status_fd=write,
-                    guard_net=guard_net,
-                    tmpfs_bytes=max(1, int(limits.disk_mb)) * 1024 * 1024
-                    if tmpfs
-                    else 0,
-                    pidns=pidns,
-                    deadline=started + float(limits.wall_s),
-                ),
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                pass_fds=(write,),
-                cwd=home,
-                env={
-                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                    "LANG": "C.UTF-8",
-                    "PYTHONIOENCODING": "utf-8",
-                    "HOME": home,
-                    "TMPDIR": home,
-                },
-            )
-            os.close(write)
-            write = -1
-            backstop = False
-            try:
-                # the supervisor ends the run at wall_s; this is the backstop should it not
-                process.communicate(
-                    code.encode("utf-8", "replace"), timeout=limits.wall_s + _GRACE_S
-                )
-            except subprocess.TimeoutExpired:
-                backstop = True
-            finally:
-                _kill_group(process.pid)
-                process.wait()
-            report = _read_status(read)
-        finally:
-            os.close(read)
-            if write >= 0:
-                os.close(write)
+        returncode, report, backstop = run_supervised(
+            lambda status_fd: _command(
+                limits,
+                uid=uid,
+                status_fd=status_fd,
+                guard_net=guard_net,
+                tmpfs_bytes=max(1, int(limits.disk_mb)) * 1024 * 1024 if tmpfs else 0,
+                pidns=pidns,
+                deadline=started + float(limits.wall_s),
+            ),
+            stdin=code.encode("utf-8", "replace"),
+            stdout=out,
+            stderr=err,
+            cwd=home,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "LANG": "C.UTF-8",
+                "PYTHONIOENCODING": "utf-8",
+                "HOME": home,
+                "TMPDIR": home,
+            },
+            wall_s=float(limits.wall_s),
+        )
         seconds = time.monotonic() - started
         stdout, out_full = _read_capped(out, limits.max_output_bytes)
         stderr, err_full = _read_capped(err, limits.max_output_bytes)
-    code_, timed_out = _exit_of(report, process.returncode, backstop)
+    code_, timed_out = exit_of(report, returncode, backstop)
     truncated = out_full or err_full
     if timed_out:
         status = "timeout"
@@ -499,33 +475,6 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         seconds=seconds,
         output_truncated=truncated,
     )
-
-
-def _exit_of(
-    report: str, returncode: int | None, backstop: bool
-) -> tuple[int | None, bool]:
-    """(the program's exit code, negative for a signal; whether it timed out) from the supervisor's report.
-
-    No report: the supervisor did not finish (killed by the backstop, or, running as the program's own
-    uid under ``rlimits``, by the program), so its own exit status stands for the run.
-    """
-    kind, _, number = report.partition(" ")
-    if kind == "timeout":
-        return returncode, True
-    if kind == "exit" and number.isdigit():
-        return int(number), False
-    if kind == "signal" and number.isdigit():
-        return -int(number), False
-    return returncode, backstop
-
-
-def _read_status(fd: int) -> str:
-    """What the supervisor wrote on its status pipe (every writer has exited or was killed)."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 256).decode("ascii", "replace").strip()
-    except OSError:
-        return ""
 
 
 @contextlib.contextmanager
@@ -572,13 +521,6 @@ def _private_dir(tmpfs: bool, uid: int) -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _read_capped(handle: IO[bytes], limit: int) -> tuple[str, bool]:

@@ -10,7 +10,6 @@ from one command to the next. Everything else is read-only, and /tmp is a fresh 
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -18,15 +17,12 @@ from dataclasses import dataclass
 from roll_async.errors import InvalidInputError
 from roll_async.workspaces.output_cap import cut_middle
 from roll_async.workspaces.sandbox import (
-    _GRACE_S,
     SandboxLimits,
     _command,
-    _exit_of,
-    _kill_group,
-    _read_status,
     network_isolation,
     process_isolation,
 )
+from roll_async.workspaces.supervisor import exit_of, run_supervised
 
 
 @dataclass(frozen=True)
@@ -92,46 +88,25 @@ def run_shell(
     source = f"import os\nos.execv('/bin/bash', ['bash', '-lc', {command!r}])\n"
     with tempfile.TemporaryFile() as out:
         started = time.monotonic()
-        read, write = os.pipe()
-        try:
-            process = subprocess.Popen(
-                _command(
-                    sandbox,
-                    uid=uid,
-                    status_fd=write,
-                    guard_net=guard_net,
-                    tmpfs_bytes=max(1, int(limits.tmp_mb)) * 1024 * 1024,
-                    pidns=True,
-                    deadline=started + float(limits.timeout_s),
-                    writable=writable,
-                    workdir=workdir,
-                ),
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-                pass_fds=(write,),
-                cwd="/",
-                env={"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **env},
-            )
-            os.close(write)
-            write = -1
-            backstop = False
-            try:
-                process.communicate(
-                    source.encode("utf-8", "replace"),
-                    timeout=limits.timeout_s + _GRACE_S,
-                )
-            except subprocess.TimeoutExpired:
-                backstop = True
-            finally:
-                _kill_group(process.pid)
-                process.wait()
-            report = _read_status(read)
-        finally:
-            os.close(read)
-            if write >= 0:
-                os.close(write)
+        returncode, report, backstop = run_supervised(
+            lambda status_fd: _command(
+                sandbox,
+                uid=uid,
+                status_fd=status_fd,
+                guard_net=guard_net,
+                tmpfs_bytes=max(1, int(limits.tmp_mb)) * 1024 * 1024,
+                pidns=True,
+                deadline=started + float(limits.timeout_s),
+                writable=writable,
+                workdir=workdir,
+            ),
+            stdin=source.encode("utf-8", "replace"),
+            stdout=out,
+            stderr=out,
+            cwd="/",
+            env={"HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **env},
+            wall_s=float(limits.timeout_s),
+        )
         seconds = time.monotonic() - started
         out.seek(0, os.SEEK_END)
         size = out.tell()
@@ -143,7 +118,7 @@ def run_shell(
         if size > cap:
             out.seek(size - (cap - half))
             tail = out.read()
-    code, timed_out = _exit_of(report, process.returncode, backstop)
+    code, timed_out = exit_of(report, returncode, backstop)
     text, truncated = cut_middle(head, tail, size)
     return ShellResult(
         exit_code=None if timed_out else code,

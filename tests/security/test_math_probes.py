@@ -122,10 +122,16 @@ def data_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def step(data_path: str, problem: str, reply: str) -> tuple[float, dict]:
-    """The reward and metrics of ``reply`` as the first answer to ``problem``."""
+def step(
+    data_path: str, problem: str, reply: str, verify_timeout_s: float = 30.0
+) -> tuple[float, dict]:
+    """The reward and metrics of ``reply`` as the first answer to ``problem``.
+
+    The verifier's time limit is generous unless a test is about that limit: a verdict test on a loaded
+    machine must not see a timeout (which scores 0 too, but for another reason).
+    """
     env = make_env(
-        "math", {"data_path": data_path, "verify_timeout_s": VERIFY_TIMEOUT_S}
+        "math", {"data_path": data_path, "verify_timeout_s": verify_timeout_s}
     )
     question = PROBLEMS[problem][0]
     seed = next(s for s in range(len(PROBLEMS)) if question in env.reset(s)[0])
@@ -150,11 +156,10 @@ def test_gaming_answers_score_nothing(data_path, name):
 @pytest.mark.parametrize("name", sorted(HEAVY))
 def test_heavy_answers_score_nothing_within_the_time_limit(data_path, name):
     problem, reply = HEAVY[name]
-    step(
-        data_path, "sum", "\\boxed{5}"
-    )  # a started helper: its start is not the probe's
+    # a started helper: its start is not the probe's
+    step(data_path, "sum", "\\boxed{5}", VERIFY_TIMEOUT_S)
     started = time.monotonic()
-    reward, metrics = step(data_path, problem, reply)
+    reward, metrics = step(data_path, problem, reply, VERIFY_TIMEOUT_S)
     assert time.monotonic() - started < VERIFY_TIMEOUT_S + MARGIN_S
     assert reward <= 0.0 and not metrics["success"], metrics
 
