@@ -332,3 +332,30 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
     # the engine labels a LoRA request's tokens with the adapter version it ran on
     assert outputs[0].token_versions == [loaded[1]] * 8
     assert outputs[1].token_versions == [loaded[0]] * 8
+
+
+async def test_a_frozen_opponent_plays_on_an_engine_of_its_own_whose_weights_stay_put(
+    engine, lora_engine, tmp_path
+):
+    """``frozen:<model>``: the policy trains on the session's engine while its opponent plays on another.
+
+    The opponent's engine is this module's LoRA engine serving its base weights (no adapter), so no
+    engine is started for it; the pipeline never syncs weights to it.
+    """
+    from tests.integration.test_selfplay_train import assert_games, train
+
+    before = await lora_engine.get_weight_version.remote()
+    prompt_tokens = (await lora_engine.stats.remote())["prompt_tokens"]
+    trajectories = await train(
+        engine,
+        tmp_path / "frozen",
+        2,
+        "rollout_batch_size=2",
+        "custom_envs.KuhnPoker.seats=[frozen:tiny,policy]",
+        opponents={"tiny": [lora_engine]},
+    )
+    assert_games(trajectories, {"seat1"})
+    assert {t["opponents"] for t in trajectories} == {"frozen"}
+    assert await lora_engine.get_weight_version.remote() == before
+    # seat 0 moves first: every game sent the frozen model at least one request
+    assert (await lora_engine.stats.remote())["prompt_tokens"] > prompt_tokens

@@ -1,9 +1,9 @@
 """Games with seats train end to end on the session's real CPU engine: ``configs/selfplay.yaml``'s Kuhn poker tag.
 
 Self-play trains 3 steps in sync mode, a policy seat against the built-in heuristic trains 3 steps in
-async mode, a real TextArena two-player game (``textarena:TicTacToe-v0``, offline) trains one step
-against a random seat, and a policy seat against a ``frozen:`` copy of the tiny model on an engine of its
-own (the one extra engine these tests start) trains 2 steps while that engine's weights stay put. The tiny random-init model rarely writes a legal move, so the checks are what
+async mode, and a real TextArena two-player game (``textarena:TicTacToe-v0``, offline) trains one step
+against a random seat (``frozen:`` and ``snapshot:`` seats train in test_lora.py, whose LoRA engine
+serves them). The tiny random-init model rarely writes a legal move, so the checks are what
 every step must show: whole batches of one trajectory per policy seat and game, each role in every group,
 rewards that sum to 0 per game, a finite loss and weight versions rising by one.
 """
@@ -118,35 +118,3 @@ async def test_a_textarena_two_player_game_trains_offline(engine, tmp_path):
         "custom_envs.KuhnPoker.system_prompt='Reply with your move in square brackets, for example [4].'",
     )
     assert_games(trajectories, {"seat1"})
-
-
-@pytest.fixture(scope="module")
-async def frozen_engine(ray_session, tiny_model_path, engine_config):
-    """A second engine on the tiny model, never weight-synced: the frozen opponent."""
-    from roll_async.engine.engine_actor import launch_engines, shutdown_engines
-
-    (actor,) = await launch_engines(
-        str(tiny_model_path), engine_config, name_prefix="frozen_test_engine"
-    )
-    yield actor
-    await shutdown_engines([actor])
-
-
-@pytest.mark.timeout(300)
-async def test_a_frozen_opponent_plays_on_its_own_engine_whose_weights_stay_put(
-    engine, frozen_engine, tmp_path
-):
-    before = await frozen_engine.get_weight_version.remote()
-    trajectories = await train(
-        engine,
-        tmp_path / "frozen",
-        2,
-        "rollout_batch_size=2",
-        "custom_envs.KuhnPoker.seats=[frozen:tiny,policy]",
-        opponents={"tiny": [frozen_engine]},
-    )
-    assert_games(trajectories, {"seat1"})
-    assert {t["opponents"] for t in trajectories} == {"frozen"}
-    assert await frozen_engine.get_weight_version.remote() == before
-    # seat 0 moves first: every game sent the frozen model at least one request
-    assert (await frozen_engine.stats.remote())["prompt_tokens"] > 0
