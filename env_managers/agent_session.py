@@ -16,17 +16,35 @@ from typing import Any, Protocol
 from roll_async.agent_gateway.chat_request import Sampling
 from roll_async.agent_gateway.server import AgentGateway
 from roll_async.agent_gateway.session import AgentSession
-from roll_async.agent_gateway.task import AgentTask, agent_result, load_agent_function
+from roll_async.agent_gateway.task import (
+    AgentFunction,
+    AgentTask,
+    agent_metrics,
+    agent_result,
+    load_agent_function,
+)
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
+from roll_async.env_managers.env_calls import EnvCaller
 from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter
 from roll_async.env_managers.turn_generator import TurnGeneration, TurnGenerator
-from roll_async.errors import LifecycleError, RollAsyncError
+from roll_async.envs.swe.agent_workspace import SweAgentEpisode, agent_swe_config
+from roll_async.envs.swe.verifier import VerifierResult
+from roll_async.errors import (
+    ConfigError,
+    EnvCallError,
+    LifecycleError,
+    RollAsyncError,
+)
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
 
 class AgentEpisodeError(RollAsyncError, RuntimeError):
     """The agent code failed: raised, timed out, returned no reward or made no model call."""
+
+
+class AgentOutOfTime(AgentEpisodeError):
+    """The agent of a workspace episode ran past the task's agent time; the workspace is still scored."""
 
 
 class AgentEpisodeSettings(Protocol):
@@ -64,6 +82,17 @@ class AgentEpisodeRunner:
     made no model call, or spent longer than ``env_step_timeout_s`` between model
     calls (its own time, not generation time). An engine failure after retries
     propagates as in any episode.
+
+    Workspace episodes (``env_type: swe`` with ``agent``): the EnvManager's env
+    (``env_calls``, built and reset as for a stepped episode) starts the task's
+    workspace, and the agent gets a handle to it as ``task.workspace``
+    (:mod:`roll_async.envs.swe.agent_workspace`). Commands it runs count as
+    activity for ``env_step_timeout_s``; past the task's agent time the agent is
+    stopped (``max_steps``, ``agent_out_of_time``). Whenever the agent returned,
+    reached a limit or ran out of time, the env's verifier scores the workspace
+    and its reward is the episode's (the agent's own is ignored); when the agent
+    failed or the episode is cancelled the env is discarded, which closes the
+    workspace, as a failed stepped episode's is.
     """
 
     def __init__(
@@ -77,9 +106,12 @@ class AgentEpisodeRunner:
         tool_parser: str | None = None,
         phases: PhaseReporter,
         stats: EnvManagerStats,
+        env_calls: EnvCaller | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
+        #: The EnvManager's env and its calls: workspace episodes start and verify their task there.
+        self.env_calls = env_calls
         self.gateway = gateway
         self.model_name = model_name
         self.prompts = prompts
@@ -103,6 +135,30 @@ class AgentEpisodeRunner:
             cfg.agent_function or "", f"custom_envs.{settings.tag}.agent"
         )
         await gateway.ensure_started()
+        workspace = await self._start_workspace(spec) if cfg.drives_workspace else None
+        scored = False
+        try:
+            played = await self._play(spec, trajectory, gateway, agent_fn, workspace)
+            scored = True
+            return played
+        finally:
+            if workspace is not None and not scored:
+                # the agent failed, the verifier did, or the episode was cancelled: the env's state is
+                # unknown, and discarding it closes its workspace (in the background, with no await
+                # here, so a cancellation cannot skip it)
+                workspace.stop()
+                self._discard_env()
+
+    async def _play(
+        self,
+        spec: EpisodeSpec,
+        trajectory: Trajectory,
+        gateway: AgentGateway,
+        agent_fn: AgentFunction,
+        workspace: SweAgentEpisode | None,
+    ) -> Trajectory:
+        settings = self.settings
+        cfg = settings.custom_env
 
         sampling_overrides = 0
         unrewarded_limit = 0.0
@@ -152,19 +208,29 @@ class AgentEpisodeRunner:
             model=session.model_name,
             max_tokens=cfg.max_tokens_per_step,
             max_steps=cfg.max_steps,
+            workspace=workspace.handle if workspace is not None else None,
         )
         self.phases.set_phase("env_step", 0)
         agent_task = asyncio.create_task(
             agent_fn(client, task), name=f"agent-{trajectory.traj_id}"
         )
+        out_of_time = 0.0
         try:
             value = await self._await_agent(
-                agent_task, session, settings.env_step_timeout_s
+                agent_task, session, settings.env_step_timeout_s, workspace
             )
             if session.engine_error is not None:
                 raise session.engine_error
-            reward, metrics = agent_result(value)
+            reward, metrics = (
+                agent_result(value)
+                if workspace is None
+                else (0.0, agent_metrics(value))
+            )
             stop_reason = session.limit_reason or "terminated"
+        except AgentOutOfTime:
+            if session.engine_error is not None:
+                raise session.engine_error from None
+            reward, metrics, stop_reason, out_of_time = 0.0, {}, "max_steps", 1.0
         except AgentEpisodeError:
             if session.engine_error is not None:
                 raise session.engine_error from None
@@ -172,7 +238,8 @@ class AgentEpisodeRunner:
                 _fill(trajectory, session)
                 raise
             reward, metrics, stop_reason = 0.0, {}, session.limit_reason
-            unrewarded_limit = 1.0
+            # a workspace episode is scored by its verifier whatever the agent returned
+            unrewarded_limit = 1.0 if workspace is None else 0.0
         except ValueError as exc:  # agent_result: not a reward
             _fill(trajectory, session)
             raise AgentEpisodeError(str(exc)) from exc
@@ -186,6 +253,14 @@ class AgentEpisodeRunner:
             raise AgentEpisodeError(
                 "the agent made no model call; there is nothing to train on"
             )
+        if workspace is not None:
+            verdict = await self._verify(workspace)
+            reward = verdict.reward
+            metrics = {
+                **metrics,
+                **workspace.metrics(verdict),
+                "agent_out_of_time": out_of_time,
+            }
         _fill(trajectory, session)
         trajectory.episode_reward = reward
         trajectory.turns[-1].reward = reward
@@ -199,19 +274,87 @@ class AgentEpisodeRunner:
         trajectory.finished_at = time.time()
         return trajectory
 
-    async def _await_agent(
-        self, agent_task: asyncio.Task[object], session: AgentSession, timeout_s: float
-    ) -> Any:
-        """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model calls."""
-        clock = self._clock
-        while True:
-            idle_for = 0.0 if session.busy else clock() - session.last_activity
-            done, _ = await asyncio.wait(
-                {agent_task}, timeout=max(0.01, timeout_s - idle_for)
+    async def _start_workspace(self, spec: EpisodeSpec) -> SweAgentEpisode:
+        """Build (or keep) the episode's env and reset it, as a stepped episode's: the task's workspace, and its handle."""
+        tag = self.settings.tag
+        if self.env_calls is None:
+            raise LifecycleError(
+                f"custom_envs.{tag}.agent drives an env's workspace but this runner has no env to start it"
             )
+        env_config = {
+            **dict(self.settings.custom_env.env_config),
+            **(spec.env_config_override or {}),
+        }
+        try:
+            agent_swe_config(env_config, f"custom_envs.{tag}.env_config")
+            await self.env_calls.ensure(
+                env_config, lambda: self.phases.set_phase("build_env")
+            )
+            self.phases.set_phase("reset")
+            await self.env_calls.call("reset", spec.seed)
+            return SweAgentEpisode(self.env_calls.env, self._clock)
+        except (ConfigError, EnvCallError, LifecycleError) as exc:
+            self._discard_env()
+            raise AgentEpisodeError(
+                f"the task's workspace did not start: {exc}"
+            ) from exc
+        except BaseException:  # cancelled while starting: a workspace may be up
+            self._discard_env()
+            raise
+
+    def _discard_env(self) -> None:
+        """Drop the episode's env (its close, in the background, closes the workspace); rebuilt next episode."""
+        if self.env_calls is not None:
+            self.env_calls.mark_dirty()
+            self.env_calls.discard()
+
+    async def _verify(self, workspace: SweAgentEpisode) -> VerifierResult:
+        """Stop the handle's commands, then the env's verifier scores the workspace and closes it."""
+        await workspace.close()
+        assert self.env_calls is not None
+        self.phases.set_phase("env_step")
+        try:
+            verdict: VerifierResult = await self.env_calls.call("verify")
+        except EnvCallError as exc:
+            raise AgentEpisodeError(f"verifying the workspace failed: {exc}") from exc
+        return verdict
+
+    async def _await_agent(
+        self,
+        agent_task: asyncio.Task[object],
+        session: AgentSession,
+        timeout_s: float,
+        workspace: SweAgentEpisode | None = None,
+    ) -> Any:
+        """The agent's return value; AgentEpisodeError when it raises or idles over ``timeout_s`` between model
+        calls (a workspace's commands count as activity), AgentOutOfTime past a workspace's agent deadline."""
+        clock = self._clock
+        deadline = (
+            clock() + (workspace.deadline - time.monotonic())
+            if workspace is not None
+            else None
+        )
+
+        def idle_for() -> float:
+            if session.busy or (workspace is not None and workspace.busy):
+                return 0.0
+            last = session.last_activity
+            if workspace is not None:
+                last = max(last, workspace.last_activity)
+            return clock() - last
+
+        while True:
+            wait = timeout_s - idle_for()
+            if deadline is not None:
+                wait = min(wait, deadline - clock())
+            done, _ = await asyncio.wait({agent_task}, timeout=max(0.01, wait))
             if done:
                 break
-            if not session.busy and clock() - session.last_activity >= timeout_s:
+            if deadline is not None and clock() >= deadline:
+                agent_task.cancel()
+                await asyncio.gather(agent_task, return_exceptions=True)
+                raise AgentOutOfTime("the agent ran past the task's agent time")
+            if idle_for() >= timeout_s:
                 agent_task.cancel()
                 await asyncio.gather(agent_task, return_exceptions=True)
                 self.stats.env_timeouts += 1

@@ -154,6 +154,11 @@ class EnvCaller:
         self._env_maybe_busy = False
         self._background: set[asyncio.Task[Any]] = set()
 
+    @property
+    def env(self) -> Any:
+        """The env instance held now (None before the first build or after a discard)."""
+        return self._env
+
     def holds(self, env_config: dict[str, Any]) -> bool:
         """True if the current env was built from ``env_config`` and is still usable."""
         return (
@@ -161,6 +166,16 @@ class EnvCaller:
             and not self._env_dirty
             and env_config == self._env_config
         )
+
+    async def ensure(
+        self, env_config: dict[str, Any], before_build: Callable[[], None]
+    ) -> None:
+        """Keep the env if it was built from ``env_config`` and is still usable; else call ``before_build``
+        (the caller's phase) and build one."""
+        if self.holds(env_config):
+            return
+        before_build()
+        await self.build(env_config)
 
     def mark_dirty(self) -> None:
         """The env's state is unknown (its episode failed): rebuild it before the next episode."""

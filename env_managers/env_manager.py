@@ -208,6 +208,7 @@ class EnvManager:
                 tool_parser=agent_tool_parser,
                 phases=self.phases,
                 stats=self.stats,
+                env_calls=self.env_calls,
                 clock=clock,
             )
             if settings.custom_env.agent_function
@@ -594,7 +595,4 @@ class EnvManager:
     async def _ensure_env(self, override: dict[str, Any] | None) -> None:
         """Keep the env if it was built from this episode's config and is still usable; else build one."""
         desired = {**dict(self.settings.custom_env.env_config), **(override or {})}
-        if self.env_calls.holds(desired):
-            return
-        self.phases.set_phase("build_env")
-        await self.env_calls.build(desired)
+        await self.env_calls.ensure(desired, lambda: self.phases.set_phase("build_env"))

@@ -35,6 +35,7 @@ from roll_async.envs.adapters.verifiers_env import load_verifiers_env
 from roll_async.envs.multiplayer import make_game
 from roll_async.envs.multiplayer.seats import check_game_seats
 from roll_async.envs.registry import names_user_class
+from roll_async.envs.swe.agent_workspace import agent_swe_config
 from roll_async.errors import (
     ChatTemplateError,
     ConfigError,
@@ -126,8 +127,12 @@ def check_envs(config: PipelineConfig) -> None:
             try:
                 load_agent_function(spec.agent_function, f"custom_envs.{tag}.agent")
                 load_verifiers_tag(tag, spec)
+                if spec.drives_workspace:  # a key only stepped episodes use fails here
+                    agent_swe_config(spec.env_config, f"custom_envs.{tag}.env_config")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            if spec.drives_workspace:  # its task set loads and a workspace starts
+                check_env_in_process(tag, spec, config)
             continue
         if spec.seats:
             check_game(tag, spec, config)

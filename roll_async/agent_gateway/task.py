@@ -7,10 +7,15 @@ import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roll_async.config.dotted_paths import resolve_dotted
 from roll_async.errors import ConfigError, InvalidInputError
+
+if (
+    TYPE_CHECKING
+):  # the handle's module starts workspaces; agent tags without one never import it
+    from roll_async.envs.swe.agent_workspace import AgentWorkspace
 
 
 @dataclass
@@ -23,6 +28,14 @@ class AgentTask:
     served model id to pass as ``model=``; ``max_tokens`` and ``max_steps`` are
     the per-call token cap and the number of calls allowed.
 
+    With ``env_type: swe`` (and ``agent:``) the episode's task is a swe task
+    whose workspace roll-async has already started: ``workspace`` is the handle
+    to it (:class:`~roll_async.envs.swe.agent_workspace.AgentWorkspace`, also
+    the Environment of a mini-swe-agent harness), ``workspace.instruction`` what
+    the agent is to do. When the agent returns, the task's hidden tests score
+    the workspace and that is the episode's reward: a reward the agent returns
+    is ignored there (its ``metrics`` are kept), and returning None is fine.
+
     Attributes:
         seed: The episode's seed (its group's, shared by every episode of the group).
         env_config: The tag's ``env_config``, merged with the episode's dataset row if any.
@@ -32,7 +45,10 @@ class AgentTask:
         model: The served model id, to pass as ``model=`` to the client.
         max_tokens: The token cap of one model call (the tag's ``max_tokens_per_step``).
         max_steps: How many model calls the episode may make (the tag's ``max_steps``).
-        env_type: The tag's ``env_type`` (``agent``, or ``verifiers:<env id>`` for the built-in verifiers agent).
+        env_type: The tag's ``env_type`` (``agent``, ``swe`` for an agent in a swe task's workspace, or
+            ``verifiers:<env id>`` for the built-in verifiers agent).
+        workspace: ``env_type: swe``: the handle to the episode's workspace (``execute``, ``aexecute``,
+            ``instruction``); None for other tags.
     """
 
     seed: int
@@ -44,6 +60,7 @@ class AgentTask:
     max_tokens: int = 0
     max_steps: int = 0
     env_type: str = "agent"
+    workspace: AgentWorkspace | None = None
 
 
 #: ``async def agent(client, task)``: the client is whatever the agent's code calls the endpoint with (an openai
@@ -81,17 +98,7 @@ def agent_result(value: Any) -> tuple[float, dict[str, float]]:
             raise InvalidInputError(
                 f"the agent returned a dict without 'reward' (keys: {sorted(value)})"
             )
-        raw_metrics = value.get("metrics") or {}
-        if not isinstance(raw_metrics, dict):
-            raise InvalidInputError(
-                f"the agent's 'metrics' must be a dict of numbers, got {type(raw_metrics).__name__}"
-            )
-        for name, metric in raw_metrics.items():
-            if not isinstance(metric, (bool, int, float)):
-                raise InvalidInputError(
-                    f"the agent's metric {name!r} is {metric!r}, not a number"
-                )
-            metrics[str(name)] = float(metric)
+        metrics = agent_metrics(value)
         value = value["reward"]
     if (
         isinstance(value, bool)
@@ -102,6 +109,26 @@ def agent_result(value: Any) -> tuple[float, dict[str, float]]:
             f"the agent returned {value!r}; return a finite float or {{'reward': float, 'metrics': {{...}}}}"
         )
     return float(value), metrics
+
+
+def agent_metrics(value: Any) -> dict[str, float]:
+    """The ``metrics`` of a dict an agent returned (none for anything else): an agent in a workspace, whose
+    reward is the verifier's, may return None, a number (ignored), ``{"metrics": {...}}`` or its harness's dict."""
+    if not isinstance(value, dict):
+        return {}
+    raw_metrics = value.get("metrics") or {}
+    if not isinstance(raw_metrics, dict):
+        raise InvalidInputError(
+            f"the agent's 'metrics' must be a dict of numbers, got {type(raw_metrics).__name__}"
+        )
+    metrics: dict[str, float] = {}
+    for name, metric in raw_metrics.items():
+        if not isinstance(metric, (bool, int, float)):
+            raise InvalidInputError(
+                f"the agent's metric {name!r} is {metric!r}, not a number"
+            )
+        metrics[str(name)] = float(metric)
+    return metrics
 
 
 def served_model_name(model_path: str | None) -> str:

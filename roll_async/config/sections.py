@@ -18,6 +18,9 @@ from roll_async.errors import ConfigError
 VERIFIERS_PREFIX = "verifiers:"
 #: The built-in agent function of verifiers tags.
 VERIFIERS_AGENT = "roll_async.agent_gateway.verifiers_agent:verifiers_agent"
+#: Env types an agent (``custom_envs.<Tag>.agent``) can drive: each episode the env starts its task's
+#: workspace, the agent gets a handle to it (``task.workspace``) and the env's verifier gives the reward.
+AGENT_WORKSPACE_ENV_TYPES: tuple[str, ...] = ("swe",)
 
 #: omegaconf's MISSING: OmegaConf.structured reads a field whose default is this string as required.
 #: Spelled here, not imported, so the dataclasses (and the trainer that takes them) import without
@@ -219,6 +222,7 @@ class CustomEnvConfig:
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
     #: Agent session (``env_type: agent``): ``pkg.module:function`` naming ``async def agent(client, task)``;
     #: the agent's requests set their own messages and stop strings (system_prompt, templates, stop unused).
+    #: With ``env_type: swe`` the agent drives the task's workspace (``task.workspace``) and the swe verifier scores it.
     agent: str | None = None
     #: Run this tag's envs on env servers (``roll-async env-server``): one URL or a list, spread by load.
     service_url: Any = None
@@ -252,6 +256,12 @@ class CustomEnvConfig:
         if self.env_type.startswith(VERIFIERS_PREFIX):
             return VERIFIERS_AGENT
         return None
+
+    @property
+    def drives_workspace(self) -> bool:
+        """True when the tag's agent drives its env's workspace (``env_type: swe`` with ``agent``): the env
+        starts and verifies each episode, the agent acts in between through ``task.workspace``."""
+        return bool(self.agent) and self.env_type in AGENT_WORKSPACE_ENV_TYPES
 
     def fill(self, tag: str, template_name: str, fields: dict[str, Any]) -> str:
         """``instruction_template`` or ``observation_template`` filled with ``fields``; a template naming

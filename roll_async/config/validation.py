@@ -18,6 +18,7 @@ from roll_async.config.seat_rules import (
     validate_seats,
 )
 from roll_async.config.sections import (
+    AGENT_WORKSPACE_ENV_TYPES,
     CustomEnvConfig,
     EnvManagerConfig,
     PipelineConfig,
@@ -125,10 +126,18 @@ def validate_config(config: PipelineConfig) -> None:
             and config.trainer.lora.sync == "adapter",
             versions_in_run=config.max_steps // config.weight_sync.interval,
         )
-        if (env.env_type == "agent") != bool(env.agent):
+        if (env.env_type == "agent" and not env.agent) or (
+            env.agent and env.env_type != "agent" and not env.drives_workspace
+        ):
             raise ConfigError(
-                f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function "
+                f"custom_envs.{tag}: an agent session needs both env_type: agent and agent: pkg.module:function, "
+                f"or an env whose workspace the agent drives (env_type: {' | '.join(AGENT_WORKSPACE_ENV_TYPES)}) "
                 f"(got env_type={env.env_type!r}, agent={env.agent!r})"
+            )
+        if env.drives_workspace and (env.service_url or env.isolation == "process"):
+            raise ConfigError(
+                f"custom_envs.{tag}: an agent driving env_type: {env.env_type} uses the workspace in its worker; "
+                "remove service_url and set isolation: none"
             )
     _validate_env_manager(
         "train_env_manager", config.train_env_manager, config, train=True

@@ -79,6 +79,7 @@ COVERAGE: dict[str, str] = {
     "roll-async train configs/verifiers_qa.yaml --check": CHECKED,
     "roll-async train configs/agent_frameworks.yaml --check": CHECKED,
     "roll-async train configs/swe_local.yaml --check": CHECKED,
+    "roll-async train configs/agent_swe.yaml --check": CHECKED,
     # in-process on the zoo engine the tool configs share, 2 steps (the docs' max_steps=3, shortened)
     "roll-async train configs/swe.yaml max_steps=3": "tests/integration/test_tool_configs_train.py::test_swe_config_trains_in_containers_and_leaves_none",
 }

@@ -325,16 +325,8 @@ class SweEnv:
         episode: dict[str, float] = {}
         if terminated or truncated:
             episode = self._episode_metrics()
-            began = time.time()
-            self.verdict = await run_verifier(
-                self.workspace,
-                self.task,
-                reward_mode=cfg.reward,
-                pytest_args=cfg.verifier_pytest_args,
-            )
-            self._span("verify", began)
-            reward += self.verdict.reward
-            self.done = True
+            verdict = await self.verify()
+            reward += verdict.reward
             why = (
                 "submitted"
                 if submitted
@@ -342,8 +334,7 @@ class SweEnv:
                 if out_of_time
                 else "out of turns"
             )
-            parts.append(f"Episode over ({why}). {self.verdict.detail}.")
-            await self._close_workspace()
+            parts.append(f"Episode over ({why}). {verdict.detail}.")
         info = {
             "metrics": {**self._metrics(not parsed.error), **episode},
             "format_error": parsed.error or None,
@@ -378,6 +369,31 @@ class SweEnv:
         )
         self._note(result, cut)
         return text
+
+    async def verify(self) -> VerifierResult:
+        """End the episode: score the workspace with the task's hidden tests, then close it (also on error).
+
+        What :meth:`step` does at submit, max_steps or the deadline, and what an agent session that drove
+        the workspace itself ends with (``roll_async.envs.swe.agent_workspace``), so both score alike.
+        """
+        if self.done or self.workspace is None or self.task is None:
+            raise LifecycleError(
+                "SweEnv.verify() called before reset() or after the episode ended; call reset()"
+            )
+        began = time.time()
+        try:
+            verdict = await run_verifier(
+                self.workspace,
+                self.task,
+                reward_mode=self.config.reward,
+                pytest_args=self.config.verifier_pytest_args,
+            )
+        finally:
+            self.done = True
+            self._span("verify", began)
+            await self._close_workspace()
+        self.verdict = verdict
+        return verdict
 
     def _note(self, result: ExecResult, cut: bool) -> None:
         """One command's time, and whether its output was cut (by the runtime's byte cap or the token budget)."""
