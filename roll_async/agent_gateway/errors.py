@@ -37,3 +37,19 @@ class OpenAIError(RollAsyncError):
                 "code": self.code,
             }
         }
+
+
+def context_length_exceeded(sequence_length: int, prompt_tokens: int) -> OpenAIError:
+    """The 400 for a call whose conversation leaves no room under ``sequence_length``.
+
+    Worded and coded as OpenAI's own (``context_length_exceeded``, "This model's maximum context length
+    is ..."), which client libraries such as litellm map to their context-window error: a harness then
+    trims its history or stops instead of retrying a call that can never be served.
+    """
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {sequence_length} tokens (sequence_length); "
+        f"the conversation ({prompt_tokens} tokens) leaves no room for a reply",
+        code="context_length_exceeded",
+        param="messages",
+    )

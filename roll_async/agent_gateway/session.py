@@ -24,7 +24,7 @@ from roll_async.agent_gateway.chat_request import (
     render_form,
 )
 from roll_async.agent_gateway.echo import compare_history
-from roll_async.agent_gateway.errors import OpenAIError
+from roll_async.agent_gateway.errors import OpenAIError, context_length_exceeded
 from roll_async.agent_gateway.tool_calls import (
     ParsedReply,
     ToolCallParser,
@@ -296,12 +296,7 @@ class AgentSession:
         budget = self.sequence_length - len(prompt)
         if budget <= 0:
             self.limit_reason = "max_length"
-            raise OpenAIError(
-                400,
-                f"the conversation ({len(prompt)} tokens) leaves no room under sequence_length={self.sequence_length}",
-                code="context_length_exceeded",
-                param="messages",
-            )
+            raise context_length_exceeded(self.sequence_length, len(prompt))
         limit = min(self.max_tokens_per_step, budget)
         max_tokens = request.max_tokens
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from roll_async import metrics
+from roll_async.agent_gateway.errors import context_length_exceeded
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import (
     CustomEnvConfig,
@@ -266,3 +267,16 @@ def test_agent_config_errors_name_the_key():
     config.custom_envs["Agent"].agent = "roll_async.testing.agents:no_such_agent"
     with pytest.raises(ConfigError, match="has no attribute"):
         check_envs(config)
+
+
+def test_the_length_refusal_reads_as_a_context_window_error_to_client_libraries():
+    """litellm (mini-swe-agent's client) maps the refusal to its context-window error, so a harness stops
+    or trims its history instead of retrying a call that can never be served."""
+    checkers = pytest.importorskip(
+        "litellm.litellm_core_utils.exception_mapping_utils"
+    ).ExceptionCheckers
+    refusal = context_length_exceeded(96, 120)
+    assert refusal.status == 400 and refusal.body()["error"]["code"] == (
+        "context_length_exceeded"
+    )
+    assert checkers.is_error_str_context_window_exceeded(refusal.message)
