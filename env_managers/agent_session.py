@@ -26,6 +26,7 @@ from roll_async.agent_gateway.task import (
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
 from roll_async.env_managers.env_calls import EnvCaller
 from roll_async.env_managers.env_status import EnvManagerStats, PhaseReporter
+from roll_async.env_managers.trajectory_bookkeeping import note_env_spans
 from roll_async.env_managers.turn_generator import TurnGeneration, TurnGenerator
 from roll_async.envs.swe.agent_workspace import SweAgentEpisode, agent_swe_config
 from roll_async.envs.swe.verifier import VerifierResult
@@ -262,6 +263,10 @@ class AgentEpisodeRunner:
                 "agent_out_of_time": out_of_time,
             }
         _fill(trajectory, session)
+        if (
+            workspace is not None
+        ):  # its timeline (start, commands, verify), as a stepped episode's
+            note_env_spans(trajectory, {"env_spans": workspace.spans}, -1)
         trajectory.episode_reward = reward
         trajectory.turns[-1].reward = reward
         trajectory.stop_reason = stop_reason
@@ -313,10 +318,13 @@ class AgentEpisodeRunner:
         await workspace.close()
         assert self.env_calls is not None
         self.phases.set_phase("env_step")
+        began = time.time()
         try:
             verdict: VerifierResult = await self.env_calls.call("verify")
         except EnvCallError as exc:
             raise AgentEpisodeError(f"verifying the workspace failed: {exc}") from exc
+        finally:
+            workspace.note_span("verify", began)
         return verdict
 
     async def _await_agent(

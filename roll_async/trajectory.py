@@ -119,7 +119,7 @@ class EnvSpan:
     """A named stretch of an env's own work in an episode, for the report timeline (unix seconds).
 
     An env reports them in ``info["env_spans"]`` of ``reset`` and ``step`` as
-    ``{"name", "started_at", "finished_at"}`` (the swe env: ``workspace_start``, each ``exec``,
+    ``{"name", "started_at", "finished_at"}`` (the swe env: ``workspace_start_warm`` or ``_cold``, each ``exec``,
     ``verify``); the EnvManager keeps them on the trajectory and the report draws each name as
     sub-spans of the episode's row.
 

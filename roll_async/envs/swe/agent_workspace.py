@@ -191,6 +191,9 @@ class SweAgentEpisode:
         self.last_activity = clock()
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._exec_s: list[float] = []
+        #: The episode's timeline for the run report (``info["env_spans"]``'s shape): the workspace start
+        #: the env's reset recorded, each command, and the verifier (:meth:`note_span`).
+        self.spans: list[dict[str, Any]] = env.spans
         self._counts = {
             "commands": 0.0,
             "command_timeouts": 0.0,
@@ -232,6 +235,7 @@ class SweAgentEpisode:
         task = asyncio.current_task()
         if task is not None:
             self._in_flight.add(task)
+        began = time.time()
         try:
             result = await self._workspace.exec(
                 command, timeout_s=limit, user="agent", workdir=cwd or None
@@ -242,6 +246,7 @@ class SweAgentEpisode:
             if task is not None:
                 self._in_flight.discard(task)
             self.last_activity = self._clock()
+        self.note_span("exec", began)
         self._counts["commands"] += 1
         self._exec_s.append(result.seconds)
         self._counts["output_truncations"] += float(result.truncated)
@@ -256,6 +261,12 @@ class SweAgentEpisode:
         if _submits(output):
             self.submitted = True
         return output
+
+    def note_span(self, name: str, started_at: float) -> None:
+        """A span of the episode from ``started_at`` (``time.time()``) until now."""
+        self.spans.append(
+            {"name": name, "started_at": started_at, "finished_at": time.time()}
+        )
 
     def stop(self) -> list[asyncio.Task[Any]]:
         """Refuse further commands and cancel those still running (a harness thread may outlive its agent);

@@ -400,6 +400,11 @@ class SweEnv:
         self._exec_s.append(result.seconds)
         self._truncations += int(result.truncated or cut)
 
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        """The current call's spans (what ``info["env_spans"]`` carries), e.g. the workspace start after reset."""
+        return list(self._spans)
+
     def _span(self, name: str, started_at: float) -> None:
         """A span of this call from ``started_at`` (``time.time()``) until now, for ``info["env_spans"]``."""
         self._spans.append(

@@ -181,6 +181,10 @@ async def test_the_reference_solution_through_the_handle_scores_one(
     assert got["commands"] == 2.0 and got["shell_commands"] == 2.0
     assert got["agent_calls"] == 2.0 and got["agent_segment_breaks"] == 0.0
     assert got["workspace_start_s"] > 0 and got["verifier_seconds"] > 0
+    # the report's timeline: the workspace start, the agent's two commands and the verifier, in order
+    spans = trajectory.env_spans
+    assert [s.name for s in spans] == ["workspace_start_cold", "exec", "exec", "verify"]
+    assert all(a.finished_at <= b.started_at for a, b in zip(spans, spans[1:]))
     # the raw task instruction, without the stepped env's action-format guidance
     assert "add(2, 3)" in tokenizer.decode(engine.prompts[0])
     # the command's output came back as the next user message, token-exact
