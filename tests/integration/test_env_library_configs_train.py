@@ -16,6 +16,7 @@ import pytest
 
 from roll_async.config.schema import load_config
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+from tests.integration.short_runs import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
@@ -25,16 +26,8 @@ pytest.importorskip("gem")
 REPO = Path(__file__).resolve().parents[2]
 COMMON = [
     "max_steps=2",
-    "rollout_batch_size=4",
-    "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=2",
+    *IN_PROCESS,
     "train_env_manager.max_env_num_per_worker=4",
-    "trainer.lr=1e-3",
-    "trainer.micro_batch_size=4",
-    "logging.progress_bar=false",
-    "logging.console=false",
-    "sft_warmup.enabled=false",
-    "eval_steps=0",
 ]
 
 

@@ -22,21 +22,12 @@ from roll_async.pipelines.agentic_pipeline import AgenticPipeline
 from roll_async.testing.workspace_runtimes import skip_reason
 from roll_async.workspaces.docker import connect
 from roll_async.workspaces.docker_reaper import count_run
+from tests.integration.short_runs import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-COMMON = [
-    "rollout_batch_size=4",
-    "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=2",
-    "trainer.lr=1e-3",
-    "trainer.micro_batch_size=4",
-    "logging.progress_bar=false",
-    "logging.console=false",
-    "sft_warmup.enabled=false",
-    "eval_steps=0",
-]
+COMMON = IN_PROCESS
 
 
 #: config name -> the run id of its last run here (the label its workspace containers carried).

@@ -21,6 +21,7 @@ import pytest
 
 from roll_async.config.schema import load_config
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+from tests.integration.short_runs import IN_PROCESS
 from tests.integration.test_train_pipeline import fresh_weights  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.integration
@@ -34,15 +35,8 @@ V1_TARGET = Path(
 )
 OVERRIDES = [
     "max_steps=2",
-    "rollout_batch_size=4",
-    "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=2",
+    *IN_PROCESS,
     f"custom_envs.{TAG}.max_tokens_per_step=8",
-    "trainer.lr=1e-3",
-    "trainer.micro_batch_size=4",
-    "logging.progress_bar=false",
-    "logging.console=false",
-    "eval_steps=0",
 ]
 #: The v1 run's env: the v1 test taskset, two turns per episode.
 V1_ENV_TYPE = "verifiers:roll_async.testing.verifiers_v1_taskset"
