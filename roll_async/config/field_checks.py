@@ -161,3 +161,35 @@ def check_fields(cls: type, values: Any, prefix: str = "") -> None:
     problems = field_problems(cls, values, prefix)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def from_mapping(cls: type, values: Any, what: str, who: str) -> Any:
+    """``cls`` (a dataclass) from None, an instance or a mapping, naming a key it does not accept.
+
+    ``what`` names the mapping (``env_config``, ``docker runtime config``), ``who`` what reads it. A
+    class's ``replaced_keys`` (old key -> what to set instead) turn an old config into that advice; any
+    other unknown key fails naming the accepted ones, so a typo is never silently a default.
+    """
+    if values is None:
+        return cls()
+    if isinstance(values, cls):
+        return values
+    if dataclasses.is_dataclass(values) and not isinstance(values, type):
+        values = dataclasses.asdict(values)
+    if not isinstance(values, Mapping) and not hasattr(values, "keys"):
+        raise ConfigError(
+            f"{what} for {who} must be a mapping, got {type(values).__name__}"
+        )
+    accepted = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = [k for k in values if k not in accepted]
+    replaced: dict[str, str] = getattr(cls, "replaced_keys", {})
+    for key in unknown:
+        if key in replaced:
+            raise ConfigError(
+                f"{what} key {key!r} is no longer accepted by {who}; set {replaced[key]}"
+            )
+    if unknown:
+        raise ConfigError(
+            f"{what} key {unknown[0]!r} is not accepted by {who}; accepted keys: {', '.join(accepted)}"
+        )
+    return cls(**dict(values))

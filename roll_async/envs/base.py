@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
+from roll_async.config.field_checks import from_mapping
 from roll_async.envs.parsing import ActionParser, ParsedAction
 from roll_async.errors import (
     ConfigError,
@@ -79,31 +80,18 @@ class EnvConfig:
 
 def build_config(config_cls: type, env_config: Any, env_name: str = "") -> Any:
     """Turn a dict (or an instance) into ``config_cls``, naming any key it does not accept."""
-    if env_config is None:
-        return config_cls()
-    if isinstance(env_config, config_cls):
-        return env_config
-    if dataclasses.is_dataclass(env_config) and not isinstance(env_config, type):
-        env_config = dataclasses.asdict(env_config)
-    if not hasattr(env_config, "keys"):
+    if (
+        env_config is not None
+        and not isinstance(env_config, config_cls)
+        and not dataclasses.is_dataclass(env_config)
+        and not hasattr(env_config, "keys")
+    ):
         raise InvalidTypeError(
             f"env_config for {env_name or config_cls.__name__} must be a mapping, got {type(env_config).__name__}"
         )
-    accepted = [f.name for f in dataclasses.fields(config_cls) if f.init]
-    unknown = [k for k in env_config if k not in accepted]
-    who = env_name or config_cls.__name__
-    # A config class's ``replaced_keys`` (old key -> what to set instead) turn an old config into a clear error.
-    replaced: dict[str, str] = getattr(config_cls, "replaced_keys", {})
-    for key in unknown:
-        if key in replaced:
-            raise ConfigError(
-                f"env_config key {key!r} is no longer accepted by {who}; set {replaced[key]}"
-            )
-    if unknown:
-        raise ConfigError(
-            f"env_config key {unknown[0]!r} is not accepted by {who}; accepted keys: {', '.join(accepted)}"
-        )
-    return config_cls(**dict(env_config))
+    return from_mapping(
+        config_cls, env_config, "env_config", env_name or config_cls.__name__
+    )
 
 
 class BaseEnv:

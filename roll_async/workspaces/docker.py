@@ -23,9 +23,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from roll_async.config.field_checks import from_mapping
 from roll_async.errors import ConfigError, WorkspaceError
 from roll_async.workspaces.docker_exec import run_exec
 from roll_async.workspaces.docker_images import ensure_image
@@ -98,17 +99,10 @@ def docker_config(
 
     An unknown key fails naming it and the accepted ones, so a typo is not silently a default.
     """
-    if config is None:
-        return DockerRuntimeConfig()
-    if isinstance(config, DockerRuntimeConfig):
-        return config
-    accepted = [f.name for f in fields(DockerRuntimeConfig)]
-    unknown = [k for k in config if k not in accepted]
-    if unknown:
-        raise ConfigError(
-            f"docker runtime config key {unknown[0]!r} is not accepted; accepted: {', '.join(accepted)}"
-        )
-    return DockerRuntimeConfig(**dict(config))
+    runtime: DockerRuntimeConfig = from_mapping(
+        DockerRuntimeConfig, config, "runtime_config", "the docker runtime"
+    )
+    return runtime
 
 
 def connect(timeout_s: float, connections: int = 10) -> Any:

@@ -22,11 +22,13 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from roll_async.errors import ConfigError, UnsupportedHostError, WorkspaceError
+from roll_async.config.field_checks import from_mapping
+from roll_async.errors import UnsupportedHostError, WorkspaceError
 from roll_async.workspaces.interface import (
     ExecResult,
     RuntimeKind,
@@ -66,20 +68,12 @@ class LocalRuntimeConfig:
 
 def local_config(config: Any) -> LocalRuntimeConfig:
     """A :class:`LocalRuntimeConfig` from None, itself or a mapping; an unknown key names the accepted ones."""
-    if config is None:
-        return LocalRuntimeConfig()
-    if isinstance(config, LocalRuntimeConfig):
-        return config
-    accepted = [f.name for f in fields(LocalRuntimeConfig)]
-    unknown = [k for k in config if k not in accepted]
-    if unknown:
-        raise ConfigError(
-            f"local runtime config key {unknown[0]!r} is not accepted; accepted: {', '.join(accepted)}"
-        )
-    values = dict(config)
-    if "python_packages" in values:
-        values["python_packages"] = tuple(values["python_packages"])
-    return LocalRuntimeConfig(**values)
+    if isinstance(config, Mapping) and "python_packages" in config:
+        config = {**config, "python_packages": tuple(config["python_packages"])}
+    runtime: LocalRuntimeConfig = from_mapping(
+        LocalRuntimeConfig, config, "runtime_config", "the local runtime"
+    )
+    return runtime
 
 
 def host_problem() -> str | None:
