@@ -116,6 +116,8 @@ class AgenticPipeline:
         self.model_path = ""
         self.start_step = 0
         self.resumed_seed_state: dict[str, Any] | None = None
+        #: The game ratings (Elo against snapshots) of the checkpoint resumed from.
+        self.resumed_ratings: dict[str, Any] | None = None
         self.run_dir: RunDirectory | None = None
         self.tracker: MetricsTracker | None = None
         #: Set by SIGINT/SIGTERM when run(handle_signals=True); see roll_async.pipelines.interrupt.
@@ -159,6 +161,7 @@ class AgenticPipeline:
             extra = self.trainer.load_checkpoint(config.checkpoint.resume_from)
             self.start_step = int(extra["step"]) + 1
             self.resumed_seed_state = extra.get("scheduler_seed_state")
+            self.resumed_ratings = extra.get("pool_ratings")
             logger.info(
                 "resumed from %s at step %d",
                 config.checkpoint.resume_from,
@@ -260,6 +263,7 @@ class AgenticPipeline:
             seed_state=self.resumed_seed_state,
             reward_services=self.reward_services,
             opponent_engines=self.opponent_engines,
+            ratings_state=self.resumed_ratings,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
             val_spec = rollout_spec(config, "val")
@@ -319,7 +323,13 @@ class AgenticPipeline:
             seed_state = await asyncio.wait_for(
                 self.train_scheduler.seed_state(), timeout=30.0
             )
-        extra_state = {"step": step, "scheduler_seed_state": seed_state}
+        extra_state = {
+            "step": step,
+            "scheduler_seed_state": seed_state,
+            "pool_ratings": self.train_scheduler.ratings.state()
+            if self.train_scheduler is not None
+            else None,
+        }
         path = checkpoint_dir(self.run_dir.checkpoints, step)
         assert self.trainer is not None
         await asyncio.to_thread(self.trainer.save_checkpoint, path, extra_state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
+from roll_async.envs.multiplayer.ratings import PoolRatings
 from roll_async.scheduler.served_batch import ServedBatch
 from roll_async.trajectory import EpisodeSpec, Trajectory
 
@@ -27,6 +28,8 @@ class RolloutScheduling(Protocol):
 
     #: The episodes of the last batch's window that were not served, as (fate, trajectory).
     last_unserved: list[tuple[str, Trajectory]]
+    #: Game tags' Elo-style ratings against their snapshots (checkpointed with ``ratings.state()``).
+    ratings: PoolRatings
 
     async def start(self) -> None:
         """Start the env loops (``get_batch`` does this on first use)."""

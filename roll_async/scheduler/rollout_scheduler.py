@@ -246,11 +246,13 @@ class RolloutScheduler:
         seed_state: dict[str, Any] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
         opponent_engines: Mapping[str, Sequence[Any]] | None = None,
+        ratings_state: Mapping[str, Any] | None = None,
     ) -> None:
         """``reward_services``: tag -> its running judge / reward model (``launch_reward_services``), owned by the
         caller; the tags of this side that have one get their episodes scored before the hand-over.
         ``opponent_engines``: a ``frozen:`` seat's model path -> the engine actors serving it, owned by the
-        caller (never weight-synced)."""
+        caller (never weight-synced). ``ratings_state``: the game ratings a checkpoint saved
+        (``ratings.state()``), to go on from."""
         if not engine_handles:
             raise InvalidInputError(
                 "RolloutScheduler needs at least one engine actor handle"
@@ -273,7 +275,7 @@ class RolloutScheduler:
         }
         self.last_metrics: dict[str, float] = {}
         #: Elo-style ratings of game tags' policies against their snapshots, across the run's batches.
-        self.ratings = PoolRatings()
+        self.ratings = PoolRatings.from_state(ratings_state)
         self.last_unserved: list[tuple[str, Trajectory]] = []
         self._queue: Any = None
         self._workers: list[Any] = []

@@ -5,16 +5,17 @@ them can stay flat while it improves. A rating carried across weight versions an
 win rate cannot. Each weight version of the policy has a rating; a new version starts at the rating of
 the newest version before it; every finished game of a policy seat against a snapshot (``snapshot:<k>``
 or ``pool``) updates the version that played and the snapshot's version (the played version minus
-``k``) by the Elo rule. The driver's scheduler keeps one instance for the run (it is not checkpointed:
-a resumed run starts the ratings afresh).
+``k``) by the Elo rule. The driver's scheduler keeps one instance for the run; checkpoints carry its
+:meth:`PoolRatings.state`, so a resumed run goes on rating from where it stopped.
 """
 
 from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from roll_async.metrics import game_rating_metric
 from roll_async.trajectory import Trajectory
@@ -59,6 +60,31 @@ class PoolRatings:
     """One :class:`SnapshotRatings` per game tag; :meth:`update` turns a served batch into metrics."""
 
     by_tag: dict[str, SnapshotRatings] = field(default_factory=dict)
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """The ratings as JSON-safe data, for a checkpoint (versions as strings)."""
+        return {
+            tag: {
+                "k_factor": r.k_factor,
+                "initial": r.initial,
+                "ratings": {str(v): rating for v, rating in sorted(r.ratings.items())},
+            }
+            for tag, r in self.by_tag.items()
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | None) -> PoolRatings:
+        """The ratings :meth:`state` saved (none: a fresh instance, as for a checkpoint that predates them)."""
+        return cls(
+            {
+                tag: SnapshotRatings(
+                    k_factor=float(saved["k_factor"]),
+                    initial=float(saved["initial"]),
+                    ratings={int(v): float(r) for v, r in saved["ratings"].items()},
+                )
+                for tag, saved in (state or {}).items()
+            }
+        )
 
     def update(self, trajectories: Iterable[Trajectory]) -> dict[str, float]:
         """Rate the batch's finished games against snapshots; ``game/<tag>/policy_elo`` and its pool's mean."""

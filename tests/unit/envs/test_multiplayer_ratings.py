@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from roll_async.config.schema import TrainerConfig
 from roll_async.envs.multiplayer.ratings import (
     PoolRatings,
     SnapshotRatings,
     expected_score,
 )
+from roll_async.trainer.simulated import SimulatedTrainer
 from roll_async.trajectory import Trajectory
 
 
@@ -56,3 +58,27 @@ def test_games_without_one_snapshot_opponent_or_unfinished_are_not_rated():
     single_agent = game(2, 1, "win")
     single_agent.role = ""
     assert ratings.update([scripted, unfinished, single_agent]) == {}
+
+
+def test_a_resumed_run_goes_on_rating_from_its_checkpoint(tmp_path):
+    """The ratings ride in the checkpoint's extra state (as the pipeline saves them): a run interrupted
+    after step 4 and resumed rates steps 5-8 exactly as the run that never stopped."""
+    steps = {s: [game(s, 1, "win"), game(s, 2, "loss")] for s in range(1, 9)}
+    steps[3] += [game(3, 2, "draw", tag="Other")]
+    whole, interrupted = PoolRatings(), PoolRatings()
+    for s in range(1, 5):
+        whole.update(steps[s])
+        interrupted.update(steps[s])
+    saving = SimulatedTrainer(TrainerConfig(simulate_step_s=0.0), "m")
+    saving.save_checkpoint(
+        tmp_path / "step_4", {"step": 4, "pool_ratings": interrupted.state()}
+    )
+    extra = SimulatedTrainer(TrainerConfig(simulate_step_s=0.0), "m").load_checkpoint(
+        tmp_path / "step_4"
+    )
+    resumed = PoolRatings.from_state(extra["pool_ratings"])
+    assert resumed == interrupted and set(resumed.by_tag) == {"Game", "Other"}
+    for s in range(5, 9):
+        assert resumed.update(steps[s]) == whole.update(steps[s])
+    # a checkpoint from before ratings were saved resumes with fresh ones
+    assert PoolRatings.from_state(None) == PoolRatings()

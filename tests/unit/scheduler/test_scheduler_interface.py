@@ -116,7 +116,7 @@ def test_the_protocol_covers_the_calls_the_pipeline_makes():
         "seed_state",
         "shutdown",
     }
-    assert set(PROTOCOL_ATTRIBUTES) == {"last_unserved"}
+    assert set(PROTOCOL_ATTRIBUTES) == {"last_unserved", "ratings"}
 
 
 def tiny_config() -> PipelineConfig:
