@@ -1,11 +1,12 @@
-"""Games with seats train end to end on the session's real CPU engine: ``configs/selfplay.yaml``'s Kuhn poker tag.
+"""Games with seats train end to end on the session's real CPU engine, every game of the slow tier in one run.
 
-Self-play trains 3 steps in sync mode, a policy seat against the built-in heuristic trains 3 steps in
-async mode, and a real TextArena two-player game (``textarena:TicTacToe-v0``, offline) trains one step
-against a random seat (``frozen:`` and ``snapshot:`` seats train in test_lora.py, whose LoRA engine
-serves them). The tiny random-init model rarely writes a legal move, so the checks are what
-every step must show: whole batches of one trajectory per policy seat and game, each role in every group,
-rewards that sum to 0 per game, a finite loss and weight versions rising by one.
+One run trains the games of :data:`GAMES` side by side (each a tag of its own: the config's Kuhn poker,
+the project's offline tic-tac-toe and a real TextArena two-player game, ``textarena:TicTacToe-v0``,
+offline) for 3 steps in self-play in sync mode, and a second run for 3 steps in async mode (``frozen:``
+and ``snapshot:`` seats train in test_lora.py, whose LoRA engine serves them). The tiny random-init
+model rarely writes a legal move, so the checks are what every step must show: whole batches of one
+trajectory per policy seat and game, each role in every group, rewards that sum to 0 per game, each
+game's tag in the batches, a finite loss and weight versions rising by one.
 """
 
 from __future__ import annotations
@@ -19,22 +20,37 @@ import pytest
 
 from roll_async.config.schema import load_config
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
+from tests.integration.short_runs import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-COMMON = [
-    "train_env_manager.num_env_groups=2",
-    "train_env_manager.group_size=2",
-    "trainer.lr=1e-3",
-    "trainer.micro_batch_size=4",
-    "logging.progress_bar=false",
-    "logging.console=false",
-    "sft_warmup.enabled=false",
-    "eval_steps=0",
-    "train_env_manager.tags=[KuhnPoker]",
-    "custom_envs.KuhnPoker.max_tokens_per_step=12",
-]
+#: The games trained together: tag -> the overrides that define it (Kuhn poker is the config's own tag).
+GAMES = {
+    "KuhnPoker": ["custom_envs.KuhnPoker.max_tokens_per_step=12"],
+    "TicTacToe": [
+        "custom_envs.TicTacToe.env_type=tic_tac_toe",
+        "custom_envs.TicTacToe.max_steps=6",
+        "custom_envs.TicTacToe.max_tokens_per_step=12",
+        "custom_envs.TicTacToe.system_prompt='Reply with your move inside <answer></answer>.'",
+    ],
+    "ArenaTicTacToe": [
+        "custom_envs.ArenaTicTacToe.env_type=textarena:TicTacToe-v0",
+        "custom_envs.ArenaTicTacToe.max_tokens_per_step=12",
+        "custom_envs.ArenaTicTacToe.stop=[']']",
+        "custom_envs.ArenaTicTacToe.system_prompt='Reply with your move in square brackets, for example [4].'",
+    ],
+}
+
+
+def games(seats: str) -> list[str]:
+    """Overrides that train every game of :data:`GAMES`, one env group each, with ``seats``."""
+    return [
+        f"train_env_manager.tags=[{','.join(GAMES)}]",
+        f"train_env_manager.num_env_groups={len(GAMES)}",
+        *(o for overrides in GAMES.values() for o in overrides),
+        *(f"custom_envs.{tag}.seats={seats}" for tag in GAMES),
+    ]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -44,7 +60,14 @@ def read_jsonl(path: Path) -> list[dict]:
 async def train(engine, out: Path, steps: int, *overrides: str, opponents=None):
     config = load_config(
         REPO / "configs" / "selfplay.yaml",
-        [f"output_dir={out}", f"max_steps={steps}", *COMMON, *overrides],
+        [
+            f"output_dir={out}",
+            f"max_steps={steps}",
+            *IN_PROCESS,
+            "train_env_manager.tags=[KuhnPoker]",
+            *GAMES["KuhnPoker"],
+            *overrides,
+        ],
     )
     run = await AgenticPipeline(
         config, engines=[engine], opponent_engines=opponents or {}
@@ -69,6 +92,7 @@ def assert_games(
         groups[trajectory["group_id"]].append(trajectory)
     for members in groups.values():
         assert len({t["seed"] for t in members}) == 1
+        assert len({t["tag"] for t in members}) == 1
         games: dict[int, list[dict]] = defaultdict(list)
         for trajectory in members:
             games[trajectory["episode_id"]].append(trajectory)
@@ -79,42 +103,35 @@ def assert_games(
                 assert sum(t["episode_reward"] for t in seats) == 0.0
 
 
-@pytest.mark.timeout(300)
-async def test_selfplay_config_trains_sync_and_async_against_a_scripted_seat(
-    engine, tmp_path
-):
-    selfplay = await train(engine, tmp_path / "sync", 3, "rollout_batch_size=4")
-    assert_games(selfplay, {"seat0", "seat1"})
-    # a seat's text holds its own card only (none when the game ended before its turn); the seats' differ
+def assert_hidden_cards_stay_hidden(trajectories: list[dict]) -> None:
+    """A Kuhn poker seat's text holds its own card only (none when the game ended before its turn)."""
     seen: dict[tuple[int, int], list[str]] = defaultdict(list)
-    for trajectory in selfplay:
+    for trajectory in trajectories:
+        if trajectory["tag"] != "KuhnPoker":
+            continue
         own = set(re.findall(r"Your card: (\w+)", trajectory["text"]))
         assert len(own) <= 1, trajectory["text"]
         seen[(trajectory["group_id"], trajectory["episode_id"])] += sorted(own)
     assert all(len(set(cards)) == len(cards) for cards in seen.values())
-    against_heuristic = await train(
-        engine,
-        tmp_path / "async",
-        3,
-        "rollout_batch_size=4",
-        "mode=async",
-        "max_staleness=1",
-        "custom_envs.KuhnPoker.seats=[policy,heuristic]",
-    )
-    assert_games(against_heuristic, {"seat0"})
 
 
-@pytest.mark.timeout(300)
-async def test_a_textarena_two_player_game_trains_offline(engine, tmp_path):
+@pytest.mark.timeout(420)
+async def test_every_game_trains_three_steps_in_self_play_sync_and_async(
+    engine, tmp_path
+):
     pytest.importorskip("textarena")
-    trajectories = await train(
-        engine,
-        tmp_path / "textarena",
-        1,
-        "rollout_batch_size=4",
-        "custom_envs.KuhnPoker.env_type=textarena:TicTacToe-v0",
-        "custom_envs.KuhnPoker.seats=[random,policy]",
-        "custom_envs.KuhnPoker.stop=[']']",
-        "custom_envs.KuhnPoker.system_prompt='Reply with your move in square brackets, for example [4].'",
-    )
-    assert_games(trajectories, {"seat1"})
+    # a batch is every game's group: 3 tags x 2 games x 2 seats
+    batch = f"rollout_batch_size={len(GAMES) * 2 * 2}"
+    for mode in ("sync", "async"):
+        trajectories = await train(
+            engine,
+            tmp_path / mode,
+            3,
+            batch,
+            f"mode={mode}",
+            *(["max_staleness=1"] if mode == "async" else []),
+            *games("[policy,policy]"),
+        )
+        assert_games(trajectories, {"seat0", "seat1"})
+        assert {t["tag"] for t in trajectories} == set(GAMES), mode
+        assert_hidden_cards_stay_hidden(trajectories)
