@@ -54,6 +54,7 @@ NOT_PROTOCOL_DUNDERS: frozenset[str] = frozenset(
 #: library's handling of a foreign failure is what the tests see. ``file::function`` -> why.
 SIMULATED_FOREIGN_FAILURES: dict[str, str] = {
     "roll_async/testing/agents.py::raising_agent": "plays a user agent's bug",
+    "roll_async/testing/workspace_agents.py::raising_agent": "plays a user shell agent's bug",
     "roll_async/testing/scripted_envs.py::ScriptedEnv._maybe_fail": "plays a user env's crash",
     "roll_async/testing/scripted_envs.py::ScriptedEnv._reset_now": "plays a user env's crash",
     "roll_async/envs/faulty.py::FaultyEnv._maybe_fault": "injects a user env's crash",
