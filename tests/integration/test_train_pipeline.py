@@ -13,6 +13,7 @@ from roll_async.config.schema import load_config
 from roll_async.errors import ConfigError, TrainerRankTimeoutError
 from roll_async.pipelines.agentic_pipeline import AgenticPipeline
 from roll_async.trajectory import GenerationRequest
+from tests.integration.short_runs import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
@@ -25,17 +26,9 @@ def train_config(tmp_path: Path, *overrides: str):
         [
             f"output_dir={tmp_path}",
             "max_steps=3",
-            "rollout_batch_size=4",
-            "train_env_manager.num_env_groups=2",
-            "train_env_manager.group_size=2",
+            *IN_PROCESS,
             "custom_envs.SimpleSokoban.max_steps=2",
             "custom_envs.SimpleSokoban.max_tokens_per_step=16",
-            "trainer.lr=1e-3",
-            "trainer.micro_batch_size=4",
-            "logging.progress_bar=false",
-            "logging.console=false",
-            "sft_warmup.enabled=false",
-            "eval_steps=0",
             *overrides,
         ],
     )
