@@ -17,10 +17,13 @@ import pytest
 
 from roll_async.config.schema import EngineConfig, load_config
 from roll_async.trajectory import GenerationRequest
+from tests.integration.short_runs import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+#: A LoRA run's trainer: rank 8, and a learning rate at which the adapter moves within a few steps.
+LORA = ["trainer.lr=2e-2", "trainer.lora.rank=8", "trainer.lora.alpha=32"]
 #: |engine - trainer| logprob bound on sampled tokens (as test_train_pipeline: float32 CPU kernels).
 LOGPROB_TOL = 2e-3
 
@@ -31,20 +34,11 @@ def lora_config(tmp_path: Path, *overrides: str):
         [
             f"output_dir={tmp_path}",
             "mode=sync",
-            "sft_warmup.enabled=false",
-            "trainer.lr=2e-2",
-            "trainer.lora.rank=8",
-            "trainer.lora.alpha=32",
+            *IN_PROCESS,
+            *LORA,
             "max_steps=3",
-            "rollout_batch_size=4",
-            "train_env_manager.num_env_groups=2",
-            "train_env_manager.group_size=2",
             "custom_envs.SimpleSokoban.max_steps=2",
             "custom_envs.SimpleSokoban.max_tokens_per_step=16",
-            "trainer.micro_batch_size=4",
-            "logging.progress_bar=false",
-            "logging.console=false",
-            "eval_steps=0",
             "checkpoint.save_interval=1",
             *overrides,
         ],
@@ -278,7 +272,6 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
     import json
 
     from roll_async.pipelines.agentic_pipeline import AgenticPipeline
-    from tests.integration.short_runs import IN_PROCESS
     from tests.integration.test_selfplay_train import GAMES, assert_games, games
 
     pytest.importorskip("textarena")
@@ -293,9 +286,7 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
                 *(["max_staleness=1"] if mode == "async" else []),
                 # a batch is every game's group: one trained seat x 2 games per tag
                 f"rollout_batch_size={len(GAMES) * 2}",
-                "trainer.lr=2e-2",
-                "trainer.lora.rank=8",
-                "trainer.lora.alpha=32",
+                *LORA,
                 *games("[snapshot:1,policy]"),
             ],
         )
