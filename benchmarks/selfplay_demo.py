@@ -1,13 +1,15 @@
 """The self-play demo on several seeds: win rate against the random player before and after training, on CPU.
 
-``configs/selfplay.yaml`` trains the offline tiny model by self-play on tic-tac-toe after a
-brief SFT warm start on partial heuristic demos. Its validation plays the same seeded games
-against the random player (16 as X, 16 as O, greedy) once before the first RL step
-(``eval_at_start``) and once at the end, so start and end are measured on the same games.
+``configs/selfplay.yaml`` trains the offline tiny model by self-play on Nim (a pile of 5-15
+stones, take 1-3, the last stone wins) after a brief SFT warm start on partial heuristic demos.
+Its validation plays the same seeded games against the random player (16 moving first, 16
+second, greedy) once before the first RL step (``eval_at_start``, after the warm start) and
+once at the end, so start and end are measured on the same games and any rise is RL's.
 This script runs the config once per run seed as a ``roll-async train`` subprocess, reads
 each run's ``metrics.jsonl`` and records start and end win rates (median and spread over
-the seeds) in ``benchmarks/results/<name>.{json,md}`` with the command, the machine and its
-load average. A run that does not learn is recorded as it is.
+the seeds) in ``benchmarks/results/<name>.{json,md}`` with the command, the machine, its
+load average and, for scale, the scripted players' win rates against the random player
+(played here, 2,000 games per seat). A run that does not learn is recorded as it is.
 
     python -m benchmarks.selfplay_demo                    # seeds 1 2 3
     python -m benchmarks.selfplay_demo --seeds 1 2 3 4 5 --steps 20 --name selfplay_demo_cpu_long
@@ -32,10 +34,15 @@ from benchmarks.common import (
     run_train,
     spread,
 )
+from roll_async.envs.multiplayer import HEURISTICS, make_game, play_match, random_player
+from roll_async.envs.multiplayer.players import Player
 
 CONFIG = "configs/selfplay.yaml"
-#: The validation tags of the config: the policy as X (seat 0) and as O (seat 1) against the random player.
-VAL_TAGS = ("ValAsX", "ValAsO")
+#: The validation tags of the config: the policy moving first (seat 0) and second (seat 1) against the random player.
+VAL_TAGS = ("ValFirst", "ValSecond")
+#: The game the config's tags play, and the scripted games per seat behind the for-scale line.
+GAME = "nim"
+SCALE_GAMES = 2000
 #: Per-seed numbers read from a run: validation win/loss/draw/invalid-move rates at the start and the end.
 RATES = ("game_win", "game_loss", "game_draw", "game_invalid_move")
 
@@ -100,10 +107,32 @@ def summarise_run(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def scripted_win_rates(games: int = SCALE_GAMES) -> dict[str, list[float]]:
+    """Win rates against the random player of the random and the heuristic player, per seat, over ``games`` seeds."""
+    game = make_game(GAME)
+    out: dict[str, list[float]] = {}
+    for name in ("random", "heuristic"):
+        rates = []
+        for seat in (0, 1):
+            wins = 0
+            for seed in range(games):
+                players = [random_player(seed * 2 + s + 10_000) for s in (0, 1)]
+                mine: Player = (
+                    HEURISTICS[GAME]
+                    if name == "heuristic"
+                    else random_player(seed + 777)
+                )
+                players[seat] = mine
+                wins += play_match(game, players, seed).rewards[seat] > 0
+            rates.append(wins / games)
+        out[name] = rates
+    return out
+
+
 def markdown(payload: dict[str, Any]) -> str:
     runs = payload["runs"]
     lines = [
-        "# Self-play demo (tic-tac-toe, tiny model, CPU): win rate against the random player",
+        "# Self-play demo (Nim, tiny model, CPU): win rate against the random player",
         "",
         f"Recorded {payload['recorded_at']} on {payload['machine']['cpu_model']} "
         f"({payload['machine']['cpu_count']} CPUs, no GPU), load average before/after "
@@ -111,16 +140,16 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         f"Command: `{payload['command']}`",
         "",
-        "Validation: the same 32 seeded games (16 as X, 16 as O; greedy) before the first RL step and "
-        "after the last; win rate = mean over the two.",
+        "Validation: the same 32 seeded games (16 moving first, 16 second; greedy) before the first RL step "
+        "(after the SFT warm start) and after the last; win rate = mean over the two.",
         "",
-        "| seed | win rate start | win rate end | as X start → end | as O start → end | invalid-move rate start → end | wall |",
+        "| seed | win rate start | win rate end | first start → end | second start → end | invalid-move rate start → end | wall |",
         "|---|---|---|---|---|---|---|",
     ]
     for seed, run in runs.items():
         s, e = run["start"], run["end"]
-        x = (s["per_tag"]["ValAsX"]["game_win"], e["per_tag"]["ValAsX"]["game_win"])
-        o = (s["per_tag"]["ValAsO"]["game_win"], e["per_tag"]["ValAsO"]["game_win"])
+        x = tuple(r["per_tag"][VAL_TAGS[0]]["game_win"] for r in (s, e))
+        o = tuple(r["per_tag"][VAL_TAGS[1]]["game_win"] for r in (s, e))
         inv = [
             sum(r["per_tag"][t]["game_invalid_move"] for t in VAL_TAGS) / 2
             for r in (s, e)
@@ -134,14 +163,17 @@ def markdown(payload: dict[str, Any]) -> str:
         payload["summary"]["start_win_rate"],
         payload["summary"]["end_win_rate"],
     )
+    scale = payload["scripted_win_rates"]
     lines += [
         "",
         f"Median over {start['n']} seeds: start {start['median']:.3f} (min {start['min']:.3f}, max "
         f"{start['max']:.3f}), end {end['median']:.3f} (min {end['min']:.3f}, max {end['max']:.3f}); "
         f"the end beats the start on {payload['summary']['seeds_improved']} of {start['n']} seeds.",
         "",
-        "For scale (2,000 games of scripted players): the random player wins 0.59 as X and 0.28 as O "
-        "against the random player; the heuristic player wins 0.96 as X and 0.89 as O.",
+        f"For scale ({scale['games']:,} games per seat of scripted players): the random player wins "
+        f"{scale['random'][0]:.2f} moving first and {scale['random'][1]:.2f} second against the random "
+        f"player; the heuristic player (leave a multiple of 4) wins {scale['heuristic'][0]:.2f} and "
+        f"{scale['heuristic'][1]:.2f}.",
         "",
     ]
     return "\n".join(lines)
@@ -207,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "after": [round(v, 1) for v in os.getloadavg()],
         },
         "runs": runs,
+        "scripted_win_rates": {"games": SCALE_GAMES, **scripted_win_rates()},
         "summary": {
             "start_win_rate": spread(starts),
             "end_win_rate": spread(ends),

@@ -72,7 +72,7 @@ def build_sft_examples(
     some good moves, but initial success stays low, leaving room for RL to show
     improvement.
 
-    A game with seats (a name in ``registered_games()``: kuhn_poker, tic_tac_toe) has no
+    A game with seats (a name in ``registered_games()``: kuhn_poker, nim, tic_tac_toe) has no
     solver: its demos are games the game's heuristic player plays against itself, each
     seed's demo the conversation of seat ``seed % num_players`` as a policy seat sees it
     (its instruction, its own observations, the heuristic's moves in the game's answer

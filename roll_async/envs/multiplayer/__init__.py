@@ -1,4 +1,4 @@
-"""Games with seats: the contract for N players taking turns (one observation per seat, per-seat rewards), two built-in games, scripted players and the registry that builds games by name.
+"""Games with seats: the contract for N players taking turns (one observation per seat, per-seat rewards), three built-in games, scripted players and the registry that builds games by name.
 
 A ``custom_envs`` tag plays a game when it lists its ``seats`` (roll_async.config.seat_rules);
 ``seats`` checks such a list against its game, and env_managers/game_episode.py plays it.
@@ -12,10 +12,12 @@ from roll_async.envs.multiplayer.base import (
 )
 from roll_async.envs.multiplayer.kuhn_poker import KuhnPoker
 from roll_async.envs.multiplayer.match import play_match
+from roll_async.envs.multiplayer.nim import Nim, NimConfig
 from roll_async.envs.multiplayer.players import (
     HEURISTICS,
     Player,
     kuhn_poker_heuristic,
+    nim_heuristic,
     random_player,
     tic_tac_toe_heuristic,
 )
@@ -33,6 +35,8 @@ __all__ = [
     "GameConfig",
     "GameOutcome",
     "KuhnPoker",
+    "Nim",
+    "NimConfig",
     "Player",
     "SeatObservation",
     "TicTacToe",
@@ -40,6 +44,7 @@ __all__ = [
     "check_seats",
     "kuhn_poker_heuristic",
     "make_game",
+    "nim_heuristic",
     "play_match",
     "random_player",
     "registered_games",

@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from roll_async.envs.multiplayer.kuhn_poker import parse_card
+from roll_async.envs.multiplayer.nim import parse_pile
 from roll_async.envs.multiplayer.tic_tac_toe import LINES, MARKS, parse_board
 from roll_async.errors import InvalidInputError
 
@@ -69,10 +70,23 @@ def kuhn_poker_heuristic(observation_text: str, legal_actions: Sequence[str]) ->
     return "call" if "call" in legal_actions else legal_actions[0]
 
 
+def nim_heuristic(observation_text: str, legal_actions: Sequence[str]) -> str:
+    """Take the whole pile when it can, else leave a multiple of (most stones a move takes + 1), else take 1."""
+    pile = parse_pile(observation_text)
+    takes = [int(a) for a in legal_actions if a.isdigit()]
+    if not takes:
+        return legal_actions[0] if legal_actions else ""
+    if pile in takes:
+        return str(pile)
+    winning = pile % (max(takes) + 1)
+    return str(winning if winning in takes else min(takes))
+
+
 #: The heuristic player of each built-in game, by its registry name.
 HEURISTICS: dict[str, Player] = {
     "tic_tac_toe": tic_tac_toe_heuristic,
     "kuhn_poker": kuhn_poker_heuristic,
+    "nim": nim_heuristic,
 }
 
 

@@ -1,6 +1,6 @@
 """Build games with seats by name, and check that a name given where one seat plays is not such a game.
 
-Names follow the env registry's: a registered name (``tic_tac_toe``, ``kuhn_poker``), the
+Names follow the env registry's: a registered name (``tic_tac_toe``, ``kuhn_poker``, ``nim``), the
 adapter prefix ``textarena:<GameId>``, or a dotted path ``package.module:ClassName``.
 """
 
@@ -16,6 +16,7 @@ from roll_async.envs.adapters.textarena_game import TextArenaGame
 from roll_async.envs.base import build_config
 from roll_async.envs.multiplayer.base import Game
 from roll_async.envs.multiplayer.kuhn_poker import KuhnPoker
+from roll_async.envs.multiplayer.nim import Nim
 from roll_async.envs.multiplayer.tic_tac_toe import TicTacToe
 from roll_async.errors import ConfigError
 
@@ -23,6 +24,7 @@ from roll_async.errors import ConfigError
 GAMES: dict[str, type[Any]] = {
     "tic_tac_toe": TicTacToe,
     "kuhn_poker": KuhnPoker,
+    "nim": Nim,
 }
 
 

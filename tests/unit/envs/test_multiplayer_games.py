@@ -1,4 +1,4 @@
-"""The seat contract's built-in games (tic-tac-toe, Kuhn poker), their players, the game registry and the one-seat check."""
+"""The seat contract's built-in games (tic-tac-toe, Kuhn poker; Nim has its own file), their players, the game registry and the one-seat check."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ from roll_async.envs.multiplayer.players import Player
 from roll_async.envs.multiplayer.tic_tac_toe import parse_board, render_board
 from roll_async.errors import ConfigError, InvalidInputError, LifecycleError
 
-PAYOFFS = {"tic_tac_toe": {-1.0, 0.0, 1.0}, "kuhn_poker": {-2.0, -1.0, 1.0, 2.0}}
+PAYOFFS = {
+    "tic_tac_toe": {-1.0, 0.0, 1.0},
+    "kuhn_poker": {-2.0, -1.0, 1.0, 2.0},
+    "nim": {-1.0, 1.0},
+}
 
 
 def recorded(player: Player, seen: list[tuple[str, tuple[str, ...], str]]) -> Player:
@@ -36,7 +40,7 @@ def recorded(player: Player, seen: list[tuple[str, tuple[str, ...], str]]) -> Pl
     return play
 
 
-@pytest.mark.parametrize("name", ["tic_tac_toe", "kuhn_poker"])
+@pytest.mark.parametrize("name", ["tic_tac_toe", "kuhn_poker", "nim"])
 def test_random_games_end_zero_sum_and_random_players_play_only_legal_moves(name):
     game = make_game(name)
     for seed in range(300):
@@ -197,7 +201,7 @@ def test_the_board_text_reads_back():
 
 def test_the_registry_names_what_it_accepts():
     with pytest.raises(
-        ConfigError, match="unknown game 'tic_tac'.*kuhn_poker, tic_tac_toe"
+        ConfigError, match="unknown game 'tic_tac'.*kuhn_poker, nim, tic_tac_toe"
     ):
         make_game("tic_tac")
     with pytest.raises(
