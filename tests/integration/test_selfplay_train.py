@@ -1,8 +1,8 @@
 """Games with seats train end to end on the session's real CPU engine, every game of the slow tier in one run.
 
-One run trains the games of :data:`GAMES` side by side (each a tag of its own: the config's Kuhn poker,
-the project's offline tic-tac-toe and a real TextArena two-player game, ``textarena:TicTacToe-v0``,
-offline) for 3 steps in self-play in sync mode, and a second run for 3 steps in async mode (``frozen:``
+One run trains the games of :data:`GAMES` side by side (each a tag of its own: the config's Kuhn poker
+and Nim, the project's offline tic-tac-toe and a real TextArena two-player game,
+``textarena:TicTacToe-v0``, offline) for 3 steps in self-play in sync mode, and a second run for 3 steps in async mode (``frozen:``
 and ``snapshot:`` seats train in test_lora.py, whose LoRA engine serves them). The tiny random-init
 model rarely writes a legal move, so the checks are what every step must show: whole batches of one
 trajectory per policy seat and game, each role in every group, rewards that sum to 0 per game, each
@@ -25,9 +25,10 @@ from tests.integration.short_runs import IN_PROCESS
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-#: The games trained together: tag -> the overrides that define it (Kuhn poker is the config's own tag).
+#: The games trained together: tag -> the overrides that define it (Kuhn poker and Nim are the config's tags).
 GAMES = {
     "KuhnPoker": ["custom_envs.KuhnPoker.max_tokens_per_step=12"],
+    "Nim": [],
     "TicTacToe": [
         "custom_envs.TicTacToe.env_type=tic_tac_toe",
         "custom_envs.TicTacToe.max_steps=6",
@@ -120,7 +121,7 @@ async def test_every_game_trains_three_steps_in_self_play_sync_and_async(
     engine, tmp_path
 ):
     pytest.importorskip("textarena")
-    # a batch is every game's group: 3 tags x 2 games x 2 seats
+    # a batch is every game's group: one per tag x 2 games x 2 seats
     batch = f"rollout_batch_size={len(GAMES) * 2 * 2}"
     for mode in ("sync", "async"):
         trajectories = await train(
