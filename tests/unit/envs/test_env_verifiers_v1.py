@@ -52,6 +52,7 @@ needs_v1 = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # a second interpreter importing verifiers 0.4 and its stack: ~30 s on a loaded CI
 @pytest.mark.skipif(
     _installed_api() == "v1", reason="this process already runs verifiers >= 0.4"
 )
