@@ -79,7 +79,8 @@ def test_the_env_configs_runtime_config_builds_the_docker_config_naming_unknown_
     assert docker_config(None) == DockerRuntimeConfig()
     # the factory hands the mapping over: a typo fails before any daemon is asked
     with pytest.raises(
-        ConfigError, match="'pool_sise' is not accepted by the docker runtime; accepted keys: run_id"
+        ConfigError,
+        match="'pool_sise' is not accepted by the docker runtime; accepted keys: run_id",
     ):
         make_runtime("docker", {"pool_sise": 1})
 
