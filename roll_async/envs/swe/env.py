@@ -382,17 +382,18 @@ class SweEnv:
             )
         began = time.time()
         try:
+            # the verdict is set before the workspace closes: a close hook may read it
             verdict = await run_verifier(
                 self.workspace,
                 self.task,
                 reward_mode=self.config.reward,
                 pytest_args=self.config.verifier_pytest_args,
             )
+            self.verdict = verdict
         finally:
             self.done = True
             self._span("verify", began)
             await self._close_workspace()
-        self.verdict = verdict
         return verdict
 
     def _note(self, result: ExecResult, cut: bool) -> None:
