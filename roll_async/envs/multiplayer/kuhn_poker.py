@@ -86,14 +86,13 @@ class KuhnPoker:
         self.referee.check_playing("step")
         seat = self.turn
         ruling = self.referee.judge(seat, action_text, self.legal_actions())
-        if ruling.forfeit:
-            self._fold(
-                seat,
-                f"Player {seat} made too many invalid moves, which counts as a fold. ",
-            )
-            return TurnResult(seat, True, invalid=True, reason=ruling.reason)
         if ruling.action is None:
-            return TurnResult(seat, False, invalid=True, reason=ruling.reason)
+            if ruling.forfeit:
+                self._fold(
+                    seat,
+                    f"Player {seat} made too many invalid moves, which counts as a fold. ",
+                )
+            return self.referee.invalid_turn(seat, ruling)
         action = ruling.action
         self.history.append(action)
         if action == "fold":

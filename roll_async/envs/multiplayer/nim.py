@@ -109,21 +109,14 @@ class Nim:
         self.referee.check_playing("step")
         seat = self.turn
         ruling = self.referee.judge(seat, action_text, self.legal_actions())
-        if ruling.forfeit:
-            self.referee.finish(
-                [-1.0 if s == seat else 1.0 for s in range(2)],
-                f"Player {seat} forfeits after too many invalid moves.",
-            )
-            return TurnResult(seat, True, invalid=True, reason=ruling.reason)
         if ruling.action is None:
-            return TurnResult(seat, False, invalid=True, reason=ruling.reason)
+            if ruling.forfeit:
+                self.referee.forfeit(seat)
+            return self.referee.invalid_turn(seat, ruling)
         taken = int(ruling.action)
         self.pile -= taken
         if self.pile == 0:
-            self.referee.finish(
-                [1.0 if s == seat else -1.0 for s in range(2)],
-                f"Player {seat} took the last {taken} and wins.",
-            )
+            self.referee.win(seat, f"Player {seat} took the last {taken} and wins.")
         else:
             self.referee.tell(
                 f"Player {seat} took {taken}; {self.pile} left.", 1 - seat

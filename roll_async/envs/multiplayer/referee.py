@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from roll_async.envs.multiplayer.base import GameOutcome
+from roll_async.envs.multiplayer.base import GameOutcome, TurnResult
 from roll_async.envs.parsing import ActionParser
 from roll_async.errors import ConfigError, LifecycleError
 
@@ -111,6 +111,19 @@ class Referee:
             seat,
         )
         return Ruling(None, reason)
+
+    @staticmethod
+    def invalid_turn(seat: int, ruling: Ruling) -> TurnResult:
+        """The turn of a reply that named no legal move: the seat moves again, or the game is over if it forfeited."""
+        return TurnResult(seat, ruling.forfeit, invalid=True, reason=ruling.reason)
+
+    def win(self, seat: int, reason: str) -> None:
+        """End a two-seat game that ``seat`` won: +1 to it, -1 to the other."""
+        self.finish([1.0 if s == seat else -1.0 for s in range(2)], reason)
+
+    def forfeit(self, seat: int) -> None:
+        """End a two-seat game that ``seat`` forfeited by one invalid move too many: the other seat wins."""
+        self.win(1 - seat, f"Player {seat} forfeits after too many invalid moves.")
 
     def finish(self, rewards: Sequence[float], reason: str) -> None:
         """End the game with these rewards (seat order) and the public reason."""

@@ -102,21 +102,16 @@ class TicTacToe:
         self.referee.check_playing("step")
         seat = self.turn
         ruling = self.referee.judge(seat, action_text, self.legal_actions())
-        if ruling.forfeit:
-            self.referee.finish(
-                [-1.0 if s == seat else 1.0 for s in range(2)],
-                f"Player {seat} forfeits after too many invalid moves.",
-            )
-            return TurnResult(seat, True, invalid=True, reason=ruling.reason)
         if ruling.action is None:
-            return TurnResult(seat, False, invalid=True, reason=ruling.reason)
+            if ruling.forfeit:
+                self.referee.forfeit(seat)
+            return self.referee.invalid_turn(seat, ruling)
         cell = int(ruling.action)
         self.cells[cell] = MARKS[seat]
         self.referee.tell(f"Player {seat} ({MARKS[seat]}) took cell {cell}.", 1 - seat)
         if winner(self.cells):
-            self.referee.finish(
-                [1.0 if s == seat else -1.0 for s in range(2)],
-                f"Player {seat} ({MARKS[seat]}) has three in a row and wins.",
+            self.referee.win(
+                seat, f"Player {seat} ({MARKS[seat]}) has three in a row and wins."
             )
         elif all(self.cells):
             self.referee.finish([0.0, 0.0], "The board is full: a draw.")
