@@ -111,12 +111,9 @@ def build_sft_examples(
             mask = [0] * len(ids)
             success = False
             for turn, response in enumerate(responses[:keep]):
-                reply = builder.encode(response)
-                closure = builder.closure_ids_after(reply)
-                ids += reply + closure
-                mask += [1] * len(reply) + _end_of_turn_mask(
-                    closure, builder.eos_token_ids
-                )
+                reply_ids, reply_mask = _reply(builder, response)
+                ids += reply_ids
+                mask += reply_mask
                 observation, reward, terminated, truncated, step_info = env.step(
                     response
                 )
@@ -132,19 +129,17 @@ def build_sft_examples(
                 delta = builder.user_delta_ids(observation_template.format(**fields))
                 ids += delta
                 mask += [0] * len(delta)
-            if max_length is not None:
-                ids, mask = ids[:max_length], mask[:max_length]
-            if any(mask):
-                examples.append(
-                    SFTExample(
-                        ids,
-                        mask,
-                        seed=int(seed),
-                        num_turns=keep,
-                        demo_turns=len(responses),
-                        success=success,
-                    )
-                )
+            example = _example(
+                ids,
+                mask,
+                max_length,
+                seed=int(seed),
+                num_turns=keep,
+                demo_turns=len(responses),
+                success=success,
+            )
+            if example is not None:
+                examples.append(example)
     finally:
         env.close()
     return examples
@@ -197,28 +192,59 @@ def _game_examples(
                 prompt = builder.first_turn_ids(instruction_template.format(**fields))
             else:
                 prompt = builder.user_delta_ids(observation_template.format(**fields))
-            reply_ids = builder.encode(reply)
-            closure = builder.closure_ids_after(reply_ids)
-            ids += prompt + reply_ids + closure
-            mask += [0] * len(prompt) + [1] * len(reply_ids)
-            mask += _end_of_turn_mask(closure, builder.eos_token_ids)
-        if max_length is not None:
-            ids, mask = ids[:max_length], mask[:max_length]
+            reply_ids, reply_mask = _reply(builder, reply)
+            ids += prompt + reply_ids
+            mask += [0] * len(prompt) + reply_mask
         won = outcome.rewards[seat] > max(
             r for i, r in enumerate(outcome.rewards) if i != seat
         )
-        if any(mask):
-            examples.append(
-                SFTExample(
-                    ids,
-                    mask,
-                    seed=int(seed),
-                    num_turns=keep,
-                    demo_turns=len(replies),
-                    success=won and keep == len(replies),
-                )
-            )
+        example = _example(
+            ids,
+            mask,
+            max_length,
+            seed=int(seed),
+            num_turns=keep,
+            demo_turns=len(replies),
+            success=won and keep == len(replies),
+        )
+        if example is not None:
+            examples.append(example)
     return examples
+
+
+def _reply(builder: ChatPromptBuilder, text: str) -> tuple[list[int], list[int]]:
+    """One demonstrated reply as a rollout renders it, with its loss mask: the reply's tokens and the
+    template's closure after them, trained up to the closure's EOS."""
+    reply = builder.encode(text)
+    closure = builder.closure_ids_after(reply)
+    return reply + closure, [1] * len(reply) + _end_of_turn_mask(
+        closure, builder.eos_token_ids
+    )
+
+
+def _example(
+    ids: list[int],
+    mask: list[int],
+    max_length: int | None,
+    *,
+    seed: int,
+    num_turns: int,
+    demo_turns: int,
+    success: bool,
+) -> SFTExample | None:
+    """The demo cut to ``max_length`` tokens; None when the cut leaves no trained token."""
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    if not any(mask):
+        return None
+    return SFTExample(
+        ids,
+        mask,
+        seed=seed,
+        num_turns=num_turns,
+        demo_turns=demo_turns,
+        success=success,
+    )
 
 
 def _end_of_turn_mask(closure: list[int], eos_ids: set[int]) -> list[int]:
