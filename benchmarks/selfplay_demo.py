@@ -1,9 +1,9 @@
 """The self-play demo on several seeds: win rate against the random player before and after training, on CPU.
 
 ``configs/selfplay.yaml`` trains the offline tiny model by self-play on Nim (a pile of 5-15
-stones, take 1-3, the last stone wins) after a brief SFT warm start on partial heuristic demos.
-Its validation plays the same seeded games against the random player (16 moving first, 16
-second, greedy) once before the first RL step (``eval_at_start``, after the warm start) and
+stones, take 1-3, the last stone wins) after a brief SFT warm start on the random player's
+games (the answer format, no strategy). Its validation plays the same seeded games against
+the random player (half moving first, half second, greedy) once before the first RL step (``eval_at_start``, after the warm start) and
 once at the end, so start and end are measured on the same games and any rise is RL's.
 This script runs the config once per run seed as a ``roll-async train`` subprocess, reads
 each run's ``metrics.jsonl`` and records start and end win rates (median and spread over
@@ -131,6 +131,7 @@ def scripted_win_rates(games: int = SCALE_GAMES) -> dict[str, list[float]]:
 
 def markdown(payload: dict[str, Any]) -> str:
     runs = payload["runs"]
+    games = int(next(iter(runs.values()))["start"]["episodes"]) if runs else 0
     lines = [
         "# Self-play demo (Nim, tiny model, CPU): win rate against the random player",
         "",
@@ -140,8 +141,8 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         f"Command: `{payload['command']}`",
         "",
-        "Validation: the same 32 seeded games (16 moving first, 16 second; greedy) before the first RL step "
-        "(after the SFT warm start) and after the last; win rate = mean over the two.",
+        f"Validation: the same {games} seeded games ({games // 2} moving first, {games // 2} second; greedy) before "
+        "the first RL step (after the SFT warm start) and after the last; win rate = mean over the two.",
         "",
         "| seed | win rate start | win rate end | first start → end | second start → end | invalid-move rate start → end | wall |",
         "|---|---|---|---|---|---|---|",

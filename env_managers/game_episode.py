@@ -33,12 +33,8 @@ from roll_async.env_managers.trajectory_bookkeeping import (
 )
 from roll_async.env_managers.turn_generator import TurnGenerator
 from roll_async.envs.multiplayer.base import GameOutcome, SeatObservation, TurnResult
-from roll_async.envs.multiplayer.players import Player
-from roll_async.envs.multiplayer.seats import (
-    PlayerFactory,
-    seat_player_factory,
-    seat_seed,
-)
+from roll_async.envs.multiplayer.players import Player, seat_seed
+from roll_async.envs.multiplayer.seats import PlayerFactory, seat_player_factory
 from roll_async.errors import EngineRequestError, EnvCallError, LifecycleError
 from roll_async.prompts.images import ObservationEncoder
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
@@ -206,7 +202,7 @@ class GameEpisodeRunner:
         self.pool_lags = {
             s.seat: random.Random(
                 f"{spec.seed}-{spec.group_id}-{spec.episode_id}-{s.seat}"
-            ).randint(1, self.custom_env.pool.last_k)
+            ).randint(self.custom_env.pool.first_k(), self.custom_env.pool.last_k)
             for s in self.seats
             if s.player == POOL
         }

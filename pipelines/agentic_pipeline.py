@@ -185,6 +185,7 @@ class AgenticPipeline:
             observation_template=spec.observation_template,
             demo_fraction=warm.demo_fraction,
             max_length=config.sequence_length,
+            demonstrator=warm.demonstrator,
         )
         if not examples:
             raise ConfigError(

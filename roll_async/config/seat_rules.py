@@ -18,7 +18,8 @@ Entries:
   policy seat, but its tokens are never trained on. It must share the policy's chat-template
   settings (``model.chat_template``); its tokenizer is its own.
 * ``pool``: a snapshot seat whose ``k`` is drawn per episode, uniformly from 1 to
-  ``custom_envs.<Tag>.pool.last_k`` (an opponent pool of the last K policies).
+  ``custom_envs.<Tag>.pool.last_k`` (an opponent pool of the last K policies); with
+  ``pool.include_current`` from 0, where ``k`` 0 is the current policy, playing untrained.
 * ``snapshot:<k>``: the policy as it was ``k`` weight syncs ago, served by the policy's own
   engines as that version's LoRA adapter (a run with ``trainer.lora.rank > 0`` and
   ``sync: adapter``; the engines then keep ``k + 1`` versions loaded); until ``k`` syncs have

@@ -197,6 +197,13 @@ class OpponentPoolConfig:
     #: Each game, a ``pool`` seat plays the policy k weight versions back, k drawn uniformly from 1..last_k
     #: (LoRA runs: the engines keep last_k + 1 adapters loaded); 0: no pool.
     last_k: int = bounded(0, ge=0)
+    #: Draw k from 0..last_k instead: k = 0 is the current policy itself, playing untrained (self-play in
+    #: which only the policy seat's tokens train, so every game still gives one trajectory per policy seat).
+    include_current: bool = False
+
+    def first_k(self) -> int:
+        """The smallest k a pool seat draws: 0 with ``include_current``, else 1."""
+        return 0 if self.include_current else 1
 
 
 @dataclass
@@ -455,6 +462,10 @@ class SFTWarmupConfig:
     num_demos: int = 64
     #: Fraction of each demo's turns that are kept (partial demos keep initial success low).
     demo_fraction: float = bounded(0.5, ge=0, le=1)
+    #: Who plays the demos: expert (the env's solver, or a game's heuristic player) or random (a game with
+    #: seats only: its random player on every seat, so the model learns the answer format and legal moves
+    #: but no strategy, and RL starts from a policy that still explores every move).
+    demonstrator: Literal["expert", "random"] = "expert"
     #: Optimizer steps of the warm start.
     steps: int = 50
     #: Learning rate of the warm start.

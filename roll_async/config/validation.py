@@ -220,6 +220,18 @@ def _validate_training(config: PipelineConfig) -> None:
             "trainer.simulate_step_s > 0 simulates the trainer (no model); it cannot be combined with "
             "sft_warmup.enabled or trainer.trainer_cls: set simulate_step_s=0 or drop those"
         )
+    warm = config.sft_warmup
+    demo_tag = next(iter(config.train_env_manager.tags), None)
+    if (
+        warm.enabled
+        and warm.demonstrator == "random"
+        and demo_tag in config.custom_envs
+        and not config.custom_envs[demo_tag].seats
+    ):
+        raise ConfigError(
+            f"sft_warmup.demonstrator=random: the demos play custom_envs.{demo_tag} (the first train tag), which "
+            "is not a game with seats; only games have a random player: set sft_warmup.demonstrator=expert"
+        )
     _validate_trainer_placement(trainer)
     _validate_trainer_strategy(trainer)
     _validate_trainer_dtype(trainer)

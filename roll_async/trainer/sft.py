@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from roll_async.envs import make_env
-from roll_async.envs.multiplayer.players import HEURISTICS
+from roll_async.envs.multiplayer.players import (
+    HEURISTICS,
+    Player,
+    random_player,
+    seat_seed,
+)
 from roll_async.envs.multiplayer.registry import make_game, registered_games
 from roll_async.errors import InvalidInputError, SftDivergedError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
@@ -59,6 +64,7 @@ def build_sft_examples(
     demo_fraction: float = 1.0,
     *,
     max_length: int | None = None,
+    demonstrator: str = "expert",
 ) -> list[SFTExample]:
     """Tokenised partial expert demonstrations, one per seed whose solver found a plan.
 
@@ -76,7 +82,9 @@ def build_sft_examples(
     solver: its demos are games the game's heuristic player plays against itself, each
     seed's demo the conversation of seat ``seed % num_players`` as a policy seat sees it
     (its instruction, its own observations, the heuristic's moves in the game's answer
-    format), cut to ``demo_fraction`` of that seat's moves the same way.
+    format), cut to ``demo_fraction`` of that seat's moves the same way. With ``demonstrator``
+    ``random`` the game's random player plays every seat instead (the format and legal moves, no
+    strategy); other envs have only their expert.
     """
     builder = ChatPromptBuilder(tokenizer, system_prompt)
     if env_type in registered_games():
@@ -89,6 +97,12 @@ def build_sft_examples(
             observation_template,
             demo_fraction,
             max_length,
+            demonstrator,
+        )
+    if demonstrator != "expert":
+        raise InvalidInputError(
+            f"sft_warmup.demonstrator={demonstrator!r}: {env_type!r} is not a game with seats, so its demos "
+            "come from its solver; set sft_warmup.demonstrator=expert"
         )
     env = make_env(env_type, dict(env_config or {}))
     examples: list[SFTExample] = []
@@ -154,24 +168,33 @@ def _game_examples(
     observation_template: str,
     demo_fraction: float,
     max_length: int | None,
+    demonstrator: str,
 ) -> list[SFTExample]:
-    """Heuristic self-play demos of a game with seats, one seat's conversation per seed (see build_sft_examples)."""
-    player = HEURISTICS.get(game_name)
-    if player is None:
+    """Self-play demos of a game with seats by its heuristic or random player, one seat's conversation per seed (see build_sft_examples)."""
+    heuristic = HEURISTICS.get(game_name)
+    if heuristic is None and demonstrator == "expert":
         raise InvalidInputError(
             f"sft_warmup: the game {game_name!r} has no heuristic player to demonstrate it "
-            f"(games with one: {', '.join(sorted(HEURISTICS))}); disable sft_warmup for this tag"
+            f"(games with one: {', '.join(sorted(HEURISTICS))}); set sft_warmup.demonstrator=random "
+            "or disable sft_warmup for this tag"
         )
     game = make_game(game_name, dict(game_config or {}))
     examples: list[SFTExample] = []
     for seed in seeds:
         seat = int(seed) % game.num_players
+        players: list[Player] = [
+            heuristic
+            if heuristic is not None and demonstrator == "expert"
+            else random_player(seat_seed(int(seed), s))
+            for s in range(game.num_players)
+        ]
         game.reset(int(seed))
         replies: list[tuple[str, str]] = []  # (the seat's observation, its reply)
         done = False
         while not done:
             seen = game.get_observation()
-            reply = game.format_action(player(seen.text, list(seen.legal_actions)))
+            move = players[seen.seat](seen.text, list(seen.legal_actions))
+            reply = game.format_action(move)
             if seen.seat == seat:
                 replies.append((seen.text, reply))
             done = game.step(reply).done

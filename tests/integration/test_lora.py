@@ -264,9 +264,10 @@ async def test_lora_on_two_fsdp_ranks_keeps_the_engine_on_the_trained_adapter(
 
 
 async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tmp_path):
-    """``snapshot:1`` in a LoRA run: every game trains 3 steps against the policy one adapter back, sync
-    and async, and a request with ``adapter_lag`` 1 runs on the older of the two adapters loaded, one with
-    lag 0 on the newest (the versions its tokens carry). The tiny model rarely makes a legal move, so
+    """``snapshot:1`` in a LoRA run: every game trains 3 steps against the policy one adapter back (sync)
+    and against a pool of the current policy and the one adapter back (async); a request with
+    ``adapter_lag`` 1 runs on the older of the two adapters loaded, one with lag 0 on the newest (the
+    versions its tokens carry). The tiny model rarely makes a legal move, so
     these adapters stay near equal: this checks which adapter runs, not that they differ.
     """
     import json
@@ -287,7 +288,19 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
                 # a batch is every game's group: one trained seat x 2 games per tag
                 f"rollout_batch_size={len(GAMES) * 2}",
                 *LORA,
-                *games("[snapshot:1,policy]"),
+                # async: a pool of the current policy (k 0, untrained) and the policy one adapter back
+                *(
+                    games("[snapshot:1,policy]")
+                    if mode == "sync"
+                    else [
+                        *games("[pool,policy]"),
+                        *(f"custom_envs.{tag}.pool.last_k=1" for tag in GAMES),
+                        *(
+                            f"custom_envs.{tag}.pool.include_current=true"
+                            for tag in GAMES
+                        ),
+                    ]
+                ),
             ],
         )
         run = await AgenticPipeline(config, engines=[lora_engine]).run()
@@ -298,7 +311,12 @@ async def test_a_snapshot_seat_plays_the_policy_one_adapter_back(lora_engine, tm
         assert len(trajectories) == 3 * len(GAMES) * 2
         assert_games(trajectories, {"seat1"})
         assert {t["tag"] for t in trajectories} == set(GAMES), mode
-        assert {t["opponents"] for t in trajectories} == {"snapshot"}
+        if mode == "sync":
+            assert {t["opponents"] for t in trajectories} == {"snapshot"}
+        else:
+            assert {t["opponents"] for t in trajectories} == {"pool"}
+            lags = {t["metrics"]["game_pool_lag_seat0"] for t in trajectories}
+            assert lags <= {0.0, 1.0} and trajectories
     loaded = await lora_engine.lora_versions.remote()
     assert len(loaded) == 2
     prompt = list(range(10, 40))

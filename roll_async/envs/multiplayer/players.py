@@ -23,6 +23,11 @@ _CENTER = 4
 _CORNERS = (0, 2, 6, 8)
 
 
+def seat_seed(game_seed: int, seat: int) -> int:
+    """The seed of a scripted seat's own generator in the game played with ``game_seed``."""
+    return random.Random(game_seed * 1_000_003 + seat).getrandbits(32)
+
+
 def random_player(seed: int) -> Player:
     """A player that picks uniformly among the legal actions, from its own seeded generator."""
     rng = random.Random(seed)

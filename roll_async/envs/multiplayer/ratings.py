@@ -5,7 +5,7 @@ them can stay flat while it improves. A rating carried across weight versions an
 win rate cannot. Each weight version of the policy has a rating; a new version starts at the rating of
 the newest version before it; every finished game of a policy seat against a snapshot (``snapshot:<k>``
 or ``pool``) updates the version that played and the snapshot's version (the played version minus
-``k``) by the Elo rule. The driver's scheduler keeps one instance for the run; checkpoints carry its
+``k``) by the Elo rule; a game against the current policy itself (``k`` 0) rates nothing. The driver's scheduler keeps one instance for the run; checkpoints carry its
 :meth:`PoolRatings.state`, so a resumed run goes on rating from where it stopped.
 """
 
@@ -96,6 +96,8 @@ class PoolRatings:
             version = t.newest_weight_version
             if not t.role or score is None or len(lags) != 1 or version is None:
                 continue  # not a finished two-seat game against one snapshot
+            if lags[0] == 0:
+                continue  # the current policy against itself (pool.include_current) rates nothing
             opponent = version - lags[0]
             ratings = self.by_tag.setdefault(t.tag, SnapshotRatings())
             ratings.play(version, opponent, score)

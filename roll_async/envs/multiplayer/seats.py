@@ -8,7 +8,6 @@ before any actor starts, and the same code builds the players the env loop uses.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,11 +76,6 @@ def seat_player_factory(tag: str, spec: SeatSpec, env_type: str) -> PlayerFactor
             "(observation_text, legal_actions) -> action"
         )
     return _fixed(player)
-
-
-def seat_seed(game_seed: int, seat: int) -> int:
-    """The seed of a scripted seat's own generator in the game played with ``game_seed``."""
-    return random.Random(game_seed * 1_000_003 + seat).getrandbits(32)
 
 
 def _fixed(player: Player) -> PlayerFactory:

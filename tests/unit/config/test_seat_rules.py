@@ -274,3 +274,16 @@ def test_a_pool_needs_its_last_k_a_pool_seat_and_a_k_the_run_reaches():
         match=r"^custom_envs\.Game\.pool\.last_k=3 but no seat plays from the pool",
     ):
         validate_config(config)
+
+
+def test_random_sft_demos_need_a_game_as_the_first_train_tag():
+    config = config_with(["policy", "random"])
+    config.sft_warmup.enabled = True
+    config.sft_warmup.demonstrator = "random"
+    validate_config(config)  # a game: its random player demonstrates it
+    config.custom_envs["Game"] = CustomEnvConfig(env_type="frozen_lake")
+    with pytest.raises(
+        ConfigError,
+        match=r"^sft_warmup\.demonstrator=random: the demos play custom_envs\.Game .*demonstrator=expert$",
+    ):
+        validate_config(config)

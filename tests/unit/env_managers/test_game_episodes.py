@@ -476,6 +476,32 @@ async def test_a_pool_seat_draws_its_snapshot_per_game_from_the_last_k(tokenizer
     assert lags <= {1, 2, 3} and len(lags) > 1
 
 
+async def test_a_pool_with_the_current_policy_also_draws_k_0_and_trains_one_seat(
+    tokenizer,
+):
+    config = game_config(
+        "tic_tac_toe", ["random", "policy"], group_size=4, num_env_groups=2
+    )
+    config.trainer.lora.rank = 8
+    config.custom_envs["Game"].seats = ["pool", "policy"]
+    config.custom_envs["Game"].pool.last_k = 1
+    config.custom_envs["Game"].pool.include_current = True
+    validate_config(config)
+    engine = FakeEngine(legal_move_reply(tokenizer))
+    batches = await one_batch(config, engine, tokenizer, steps=2)
+    lags = set()
+    for trajectory in (t for batch in batches for t in batch):
+        assert trajectory.role == "seat1"  # the current policy in seat 0 is not trained
+        game = f"-g{trajectory.group_id}-e{trajectory.episode_id}-snapshot0-"
+        drawn = {r.adapter_lag for r in engine.requests if game in r.request_id}
+        assert drawn == {trajectory.metrics["game_pool_lag_seat0"]}
+        lags |= drawn
+    assert lags == {0, 1}
+    trained = [t for batch in batches for t in batch]
+    games = {(t.group_id, t.episode_id) for t in trained}
+    assert len(games) == len(trained) == 2 * config.rollout_batch_size  # one per game
+
+
 async def test_games_against_snapshots_are_rated_in_the_batch_metrics(tokenizer):
     config = game_config("tic_tac_toe", ["random", "policy"], group_size=2)
     config.trainer.lora.rank = 8

@@ -60,6 +60,12 @@ def test_games_without_one_snapshot_opponent_or_unfinished_are_not_rated():
     assert ratings.update([scripted, unfinished, single_agent]) == {}
 
 
+def test_a_game_against_the_current_policy_itself_rates_nothing():
+    ratings = PoolRatings()
+    assert ratings.update([game(4, 0, "win"), game(4, 0, "loss")]) == {}
+    assert ratings.state() == {}
+
+
 def test_a_resumed_run_goes_on_rating_from_its_checkpoint(tmp_path):
     """The ratings ride in the checkpoint's extra state (as the pipeline saves them): a run interrupted
     after step 4 and resumed rates steps 5-8 exactly as the run that never stopped."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from roll_async.config.schema import TrainerConfig
 from roll_async.envs import make_env
 from roll_async.envs.multiplayer import HEURISTICS, make_game
+from roll_async.errors import InvalidInputError
 from roll_async.prompts.prompt_builder import ChatPromptBuilder
 from roll_async.trainer import GRPOTrainer
 from roll_async.trainer.sft import (
@@ -139,3 +142,34 @@ def test_game_demos_are_a_seats_conversation_with_the_heuristics_moves(
     assert {e.seed % 2 for e in examples} == {0, 1}
     if game_name == "tic_tac_toe":
         assert all(e.num_turns < e.demo_turns and not e.success for e in examples)
+
+
+def test_random_demos_play_every_legal_move_in_the_format_and_reach_the_games_end(
+    tokenizer,
+):
+    """sft_warmup.demonstrator=random: both seats of each demo game are the random player."""
+    seeds = list(range(40))
+    examples = build_sft_examples(
+        "nim", {}, seeds, tokenizer, SYSTEM, demo_fraction=1.0, demonstrator="random"
+    )
+    assert [e.seed for e in examples] == seeds
+    moves = [
+        tokenizer.decode([t for t, m in zip(e.input_ids, e.loss_mask) if m])
+        for e in examples
+    ]
+    taken = {m for text in moves for m in re.findall(r"<answer>(\d)</answer>", text)}
+    assert taken == {"1", "2", "3"}  # no strategy: every amount is demonstrated
+    assert all(e.num_turns == e.demo_turns for e in examples)  # whole games
+    # the demonstrated seat wins some and loses some: the demos carry no winning rule
+    assert 0 < sum(e.success for e in examples) < len(examples)
+    heuristic = build_sft_examples(
+        "nim", {}, seeds, tokenizer, SYSTEM, demo_fraction=1.0
+    )
+    assert [e.input_ids for e in heuristic] != [e.input_ids for e in examples]
+
+
+def test_random_demos_are_for_games_only(tokenizer):
+    with pytest.raises(InvalidInputError, match="sft_warmup.demonstrator=expert"):
+        build_sft_examples(
+            "frozen_lake", {}, [0], tokenizer, SYSTEM, demonstrator="random"
+        )
