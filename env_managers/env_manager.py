@@ -146,6 +146,7 @@ class EnvManager:
         observations: ObservationEncoder | None = None,
         reward_scorer: EpisodeRewardScorer | None = None,
         frozen_seats: Mapping[int, FrozenSeat] | None = None,
+        snapshot_engines: Mapping[int, EngineClient] | None = None,
     ) -> None:
         self.env_id = env_id
         #: custom_envs.<Tag>.reward: scores each finished episode (a judge or reward model); None: env reward only.
@@ -223,6 +224,7 @@ class EnvManager:
                 prompt_builder,
                 self.phases,
                 frozen=frozen_seats,
+                snapshots=snapshot_engines,
             )
             if settings.custom_env.seats
             else None

@@ -6,7 +6,9 @@ own conversation, built only from that seat's observations (a seat never sees wh
 only another seat may know), with the generated ids, behaviour logprobs and weight
 versions kept as for any env episode; a scripted seat's move is a function call and
 leaves no tokens; a ``frozen:`` seat plays like a policy seat on its own model's engine
-(never weight-synced) and its conversation is dropped at the end. Games run side by
+(never weight-synced) and its conversation is dropped at the end; a ``snapshot:<k>`` or
+``pool`` seat likewise, on the policy ``k`` syncs back: an adapter of the policy's engine
+(LoRA runs) or the engine of that lag (full-weight runs). Games run side by
 side in different EnvManagers, so no seat waits on another game. The finished game
 gives one trajectory per policy seat, each with its own reward and role (``seat<i>``),
 handed over together (``Trajectory.game_seats``) so the queue keeps, drops or re-plays
@@ -22,7 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from roll_async.config.schema import CustomEnvConfig, GenerationConfig
-from roll_async.config.seat_rules import POOL, SeatSpec, parse_seats, snapshot_lag
+from roll_async.config.seat_rules import (
+    POOL,
+    SeatSpec,
+    parse_seats,
+    snapshot_lag,
+    snapshot_lags,
+)
 from roll_async.engine.router import EngineClient
 from roll_async.env_managers.env_calls import EnvCaller
 from roll_async.env_managers.env_status import PhaseReporter
@@ -101,6 +109,12 @@ class GameEpisodeRunner:
     overruns ``env_step_timeout_s``, or a frozen seat's engine that still fails after its
     retries, is an :class:`EnvCallError` (the caller ends the episode ``env_error``: counted,
     its seat re-opened); the policy's own engine failing ends the rollout, as for any env.
+
+    ``snapshots`` (a full-weight run): lag k -> this env's client of the engine serving the policy
+    k syncs back; a snapshot seat of lag k sends its requests there (lag 0, the current policy: the
+    policy's engine), and a failing one is an ``env_error`` like a frozen seat's. Without them a
+    snapshot seat plays on the policy's engine ``adapter_lag`` k back (LoRA runs; in a run that
+    never syncs, such as the rollout-only pipeline, every version is the same).
     """
 
     def __init__(
@@ -111,6 +125,7 @@ class GameEpisodeRunner:
         prompts: ChatPromptBuilder,
         phases: PhaseReporter,
         frozen: Mapping[int, FrozenSeat] | None = None,
+        snapshots: Mapping[int, EngineClient] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tag = settings.tag
@@ -137,12 +152,30 @@ class GameEpisodeRunner:
                 f"custom_envs.{self.tag}.seats[{missing[0]}] is a frozen model, but this rollout has no engine "
                 "for it (the pipeline launches one per frozen model; a caller building schedulers passes them)"
             )
+        self.snapshots = dict(snapshots or {})
+        pool = self.custom_env.pool
+        unserved = sorted(
+            {
+                k
+                for s in self.seats
+                for k in snapshot_lags(s, pool.first_k(), pool.last_k)
+                if k >= 1
+            }
+            - set(self.snapshots)
+        )
+        if self.snapshots and unserved:
+            raise LifecycleError(
+                f"custom_envs.{self.tag}.seats play the policy {unserved[0]} syncs back, but this rollout has no "
+                "engine for it (a full-weight run's pipeline launches one per snapshot lag)"
+            )
         self.pool_lags: dict[int, int] = {}
+        #: The lag each snapshot seat plays this game (a pool seat's is drawn per game in ``run``).
+        self.snapshot_lags: dict[int, int] = {}
 
         def opponent_turns(
-            engine: Any, kind: str, seat: int, decode: Any, lag: int = 0
+            engine: Any, kind: str, seat: int, decode: Any
         ) -> TurnGenerator:
-            """An untrained seat's own TurnGenerator: its engine, its request ids, its adapter lag."""
+            """An untrained seat's own TurnGenerator: its engine and its request ids."""
             return TurnGenerator(
                 turns.env_id,
                 engine,
@@ -154,11 +187,10 @@ class GameEpisodeRunner:
                 greedy=settings.greedy,
                 request_prefix=f"{turns.request_prefix}{kind}{seat}-",
                 decode=decode,
-                adapter_lag=lag,
             )
 
         #: Untrained model seats, each with its own TurnGenerator and request ids: a frozen seat on its
-        #: model's engine; a snapshot seat on the policy's engine, on the adapter k versions back.
+        #: model's engine; a snapshot seat on the policy k versions back (see ``_aim_snapshot``).
         self.opponents: dict[int, tuple[TurnGenerator, ChatPromptBuilder]] = {
             seat: (
                 opponent_turns(model.engine, "frozen", seat, model.prompts.decode),
@@ -169,15 +201,20 @@ class GameEpisodeRunner:
         for s in self.seats:
             if s.kind == "snapshot":
                 self.opponents[s.seat] = (
-                    opponent_turns(
-                        turns.engine,
-                        "snapshot",
-                        s.seat,
-                        prompts.decode,
-                        snapshot_lag(s, self.custom_env.pool.last_k),
-                    ),
+                    opponent_turns(turns.engine, "snapshot", s.seat, prompts.decode),
                     prompts,
                 )
+                self._aim_snapshot(s.seat, snapshot_lag(s, pool.last_k))
+
+    def _aim_snapshot(self, seat: int, lag: int) -> None:
+        """Point a snapshot seat at the policy ``lag`` syncs back: the engine of that lag, or an adapter of the policy's."""
+        generator = self.opponents[seat][0]
+        self.snapshot_lags[seat] = lag
+        if self.snapshots:
+            generator.engine = self.snapshots[lag] if lag else self.turns.engine
+            generator.adapter_lag = 0
+        else:
+            generator.engine, generator.adapter_lag = self.turns.engine, lag
 
     async def run(
         self,
@@ -207,13 +244,13 @@ class GameEpisodeRunner:
             if s.player == POOL
         }
         for seat, lag in self.pool_lags.items():
-            self.opponents[seat][0].adapter_lag = lag
+            self._aim_snapshot(seat, lag)
         try:
             return await self._play_game(players, plays)
         finally:
-            # a frozen model's Router releases the game's replica binding (the policy's: the EnvManager)
-            for seat, (generator, _) in self.opponents.items():
-                if self.seats[seat].kind != "frozen":
+            # a frozen model's or snapshot's Router releases the game's replica binding (the policy's: the EnvManager)
+            for generator, _ in self.opponents.values():
+                if generator.engine is self.turns.engine:
                     continue
                 end_episode = getattr(generator.engine, "end_episode", None)
                 if end_episode is not None:
@@ -411,11 +448,8 @@ class GameEpisodeRunner:
             },
             # every snapshot opponent's lag (fixed or drawn from the pool): the ratings need its version
             **{
-                f"game_snapshot_lag_seat{s.seat}": float(
-                    self.opponents[s.seat][0].adapter_lag
-                )
-                for s in self.seats
-                if s.kind == "snapshot"
+                f"game_snapshot_lag_seat{seat}": float(lag)
+                for seat, lag in self.snapshot_lags.items()
             },
         }
         if outcome is not None:

@@ -175,7 +175,7 @@ class TurnGenerator:
         #: string split across an abort. None: only the engine checks stop strings.
         self.decode = decode
         self._request_counter = itertools.count()
-        #: A ``snapshot:<k>`` game seat: its requests run on the LoRA adapter k versions back (GenerationRequest).
+        #: A ``snapshot:<k>`` game seat of a LoRA run: its requests run on the adapter k versions back (GenerationRequest).
         self.adapter_lag = adapter_lag
 
     async def generate(

@@ -88,11 +88,14 @@ def build_env_managers(
     vision: VisionProcessor | None = None,
     reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
     opponents: Mapping[str, OpponentModel] | None = None,
+    snapshots: Mapping[int, Callable[[int], EngineClient]] | None = None,
 ) -> list[EnvManager]:
     """One EnvManager per (env_id, tag) of the rollout side ``spec`` (validation envs decode greedily).
 
     ``reward_scorers``: tag -> the scorer its EnvManagers share (custom_envs.<Tag>.reward).
     ``opponents``: a ``frozen:`` seat's model path -> its engines and tokenizer (game tags).
+    ``snapshots``: a full-weight run's policy snapshots, lag k -> a client per env of its engine (game tags
+    with snapshot or pool seats; the policy's tokenizer). None: they play on the policy's engines.
     """
     em = spec.env_manager
     factory = env_factory or RegisteredEnvFactory(spec.custom_envs)
@@ -144,6 +147,10 @@ def build_env_managers(
                 frozen_seats=frozen_seats(
                     spec, tag, env_id, opponents or {}, frozen_builders
                 ),
+                snapshot_engines={
+                    lag: client_for(env_id)
+                    for lag, client_for in (snapshots or {}).items()
+                },
             )
         )
     return managers
@@ -423,6 +430,8 @@ class EnvManagerWorker:
     this process builds one scorer per tag from it, shared by the tag's EnvManagers here.
     ``opponent_engines``: a ``frozen:`` seat's model path -> the engine actors serving it (launched by the
     pipeline, never weight-synced); this process routes over them and loads the model's tokenizer.
+    ``snapshot_engines``: a full-weight run's policy snapshots, lag k -> the engine actors serving the
+    policy k syncs back (loaded by the pipeline, outside the policy's weight syncs).
     """
 
     def __init__(
@@ -438,6 +447,7 @@ class EnvManagerWorker:
         tokenizer_files: dict[str, bytes] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
         opponent_engines: Mapping[str, list[Any]] | None = None,
+        snapshot_engines: Mapping[int, list[Any]] | None = None,
     ) -> None:
         em = spec.env_manager
         self.worker_index = worker_index
@@ -455,6 +465,10 @@ class EnvManagerWorker:
             )
         self._engine_clients = engine_clients(engine_handles, spec.request_transport)
         self._router = Router(self._engine_clients, rotation_offset=worker_index)
+        self._snapshot_clients = {
+            lag: engine_clients(handles, spec.request_transport)
+            for lag, handles in (snapshot_engines or {}).items()
+        }
         self._scheduler_client = RaySchedulerClient(
             scheduler_handle, incarnation, transport=spec.request_transport
         )
@@ -491,6 +505,10 @@ class EnvManagerWorker:
                 )
                 for model, handles in (opponent_engines or {}).items()
             },
+            snapshots={
+                lag: Router(clients).client_for
+                for lag, clients in self._snapshot_clients.items()
+            },
         )
         self._host = EnvManagerHost(
             managers,
@@ -520,6 +538,9 @@ class EnvManagerWorker:
         self._executor.shutdown(wait=False, cancel_futures=True)
         for client in self._engine_clients:  # the Router's replicas
             client.close()
+        for clients in self._snapshot_clients.values():
+            for client in clients:
+                client.close()
         self._scheduler_client.close()
 
     async def router_stats(self) -> dict[str, Any]:

@@ -32,9 +32,7 @@ from typing import Any, TypeVar
 
 from roll_async.config.rollout_spec import rollout_spec
 from roll_async.config.schema import PipelineConfig
-from roll_async.config.seat_rules import max_snapshot_lag
 from roll_async.engine.engine_actor import launch_engines, shutdown_engines
-from roll_async.engine.lora_adapters import LoraServing, serving_max_loras
 from roll_async.engine.replica_fleet import EngineReplicaFleet
 from roll_async.errors import ConfigError
 from roll_async.model.export import export_checkpoint
@@ -46,6 +44,12 @@ from roll_async.pipelines.frozen_engines import (
 )
 from roll_async.pipelines.interrupt import InterruptFlag, RunInterrupted, SignalReceived
 from roll_async.pipelines.preflight import import_user_code, preflight, used_tags
+from roll_async.pipelines.snapshot_engines import (
+    SnapshotWeights,
+    engine_lora_serving,
+    launch_snapshot_engines,
+    shutdown_snapshot_engines,
+)
 from roll_async.pipelines.step_actions import (
     CheckpointAndExport,
     StepAction,
@@ -75,7 +79,6 @@ from roll_async.trainer.base import TrainerHandle
 from roll_async.trainer.batch_dump import saved_steps
 from roll_async.trainer.collate import padding_token_id
 from roll_async.trainer.factory import ModelLoadError
-from roll_async.trainer.lora import adapter_config_json, lora_enabled
 from roll_async.trainer.sft import build_sft_examples
 from roll_async.trainer.trainer_actor import build_placed_trainer, trainer_needs_ray
 
@@ -106,6 +109,9 @@ class AgenticPipeline:
         #: frozen: seat model path -> its engines (custom_envs.<Tag>.seats); never weight-synced.
         self.opponent_engines: dict[str, list[Any]] = dict(opponent_engines or {})
         self._owns_opponent_engines = opponent_engines is None
+        #: A full-weight run's policy snapshots: lag k -> its engine (pipelines/snapshot_engines.py); {} with LoRA.
+        self.snapshot_engines: dict[int, list[Any]] = {}
+        self.snapshots = SnapshotWeights({})
         self.fleet = EngineReplicaFleet(self.engines)
         self._owns_ray = False
         self.version_base = 0
@@ -223,11 +229,10 @@ class AgenticPipeline:
     async def _start_actors(self) -> None:
         config = self.config
         self._ensure_ray()
+        lora = engine_lora_serving(config, self.model_path)
         if self._owns_engines:
             self.engines = await launch_engines(
-                self.model_path,
-                config.engine,
-                lora=engine_lora_serving(config, self.model_path),
+                self.model_path, config.engine, lora=lora
             )
         if self._owns_reward_services:
             self.reward_services = await launch_reward_services(
@@ -237,7 +242,13 @@ class AgenticPipeline:
             self.opponent_engines = await launch_frozen_engines(
                 config, used_tags(config)
             )
-        # weight syncs go on when a replica dies; frozen opponents' engines are not in it
+        # full weights: each snapshot lag on an engine of its own, loaded by self.snapshots
+        if lora is None:
+            self.snapshot_engines = await launch_snapshot_engines(
+                config, self.model_path, used_tags(config)
+            )
+            self.snapshots = SnapshotWeights(self.snapshot_engines)
+        # weight syncs go on when a replica dies; frozen opponents' and snapshots' engines are not in it
         self.fleet = EngineReplicaFleet(self.engines)
         # Step s rolls out with version base + s; a fresh engine (version 0) gives base 0, so
         # versions equal steps. A caller's engine may already be further on.
@@ -250,7 +261,9 @@ class AgenticPipeline:
         ):
             # The engine holds other weights (the base model, or a caller's); give it the trainer's.
             await self._push_weights(
-                version=self.version_base + self.start_step, in_flight="wait"
+                version=self.version_base + self.start_step,
+                in_flight="wait",
+                start=True,
             )
         assert self.run_dir is not None
         self.run_id = new_run_id(self.run_dir.root.name)
@@ -264,6 +277,7 @@ class AgenticPipeline:
             seed_state=self.resumed_seed_state,
             reward_services=self.reward_services,
             opponent_engines=self.opponent_engines,
+            snapshot_engines=self.snapshot_engines,
             ratings_state=self.resumed_ratings,
         )
         if config.eval_steps > 0 and config.val_env_manager.num_env_groups > 0:
@@ -276,24 +290,32 @@ class AgenticPipeline:
                     tokenizer_path=self.model_path,
                     reward_services=self.reward_services,
                     opponent_engines=self.opponent_engines,
+                    snapshot_engines=self.snapshot_engines,
                 ),
             )
 
     # -- weight sync -------------------------------------------------------------------
 
-    async def _push_weights(self, version: int, in_flight: str) -> float:
-        """Pause every replica (``in_flight`` decides what happens to running turns), load, resume."""
-        start = time.perf_counter()
+    async def _push_weights(
+        self, version: int, in_flight: str, start: bool = False
+    ) -> float:
+        """Pause every replica (``in_flight`` decides what happens to running turns), load, resume; then the
+        snapshot engines (``start``: the run's start weights, for all of them). A simulated trainer pushes
+        no buckets: its snapshot engines keep the model path's weights and version (never trained on)."""
+        began = time.perf_counter()
         assert self.trainer is not None
         if self.trainer.simulated:
             await self._push_simulated_version(version, in_flight)
-            return time.perf_counter() - start
+            return time.perf_counter() - began
 
         # Packed once and put in the object store once for every replica (not one pickled copy per replica),
         # by the process holding the trainer (a trainer actor's weights never pass through the driver).
         buckets = await asyncio.to_thread(self.trainer.engine_weight_refs)
         await self.fleet.push_weights(buckets, version, in_flight)
-        return time.perf_counter() - start
+        await (self.snapshots.load_start if start else self.snapshots.push)(
+            buckets, version
+        )
+        return time.perf_counter() - began
 
     async def _push_simulated_version(self, version: int, in_flight: str) -> None:
         """trainer.simulate_step_s: pause as for a real sync, take simulate_sync_s, advance the version, resume."""
@@ -546,6 +568,8 @@ class AgenticPipeline:
         if self._owns_opponent_engines:
             await shutdown_frozen_engines(self.opponent_engines)
             self.opponent_engines = {}
+        await shutdown_snapshot_engines(self.snapshot_engines)
+        self.snapshot_engines = {}
         if self.trainer is not None:
             self.trainer.shutdown()
         if self.tracker is not None:
@@ -553,26 +577,6 @@ class AgenticPipeline:
             self.tracker = None
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
-
-
-def engine_lora_serving(config: PipelineConfig, model_path: str) -> LoraServing | None:
-    """What the engines need to serve the run's adapters (trainer.lora.sync=adapter), else None.
-
-    Each replica keeps ``max(2, staleness_bound + 1)`` versions loaded, so a request
-    in flight ends on the adapter it started with, and ``k + 1`` when a game seat plays
-    ``snapshot:<k>`` (the policy k versions back).
-    """
-    lora = config.trainer.lora
-    if not lora_enabled(lora) or lora.sync != "adapter":
-        return None
-    return LoraServing(
-        rank=lora.rank,
-        max_loras=max(
-            serving_max_loras(config.staleness_bound),
-            max_snapshot_lag(config.custom_envs, used_tags(config)) + 1,
-        ),
-        adapter_config=adapter_config_json(lora, model_path),
-    )
 
 
 def _progress_bar(config: PipelineConfig, start_step: int) -> Any:

@@ -20,10 +20,12 @@ Entries:
 * ``pool``: a snapshot seat whose ``k`` is drawn per episode, uniformly from 1 to
   ``custom_envs.<Tag>.pool.last_k`` (an opponent pool of the last K policies); with
   ``pool.include_current`` from 0, where ``k`` 0 is the current policy, playing untrained.
-* ``snapshot:<k>``: the policy as it was ``k`` weight syncs ago, served by the policy's own
-  engines as that version's LoRA adapter (a run with ``trainer.lora.rank > 0`` and
-  ``sync: adapter``; the engines then keep ``k + 1`` versions loaded); until ``k`` syncs have
-  happened it plays the oldest version loaded. Never trained on. A ``k`` the run never reaches
+* ``snapshot:<k>``: the policy as it was ``k`` weight syncs ago. In a run that syncs LoRA
+  adapters (``trainer.lora.rank > 0``, ``sync: adapter``) the policy's own engines serve it as
+  that version's adapter (they then keep ``k + 1`` versions loaded); in a full-weight run it gets
+  an engine of its own per distinct ``k`` (``pipelines/snapshot_engines.py``), loaded after each
+  sync with the weights of ``k`` syncs before. Until ``k`` syncs have happened it plays the oldest
+  version there is (the run's start weights). Never trained on. A ``k`` the run never reaches
   (``k >= max_steps / weight_sync.interval``) is refused at load.
 """
 
@@ -36,7 +38,8 @@ from typing import Any, Literal
 from roll_async.errors import ConfigError
 
 #: policy: the trained model; scripted: a player function (built-in or user code); frozen: another model
-#: on its own engine, never weight-synced; snapshot: the policy k weight versions back (a LoRA adapter).
+#: on its own engine, never weight-synced; snapshot: the policy k weight versions back (a LoRA adapter of
+#: the policy's engines, or an engine of its own in a full-weight run).
 SeatKind = Literal["policy", "scripted", "frozen", "snapshot"]
 #: The built-in scripted players a seat may name without a module path.
 BUILTIN_PLAYERS = ("random", "heuristic")
@@ -195,6 +198,34 @@ def snapshot_lag(seat: SeatSpec, pool_last_k: int) -> int:
     return pool_last_k if seat.player == POOL else int(seat.player)
 
 
+def snapshot_lags(seat: SeatSpec, first_k: int, last_k: int) -> list[int]:
+    """Every ``k`` a snapshot seat may play: its own, or the pool's ``first_k``..``last_k``; [] for another seat."""
+    if seat.kind != "snapshot":
+        return []
+    return (
+        list(range(first_k, last_k + 1)) if seat.player == POOL else [int(seat.player)]
+    )
+
+
+def snapshot_engine_lags(
+    custom_envs: Mapping[str, Any], tags: Iterable[str]
+) -> list[int]:
+    """The distinct ``k >= 1`` the tags' snapshot and pool seats play, ascending: a full-weight run's snapshot engines.
+
+    ``k`` 0 (a pool with ``include_current``) is the current policy, served by the policy's own engines.
+    """
+    lags = {
+        k
+        for tag in tags
+        for seat in parse_seats(tag, getattr(custom_envs[tag], "seats", None))
+        for k in snapshot_lags(
+            seat, custom_envs[tag].pool.first_k(), custom_envs[tag].pool.last_k
+        )
+        if k >= 1
+    }
+    return sorted(lags)
+
+
 def max_snapshot_lag(custom_envs: Mapping[str, Any], tags: Iterable[str]) -> int:
     """The largest ``k`` of the tags' snapshot and pool seats (0 if none): the engines keep k + 1 adapters."""
     lags = [
@@ -211,10 +242,12 @@ def check_snapshots(
     seats: object,
     *,
     pool_last_k: int,
-    lora_adapter: bool,
     versions_in_run: int,
 ) -> None:
-    """Snapshot and pool seats need adapter LoRA serving and a ``k`` the run reaches; ConfigError naming the seat."""
+    """Snapshot and pool seats need a ``k`` the run reaches (and a pool its ``last_k``); ConfigError naming the seat.
+
+    Any run serves them: as LoRA adapters of the policy's engines, or on engines of their own in a full-weight run.
+    """
     specs = parse_seats(tag, seats)
     pooled = [s for s in specs if s.player == POOL]
     if pool_last_k and not pooled:
@@ -234,11 +267,6 @@ def check_snapshots(
                 )
         else:
             key = f"{seat_key(tag, seat.seat)}='snapshot:{seat.player}'"
-        if not lora_adapter:
-            raise ConfigError(
-                f"{key}: policy snapshots are served as LoRA adapters; set trainer.lora.rank > 0 with "
-                "trainer.lora.sync: adapter, or use a frozen:<model path> or scripted seat"
-            )
         k = snapshot_lag(seat, pool_last_k)
         if k >= versions_in_run:
             raise ConfigError(

@@ -195,7 +195,7 @@ class OpponentPoolConfig:
     """``custom_envs.<Tag>.pool``: the policy snapshots a ``pool`` game seat draws its opponent from, per episode."""
 
     #: Each game, a ``pool`` seat plays the policy k weight versions back, k drawn uniformly from 1..last_k
-    #: (LoRA runs: the engines keep last_k + 1 adapters loaded); 0: no pool.
+    #: (LoRA runs: the engines keep last_k + 1 adapters loaded; full-weight runs: one engine per k); 0: no pool.
     last_k: int = bounded(0, ge=0)
     #: Draw k from 0..last_k instead: k = 0 is the current policy itself, playing untrained (self-play in
     #: which only the policy seat's tokens train, so every game still gives one trajectory per policy seat).
@@ -245,7 +245,8 @@ class CustomEnvConfig:
     #: A game with seats (env_type names a multi-player game): who plays each seat, in seat order: policy (trained;
     #: one trajectory per policy seat and game), random, heuristic, scripted:package.module:function or
     #: frozen:<model path> (another model on its own engine, never weight-synced), snapshot:<k> (the policy k
-    #: versions back, LoRA runs) or pool (see roll_async/config/seat_rules.py).
+    #: syncs back: a LoRA adapter of the policy's engines, or in a full-weight run an engine of its own per k)
+    #: or pool (see roll_async/config/seat_rules.py).
     #: group_size then counts games; empty: a single-agent env.
     seats: list[str] = field(default_factory=list)
     #: The snapshots a ``pool`` seat draws from (see the custom_envs.<Tag>.pool section).

@@ -122,8 +122,6 @@ def validate_config(config: PipelineConfig) -> None:
             tag,
             env.seats,
             pool_last_k=env.pool.last_k,
-            lora_adapter=config.trainer.lora.rank > 0
-            and config.trainer.lora.sync == "adapter",
             versions_in_run=config.max_steps // config.weight_sync.interval,
         )
         if (env.env_type == "agent" and not env.agent) or (

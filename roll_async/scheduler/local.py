@@ -53,9 +53,11 @@ class LocalRolloutScheduler:
         reward_scorers: Mapping[str, EpisodeRewardScorer] | None = None,
         opponents: Mapping[str, tuple[Sequence[EngineClient], ChatTokenizer]]
         | None = None,
+        snapshot_engines: Mapping[int, Sequence[EngineClient]] | None = None,
     ) -> None:
         """``reward_scorers``: tag -> the scorer of that tag's episodes (custom_envs.<Tag>.reward);
-        ``opponents``: a ``frozen:`` seat's model path -> the engines serving it and its tokenizer."""
+        ``opponents``: a ``frozen:`` seat's model path -> the engines serving it and its tokenizer;
+        ``snapshot_engines``: a full-weight run's policy snapshots, lag k -> the engines serving it."""
         em = spec.env_manager
         self.spec = spec
         self.engines: list[EngineClient] = (
@@ -82,6 +84,10 @@ class LocalRolloutScheduler:
             opponents={
                 model: OpponentModel(Router(list(engines)).client_for, model_tokenizer)
                 for model, (engines, model_tokenizer) in (opponents or {}).items()
+            },
+            snapshots={
+                lag: Router(list(engines)).client_for
+                for lag, engines in (snapshot_engines or {}).items()
             },
         )
         self.host = EnvManagerHost(

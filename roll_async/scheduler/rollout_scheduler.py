@@ -246,12 +246,15 @@ class RolloutScheduler:
         seed_state: dict[str, Any] | None = None,
         reward_services: Mapping[str, RewardService] | None = None,
         opponent_engines: Mapping[str, Sequence[Any]] | None = None,
+        snapshot_engines: Mapping[int, Sequence[Any]] | None = None,
         ratings_state: Mapping[str, Any] | None = None,
     ) -> None:
         """``reward_services``: tag -> its running judge / reward model (``launch_reward_services``), owned by the
         caller; the tags of this side that have one get their episodes scored before the hand-over.
         ``opponent_engines``: a ``frozen:`` seat's model path -> the engine actors serving it, owned by the
-        caller (never weight-synced). ``ratings_state``: the game ratings a checkpoint saved
+        caller (never weight-synced). ``snapshot_engines``: a full-weight run's policy snapshots, lag k -> the
+        engine actors serving the policy k syncs back (``pipelines/snapshot_engines.py``); none: snapshot seats
+        play on the policy's engines. ``ratings_state``: the game ratings a checkpoint saved
         (``ratings.state()``), to go on from."""
         if not engine_handles:
             raise InvalidInputError(
@@ -272,6 +275,9 @@ class RolloutScheduler:
         }
         self.opponent_engines = {
             model: list(handles) for model, handles in (opponent_engines or {}).items()
+        }
+        self.snapshot_engines = {
+            lag: list(handles) for lag, handles in (snapshot_engines or {}).items()
         }
         self.last_metrics: dict[str, float] = {}
         #: Elo-style ratings of game tags' policies against their snapshots, across the run's batches.
@@ -360,6 +366,7 @@ class RolloutScheduler:
                 tokenizer_files=self._tokenizer_files,
                 reward_services=self.reward_services,
                 opponent_engines=self.opponent_engines,
+                snapshot_engines=self.snapshot_engines,
             )
         )
 

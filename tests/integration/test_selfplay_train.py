@@ -3,7 +3,8 @@
 One run trains the games of :data:`GAMES` side by side (each a tag of its own: the config's Kuhn poker
 and Nim, the project's offline tic-tac-toe and a real TextArena two-player game,
 ``textarena:TicTacToe-v0``, offline) for 3 steps in self-play in sync mode, and a second run for 3 steps in async mode (``frozen:``
-and ``snapshot:`` seats train in test_lora.py, whose LoRA engine serves them). The tiny random-init
+and ``snapshot:`` seats of a LoRA run train in test_lora.py, whose LoRA engine serves them; a full-weight
+run's ``snapshot:1`` seat, on the engine the pipeline launches for it, trains here). The tiny random-init
 model rarely writes a legal move, so the checks are what every step must show: whole batches of one
 trajectory per policy seat and game, each role in every group, rewards that sum to 0 per game, each
 game's tag in the batches, a finite loss and weight versions rising by one.
@@ -136,3 +137,38 @@ async def test_every_game_trains_three_steps_in_self_play_sync_and_async(
         assert_games(trajectories, {"seat0", "seat1"})
         assert {t["tag"] for t in trajectories} == set(GAMES), mode
         assert_hidden_cards_stay_hidden(trajectories)
+
+
+@pytest.mark.timeout(300)
+async def test_a_full_weight_run_plays_snapshot_1_on_an_engine_of_its_own_one_sync_back(
+    engine, tmp_path
+):
+    """Kuhn poker against ``snapshot:1`` without LoRA: the pipeline launches one engine for lag 1, gives it
+    the start weights with the session engine, then after each sync the weights of the sync before."""
+    config = load_config(
+        REPO / "configs" / "selfplay.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "max_steps=3",
+            *IN_PROCESS,
+            "train_env_manager.tags=[KuhnPoker]",
+            "train_env_manager.num_env_groups=1",
+            "rollout_batch_size=2",  # one trained seat x 2 games
+            *GAMES["KuhnPoker"],
+            "custom_envs.KuhnPoker.seats=[snapshot:1,policy]",
+        ],
+    )
+    assert config.trainer.lora.rank == 0
+    pipeline = AgenticPipeline(config, engines=[engine])
+    run = await pipeline.run()
+    metrics = [m for m in read_jsonl(run / "metrics.jsonl") if m["step"] >= 0]
+    versions = [m["weight_version"] for m in metrics]
+    assert versions == [versions[0] + s for s in range(3)]
+    trajectories = read_jsonl(run / "trajectories.jsonl")
+    assert len(trajectories) == 3 * 2
+    assert_games(trajectories, {"seat1"})
+    assert {t["opponents"] for t in trajectories} == {"snapshot"}
+    assert {t["metrics"]["game_snapshot_lag_seat0"] for t in trajectories} == {1.0}
+    # weight_version is logged after each step's sync: after the last one the lag-1 engine held the one before
+    assert pipeline.snapshots.held == {1: versions[-1] - 1}
+    assert pipeline.snapshot_engines == {}  # shut down with the run

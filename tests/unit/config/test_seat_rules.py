@@ -16,10 +16,11 @@ from roll_async.config.seat_rules import (
     frozen_models,
     max_snapshot_lag,
     parse_seats,
+    snapshot_engine_lags,
 )
 from roll_async.errors import ConfigError
-from roll_async.pipelines.agentic_pipeline import engine_lora_serving
 from roll_async.pipelines.preflight import check_envs, import_user_code
+from roll_async.pipelines.snapshot_engines import engine_lora_serving
 
 
 def config_with(
@@ -87,12 +88,6 @@ def test_seats_are_read_in_seat_order():
             ["policy", "frozen:"],
             {},
             r"^custom_envs\.Game\.seats\[1\]='frozen:': a frozen seat names its model",
-        ),
-        (
-            ["policy", "snapshot:3"],
-            {},
-            r"^custom_envs\.Game\.seats\[1\]='snapshot:3': policy snapshots are served as LoRA adapters; "
-            r"set trainer\.lora\.rank > 0",
         ),
         (
             ["policy", "snapshot:0"],
@@ -250,6 +245,27 @@ def test_a_snapshot_the_run_never_reaches_fails_and_one_it_reaches_keeps_its_ada
     assert max_snapshot_lag(config.custom_envs, ["Game"]) == 4
     serving = engine_lora_serving(config, "unused")
     assert serving is not None and serving.max_loras == 5  # k + 1 versions loaded
+
+
+def test_a_full_weight_run_takes_snapshot_seats_on_engines_of_their_own_and_refuses_a_k_it_never_reaches():
+    config = config_with(["policy", "snapshot:5"])
+    config.max_steps = 5
+    with pytest.raises(
+        ConfigError,
+        match=r"^custom_envs\.Game\.seats\[1\]='snapshot:5': this run makes 5 policy versions .* use k below 5",
+    ):
+        validate_config(config)
+    config.custom_envs["Game"].seats = ["snapshot:2", "policy"]
+    validate_config(config)  # no LoRA needed
+    assert engine_lora_serving(config, "unused") is None
+    assert snapshot_engine_lags(config.custom_envs, ["Game"]) == [2]
+    # a pool with the current policy: lag 0 plays on the policy's engines, each other lag gets one engine
+    config.custom_envs["Game"].seats = ["pool", "snapshot:2", "policy"]
+    config.custom_envs["Game"].pool.last_k = 3
+    config.custom_envs["Game"].pool.include_current = True
+    config.rollout_batch_size = 2
+    validate_config(config)
+    assert snapshot_engine_lags(config.custom_envs, ["Game"]) == [1, 2, 3]
 
 
 def test_a_pool_needs_its_last_k_a_pool_seat_and_a_k_the_run_reaches():
