@@ -172,6 +172,11 @@ def _sections() -> list[tuple[str, type, Any, str]]:
                     if sub is not None:
                         note = "Off (`null`) unless set; setting any key turns it on with these defaults."
                         found.append((f"`{f.name}.<Tag>.{g.name}`", sub, sub(), note))
+                    elif dataclasses.is_dataclass(
+                        entry_hints[g.name]
+                    ):  # custom_envs.<Tag>.pool
+                        sub = entry_hints[g.name]
+                        found.append((f"`{f.name}.<Tag>.{g.name}`", sub, sub(), ""))
     return found
 
 

@@ -372,6 +372,9 @@ class TrainerConfig:
     param_dtype: TrainerParamDtype = "float32"
     #: AdamW learning rate.
     lr: float = bounded(1e-5, gt=0)
+    #: Linear warm-up: training step s (0-based) uses lr * min(1, (s + 1) / lr_warmup_steps). AdamW's first
+    #: steps move every weight by about lr whatever its gradient, which can undo a fresh warm start; 0: none.
+    lr_warmup_steps: int = bounded(0, ge=0)
     #: AdamW weight decay.
     weight_decay: float = 0.0
     #: AdamW betas (two values).

@@ -93,6 +93,7 @@ def validate_config(config: PipelineConfig) -> None:
             "lower sequence_length or raise engine.max_model_len"
         )
     _validate_sampling(config)
+    played = {*config.train_env_manager.tags, *config.val_env_manager.tags}
     for tag, env in config.custom_envs.items():
         _validate_env_placement(tag, env)
         if env.max_tokens_per_step >= config.sequence_length:
@@ -118,12 +119,13 @@ def validate_config(config: PipelineConfig) -> None:
             isolation=env.isolation,
             has_reward=env.reward is not None,
         )
-        check_snapshots(
-            tag,
-            env.seats,
-            pool_last_k=env.pool.last_k,
-            versions_in_run=config.max_steps // config.weight_sync.interval,
-        )
+        if tag in played:  # a tag the run does not play needs no snapshot it reaches
+            check_snapshots(
+                tag,
+                env.seats,
+                pool_last_k=env.pool.last_k,
+                versions_in_run=config.max_steps // config.weight_sync.interval,
+            )
         if (env.env_type == "agent" and not env.agent) or (
             env.agent and env.env_type != "agent" and not env.drives_workspace
         ):

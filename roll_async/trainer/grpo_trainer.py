@@ -54,7 +54,7 @@ from roll_async.trainer.parallel.data_parallel import (
 )
 from roll_async.trainer.parallel.process_group import RankInfo
 from roll_async.trainer.policy_model import _DTYPES as _DTYPES  # re-exported
-from roll_async.trainer.policy_model import PolicyModel
+from roll_async.trainer.policy_model import PolicyModel, warmup_lr
 from roll_async.trainer.policy_model import resolve_device as resolve_device
 
 logger = logging.getLogger(__name__)
@@ -216,6 +216,8 @@ class GRPOTrainer:
             normalize_std=cfg.normalize_advantage_std,
         )
         normalizer = LossNormalizer.for_mask(self._loss_mask(batch))
+        for group in self.optimizer.param_groups:
+            group["lr"] = warmup_lr(cfg.lr, cfg.lr_warmup_steps, step)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         proximal: torch.Tensor | None = None
         epochs: list[GradientStats] = []
@@ -244,6 +246,12 @@ class GRPOTrainer:
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(step, batch.traj_ids, "gradient norm", where)
+            if grad_norm == 0.0:
+                # no learning signal (every advantage 0, no KL term): AdamW would still move every
+                # weight by its momentum; later epochs see the same zero advantages
+                self.optimizer.zero_grad(set_to_none=True)
+                epochs.append(stats)
+                break
             self.optimizer.step()
             self.optimizer_steps += 1
             epochs.append(stats)
@@ -251,8 +259,8 @@ class GRPOTrainer:
         self.last_step = step
         if not grad_norms:
             logger.warning(
-                "step %s: no scored token in the batch (all masked by trainer.max_token_lag, or prompts "
-                "that fill sequence_length): no optimizer step",
+                "step %s: no optimizer step: a zero gradient (every group's rewards equal) or no scored "
+                "token in the batch (all masked by trainer.max_token_lag, or prompts that fill sequence_length)",
                 step,
             )
         return self._metrics(batch, advantages, epochs, grad_norms)

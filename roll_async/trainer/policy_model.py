@@ -72,6 +72,16 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def warmup_lr(lr: float, warmup_steps: int, step: int) -> float:
+    """The learning rate of training step ``step`` (0-based): linear warm-up over ``warmup_steps``, then ``lr``.
+
+    Taken from the step number, not from a scheduler's state, so a resumed run lands on the same value.
+    """
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (max(0, step) + 1) / warmup_steps)
+
+
 class PolicyModel:
     """The HF causal LM being trained, its KL reference, tokenizer and AdamW, on one device or one fsdp2 rank.
 

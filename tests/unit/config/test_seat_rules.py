@@ -268,6 +268,22 @@ def test_a_full_weight_run_takes_snapshot_seats_on_engines_of_their_own_and_refu
     assert snapshot_engine_lags(config.custom_envs, ["Game"]) == [1, 2, 3]
 
 
+def test_a_snapshot_only_an_unplayed_tag_would_need_does_not_refuse_the_run():
+    config = config_with(["policy", "random"])
+    config.custom_envs["Unplayed"] = CustomEnvConfig(
+        env_type="tic_tac_toe", seats=["policy", "snapshot:5"]
+    )
+    config.max_steps = 5
+    validate_config(
+        config
+    )  # configs/selfplay.yaml keeps tags a shortened run does not play
+    config.train_env_manager.tags = ["Game", "Unplayed"]
+    with pytest.raises(
+        ConfigError, match=r"^custom_envs\.Unplayed\.seats\[1\]='snapshot:5'"
+    ):
+        validate_config(config)
+
+
 def test_a_pool_needs_its_last_k_a_pool_seat_and_a_k_the_run_reaches():
     config = lora_config(["policy", "pool"], max_steps=5)
     with pytest.raises(

@@ -11,6 +11,7 @@ from roll_async.errors import NonFiniteLossError
 from roll_async.trainer import GRPOTrainer, Trainer, build_trainer
 from roll_async.trainer.advantages import compute_advantages
 from roll_async.trainer.collate import TrajectoryBatch, collate_trajectories
+from roll_async.trainer.policy_model import warmup_lr
 from roll_async.trajectory import Trajectory
 
 RESPONSES = [
@@ -476,3 +477,42 @@ def test_pure_low_precision_weights_are_refused_naming_param_dtype(tiny_model_pa
         load_config(sokoban, ["trainer.param_dtype=bfloat16"]).trainer.param_dtype
         == "bfloat16"
     )
+
+
+def test_lr_warmup_ramps_the_first_steps_and_a_resumed_step_lands_on_its_value(
+    tiny_model_path, batch
+):
+    assert [warmup_lr(1e-3, 4, s) for s in (0, 1, 3, 9)] == pytest.approx(
+        [2.5e-4, 5e-4, 1e-3, 1e-3]
+    )
+    assert warmup_lr(1e-3, 0, 0) == 1e-3
+    trainer = GRPOTrainer(config(lr=1e-3, lr_warmup_steps=4), tiny_model_path)
+    before = params(trainer)
+    first = trainer.train_step(batch, step=0)
+    moved = max(
+        float((after - before[name]).abs().max())
+        for name, after in params(trainer).items()
+    )
+    assert first["train/lr"] == pytest.approx(2.5e-4)
+    # AdamW's first step moves a weight by about its lr: a quarter of 1e-3 here
+    assert 1e-4 < moved < 4e-4
+    assert trainer.train_step(batch, step=1)["train/lr"] == pytest.approx(5e-4)
+    assert trainer.train_step(batch, step=9)["train/lr"] == pytest.approx(1e-3)
+
+
+def test_a_batch_without_learning_signal_leaves_the_weights_where_they_are(
+    tiny_model_path, batch, tokenizer
+):
+    """Every group's rewards equal (all advantages 0): no gradient, so no optimizer step. AdamW would
+    otherwise go on moving every weight by its momentum from earlier steps, step after step: a
+    self-play run whose moves all became invalid drifted to a uniform distribution over the vocabulary.
+    """
+    trainer = GRPOTrainer(config(lr=1e-3), tiny_model_path)
+    trainer.train_step(batch, step=0)
+    flat = make_batch(tokenizer)
+    flat.rewards = torch.zeros_like(flat.rewards)
+    before = params(trainer)
+    metrics = trainer.train_step(flat, step=1)
+    assert metrics["train/optimizer_steps"] == 0.0
+    assert trainer.optimizer_steps == 1
+    assert all(torch.equal(before[n], p) for n, p in params(trainer).items())
