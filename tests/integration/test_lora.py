@@ -112,8 +112,10 @@ async def test_lora_run_trains_only_adapters_and_the_engine_follows_each_sync(
     checks: list[dict] = []
     push = pipeline._push_weights
 
-    async def push_and_compare(version: int, in_flight: str) -> float:
-        spent = await push(version, in_flight)
+    async def push_and_compare(
+        version: int, in_flight: str, start: bool = False
+    ) -> float:
+        spent = await push(version, in_flight, start)
         sampled = await lora_engine.generate.remote(
             GenerationRequest(
                 request_id=f"lora-check-{version}-{uuid.uuid4().hex[:6]}",
