@@ -228,13 +228,7 @@ def snapshot_engine_lags(
 
 def max_snapshot_lag(custom_envs: Mapping[str, Any], tags: Iterable[str]) -> int:
     """The largest ``k`` of the tags' snapshot and pool seats (0 if none): the engines keep k + 1 adapters."""
-    lags = [
-        snapshot_lag(seat, custom_envs[tag].pool.last_k)
-        for tag in tags
-        for seat in parse_seats(tag, getattr(custom_envs[tag], "seats", None))
-        if seat.kind == "snapshot"
-    ]
-    return max(lags, default=0)
+    return max(snapshot_engine_lags(custom_envs, tags), default=0)
 
 
 def check_snapshots(

@@ -171,7 +171,7 @@ def _game_examples(
     demonstrator: str,
 ) -> list[SFTExample]:
     """Self-play demos of a game with seats by its heuristic or random player, one seat's conversation per seed (see build_sft_examples)."""
-    heuristic = HEURISTICS.get(game_name)
+    heuristic = HEURISTICS.get(game_name) if demonstrator == "expert" else None
     if heuristic is None and demonstrator == "expert":
         raise InvalidInputError(
             f"sft_warmup: the game {game_name!r} has no heuristic player to demonstrate it "
@@ -183,9 +183,7 @@ def _game_examples(
     for seed in seeds:
         seat = int(seed) % game.num_players
         players: list[Player] = [
-            heuristic
-            if heuristic is not None and demonstrator == "expert"
-            else random_player(seat_seed(int(seed), s))
+            heuristic or random_player(seat_seed(int(seed), s))
             for s in range(game.num_players)
         ]
         game.reset(int(seed))
